@@ -1,0 +1,114 @@
+"""Building validated, frozen config dataclasses from plain dicts.
+
+Every config in calib is a ``@dataclass(frozen=True, kw_only=True)`` whose ``__post_init__`` checks
+ranges. :func:`from_dict` adds what dataclasses do not do: it rejects unknown keys (listing the
+valid ones), checks each value against the field's type (``Literal`` choices included) and
+converts lists to tuples, so a typo in a search-space file or on the command line fails loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+__all__ = ["ConfigError", "check", "field_types", "from_dict"]
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A config value is unknown, of the wrong type or out of range; the message names key and value."""
+
+
+def check(condition: bool, key: str, value: Any, rule: str) -> None:
+    """Raise :class:`ConfigError` ``"`key` must <rule>, got key=value."`` unless ``condition``."""
+    if not condition:
+        raise ConfigError(f"`{key}` must {rule}, got {key}={value!r}.")
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved type hints of a dataclass's init fields, in declaration order."""
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise ConfigError(
+                f"`{key}` must be one of {', '.join(repr(c) for c in choices)}, got {key}={value!r}."
+            )
+        return value
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(f"`{key}` must not be None.")
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"`{key}` has an invalid value {value!r}.")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"`{key}` must be a list, got {key}={value!r}.")
+        (item_type, *_rest) = get_args(tp)
+        return tuple(_coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"`{key}` must be true or false, got {key}={value!r}.")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"`{key}` must be an integer, got {key}={value!r}.")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"`{key}` must be a number, got {key}={value!r}.")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"`{key}` must be a string, got {key}={value!r}.")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"`{key}` must be a mapping of {tp.__name__} fields, got {key}={value!r}.")
+        return from_dict(tp, value, prefix=f"{key}.")
+    return value
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any], *, prefix: str = "") -> C:
+    """Build ``cls`` from ``data``; unknown keys, wrong types and bad ranges raise :class:`ConfigError`."""
+    types_ = field_types(cls)
+    unknown = sorted(set(data) - set(types_))
+    if unknown:
+        raise ConfigError(
+            f"Unknown key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(prefix + k) for k in unknown)} for {cls.__name__}. "
+            f"Valid keys: {', '.join(prefix + k for k in types_)}."
+        )
+    kwargs = {k: _coerce(v, types_[k], prefix + k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        if prefix and not str(err).startswith(f"`{prefix}"):
+            raise ConfigError(str(err).replace("`", f"`{prefix}", 1).replace(", got ", f", got {prefix}", 1))
+        raise
+    except TypeError as err:  # a required field is missing
+        raise ConfigError(f"{cls.__name__}: {err}") from None

@@ -1,0 +1,75 @@
+"""One registry idiom for every kind of named component (datasets, models, losses, methods)."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["Registry", "UnknownNameError"]
+
+
+class UnknownNameError(KeyError):
+    """An unknown registry name; the message lists close matches and every valid name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Registry(Generic[T]):
+    """Maps stable snake_case names to factories or classes.
+
+    >>> LOSSES = Registry("loss")
+    >>> @LOSSES.register("ce")
+    ... def make_ce(): return "ce"
+    >>> LOSSES.names()
+    ['ce']
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator registering ``obj`` under ``name``; a duplicate name is a ``ValueError``."""
+
+        def decorator(obj: T) -> T:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            self._entries[name] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        """The entry registered under ``name``; an unknown name lists close matches and all names."""
+        if name not in self._entries:
+            close = difflib.get_close_matches(str(name), self._entries, n=3)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise UnknownNameError(
+                f"Unknown {self.kind} {name!r}.{hint} Valid {self.kind} names: {', '.join(self.names())}."
+            )
+        return self._entries[name]
+
+    def create(self, name: str, **kwargs: Any) -> Any:
+        """Call the entry registered under ``name`` with ``kwargs``."""
+        return self.get(name)(**kwargs)  # type: ignore[operator]
+
+    def names(self, pattern: str = "*") -> list[str]:
+        """Sorted registered names matching the fnmatch ``pattern``."""
+        return sorted(n for n in self._entries if fnmatch.fnmatchcase(n, pattern))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {self.names()})"

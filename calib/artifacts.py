@@ -1,0 +1,154 @@
+"""Stage-I artifacts: weights, cached features/logits and the record, keyed by the Stage-I config hash.
+
+Layout (DESIGN.md contract 3)::
+
+    <artifact_root>/stage1/<stage1_id>/model.pt     state dict of the trained model
+                                      /cache.pt     {split}_features / {split}_logits / {split}_labels
+                                      /record.json  Stage-I identity, history, metrics, timings
+
+An artifact directory is written under a temporary name and renamed into place, so a reader sees a
+complete artifact or none. A file lock per ``stage1_id`` makes concurrent trials with the same
+Stage-I config wait for the first one instead of training again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+
+from calib.config import TrialConfig, config_hash, stage1_identity
+from calib.datasets import load_dataset
+from calib.metrics import compute_all, softmax64
+from calib.models import CalibModel, create_model
+from calib.training import predict, train_stage1
+
+__all__ = ["SPLITS", "SplitCache", "Stage1Artifact", "get_or_train_stage1", "stage1_dir"]
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class SplitCache:
+    """Cached Stage-I outputs of one split: features h (N, d), logits z (N, C), labels y (N,)."""
+
+    features: torch.Tensor
+    logits: torch.Tensor
+    labels: torch.Tensor
+
+
+@dataclass
+class Stage1Artifact:
+    """A finished Stage I as later stages see it: cached splits, the record, and the model on demand."""
+
+    stage1_id: str
+    path: Path
+    splits: dict[str, SplitCache]
+    record: dict[str, Any]
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.record["num_classes"])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.splits["train"].features.shape[1])
+
+    def load_model(self, device: torch.device | str = "cpu") -> CalibModel:
+        """The trained Stage-I model (backbone and linear head), in eval mode."""
+        model = create_model(self.record["arch"], num_classes=self.num_classes,
+                             in_channels=int(self.record["input_shape"][0]))
+        model.load_state_dict(torch.load(self.path / "model.pt", map_location="cpu", weights_only=True))
+        return model.to(device).eval()
+
+    def head_state(self) -> dict[str, torch.Tensor]:
+        """The Stage-I linear head's weight and bias."""
+        state = torch.load(self.path / "model.pt", map_location="cpu", weights_only=True)
+        return {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
+
+
+def stage1_dir(artifact_root: str | os.PathLike, stage1_id: str) -> Path:
+    return Path(artifact_root) / "stage1" / stage1_id
+
+
+def _load(path: Path, stage1_id: str) -> Stage1Artifact:
+    record = json.loads((path / "record.json").read_text())
+    cache = torch.load(path / "cache.pt", map_location="cpu", weights_only=True)
+    splits = {s: SplitCache(cache[f"{s}_features"], cache[f"{s}_logits"], cache[f"{s}_labels"]) for s in SPLITS}
+    return Stage1Artifact(stage1_id, path, splits, record)
+
+
+def get_or_train_stage1(
+    cfg: TrialConfig,
+    device: torch.device,
+    *,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[Stage1Artifact, bool]:
+    """The Stage-I artifact of ``cfg``, trained now only if no trial has stored it yet.
+
+    Returns ``(artifact, cache_hit)``; ``cache_hit`` is False exactly when this call trained Stage I.
+    """
+    identity = stage1_identity(cfg)
+    stage1_id = config_hash(identity)
+    final = stage1_dir(cfg.artifact_root, stage1_id)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if (final / "record.json").exists():
+        return _load(final, stage1_id), True
+    with FileLock(str(final) + ".lock"):
+        if (final / "record.json").exists():
+            return _load(final, stage1_id), True
+        _train_and_write(cfg, identity, final, device, on_epoch)
+    return _load(final, stage1_id), False
+
+
+def _train_and_write(
+    cfg: TrialConfig,
+    identity: dict[str, Any],
+    final: Path,
+    device: torch.device,
+    on_epoch: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
+    trained = train_stage1(cfg, data, device, on_epoch=on_epoch)
+    cache: dict[str, torch.Tensor] = {}
+    metrics: dict[str, float] = {}
+    for split, dataset in (("train", data.train_eval), ("val", data.val), ("test", data.test)):
+        features, logits, labels = predict(trained.model, dataset, device, num_workers=cfg.num_workers)
+        cache.update({f"{split}_features": features, f"{split}_logits": logits, f"{split}_labels": labels})
+        if split != "train":
+            scores = compute_all(softmax64(logits), labels.numpy(), num_bins=cfg.num_bins)
+            metrics.update({f"{split}_{k}": v for k, v in scores.items()})
+    record = {
+        **identity,
+        "num_classes": data.num_classes,
+        "input_shape": list(data.input_shape),
+        "num_features": trained.model.num_features,
+        "history": trained.history,
+        "metrics": metrics,
+        "train_seconds": trained.train_seconds,
+        "checkpoint_epoch": trained.best_epoch,
+        "device": str(device),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        torch.save(trained.model.state_dict(), tmp / "model.pt")
+        torch.save(cache, tmp / "cache.pt")
+        (tmp / "record.json").write_text(json.dumps(record, indent=1))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.rename(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

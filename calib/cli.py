@@ -1,0 +1,90 @@
+"""Command-line plumbing shared by the study scripts: common flags, paths, and clean error exits."""
+
+from __future__ import annotations
+
+import argparse
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from calib._config import ConfigError
+from calib._registry import UnknownNameError
+from calib.datasets import DATASETS, DatasetNotFoundError
+from calib.presets import PRESETS, Preset
+from calib.search.tune import ExecutionOptions
+
+__all__ = ["StudyPaths", "add_common_args", "execution_options", "guarded_main", "require_datasets", "study_paths"]
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, study: str) -> None:
+    """Flags every study shares: preset, paths, seeds, and where/how trials run."""
+    parser.add_argument("--preset", default="quick", choices=PRESETS.names(),
+                        help="study setup: quick = offline CPU minutes; paper = the seeds' protocol on GPUs")
+    parser.add_argument("--study", default=study, help="study name: the store partition (study=<name>)")
+    parser.add_argument("--store", default="results", help="result-store directory")
+    parser.add_argument("--artifacts", default=None, help="Stage-I artifact directory (default: <store>/artifacts)")
+    parser.add_argument("--data-root", default="data", help="directory holding the datasets")
+    parser.add_argument("--download", action="store_true", help="download missing datasets into --data-root")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the preset's)")
+    parser.add_argument("--datasets", nargs="+", default=None, help="datasets (default: the preset's)")
+    parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: the preset's)")
+    parser.add_argument("--address", default=None,
+                        help="Ray cluster to join ('auto' or host:port); default: start local Ray")
+    parser.add_argument("--cpus-per-trial", type=float, default=None, help="CPUs per trial (default: the preset's)")
+    parser.add_argument("--gpus-per-trial", type=float, default=None,
+                        help="GPUs per trial, fractions allowed (default: the preset's)")
+    parser.add_argument("--max-concurrent", type=int, default=None, help="cap on trials running at once")
+
+
+class StudyPaths:
+    """Absolute store, artifact and data paths (Ray Tune changes each trial's working directory)."""
+
+    def __init__(self, store: str, artifacts: str | None, data_root: str) -> None:
+        self.store = Path(store).resolve()
+        self.artifacts = Path(artifacts).resolve() if artifacts else self.store / "artifacts"
+        self.data_root = Path(data_root).resolve()
+
+
+def study_paths(args: argparse.Namespace) -> StudyPaths:
+    return StudyPaths(args.store, args.artifacts, args.data_root)
+
+
+def preset_of(args: argparse.Namespace) -> Preset:
+    return PRESETS.get(args.preset)
+
+
+def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOptions:
+    cpus = args.cpus_per_trial if args.cpus_per_trial is not None else preset.cpus_per_trial
+    gpus = args.gpus_per_trial if args.gpus_per_trial is not None else preset.gpus_per_trial
+    if cpus <= 0:
+        raise ConfigError(f"`--cpus-per-trial` must be > 0, got {cpus}.")
+    if gpus < 0:
+        raise ConfigError(f"`--gpus-per-trial` must be >= 0, got {gpus}.")
+    return ExecutionOptions(address=args.address, cpus_per_trial=cpus, gpus_per_trial=gpus,
+                            max_concurrent=args.max_concurrent)
+
+
+def require_datasets(names: Sequence[str], data_root: Path, download: bool) -> None:
+    """Fail before any trial starts if a dataset is missing and ``--download`` was not given."""
+    for name in names:
+        info = DATASETS.get(name)
+        if not download:
+            info.require(str(data_root))
+
+
+def guarded_main(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+    """Turn the errors a user can fix (bad config, unknown name, missing data) into one message and exit 2."""
+
+    def wrapper(argv: list[str] | None = None) -> int:
+        try:
+            return main(argv)
+        except (ConfigError, UnknownNameError, DatasetNotFoundError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+
+    wrapper.__doc__ = main.__doc__
+    return wrapper
+
+
+

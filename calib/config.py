@@ -1,0 +1,222 @@
+"""The trial config: what one call of ``run_trial`` trains and evaluates.
+
+A trial config is a plain, JSON-serialisable dict (what Ray Tune passes around and what the search
+spaces address with dotted keys such as ``method.accuracy_weight`` or ``stage1.mixup_alpha``)::
+
+    {"study": "sensitivity_gamma", "seed": 1, "dataset": "digits-noisy", "arch": "small_cnn",
+     "stage1": {...Stage1Config fields...},
+     "loss": {"name": "cross_entropy", ...that loss's fields...},
+     "method": {"name": "mac_cal", ...that method's fields...},
+     "data_root": "/abs/data", "artifact_root": "/abs/results/artifacts", ...}
+
+:func:`parse_trial_config` validates it into a frozen :class:`TrialConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from calib._config import ConfigError, check, from_dict
+from calib._registry import Registry
+from calib.datasets import DATASETS
+from calib.losses import LOSSES
+from calib.methods import METHODS
+from calib.models import MODELS
+
+__all__ = [
+    "Component",
+    "Stage1Config",
+    "TrialConfig",
+    "config_hash",
+    "parse_trial_config",
+    "set_dotted",
+    "stage1_identity",
+    "trial_identity",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage1Config:
+    """Stage-I training (METHODS.md §7.2). Defaults are the seeds' CIFAR protocol (FOCAL-R).
+
+    Attributes:
+        epochs: training epochs (350 in the papers).
+        batch_size: minibatch size (128).
+        lr: initial SGD learning rate (0.1).
+        momentum: SGD momentum (0.9).
+        weight_decay: L2 weight decay (5e-4).
+        milestones: epochs at which the learning rate is multiplied by ``lr_decay`` ((150, 250)).
+        lr_decay: multiplicative learning-rate decay at each milestone (0.1).
+        grad_clip: max L2 norm of the gradient, ``None`` for no clipping (2.0).
+        loss_reduction: "sum" over the batch (FOCAL-R, which MaC-Cal uses) or "mean" (ACLS/FeDLaS).
+        mixup_alpha: α of Mixup's Beta(α, α); ``None`` trains without Mixup (METHODS.md §4.8).
+        checkpoint: the model kept: the "last" epoch (FOCAL-R's default) or the "best_val" accuracy.
+    """
+
+    epochs: int = 350
+    batch_size: int = 128
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    milestones: tuple[int, ...] = (150, 250)
+    lr_decay: float = 0.1
+    grad_clip: float | None = 2.0
+    loss_reduction: Literal["mean", "sum"] = "sum"
+    mixup_alpha: float | None = None
+    checkpoint: Literal["last", "best_val"] = "last"
+
+    def __post_init__(self) -> None:
+        check(self.epochs >= 1, "stage1.epochs", self.epochs, "be an integer >= 1")
+        check(self.batch_size >= 1, "stage1.batch_size", self.batch_size, "be an integer >= 1")
+        check(self.lr > 0, "stage1.lr", self.lr, "be > 0")
+        check(0 <= self.momentum < 1, "stage1.momentum", self.momentum, "be in [0, 1)")
+        check(self.weight_decay >= 0, "stage1.weight_decay", self.weight_decay, "be >= 0")
+        check(
+            all(0 < m for m in self.milestones) and list(self.milestones) == sorted(self.milestones),
+            "stage1.milestones", self.milestones, "be increasing positive epochs",
+        )
+        check(0 < self.lr_decay <= 1, "stage1.lr_decay", self.lr_decay, "be in (0, 1]")
+        check(self.grad_clip is None or self.grad_clip > 0, "stage1.grad_clip", self.grad_clip,
+              "be > 0 or null (no clipping)")
+        check(self.mixup_alpha is None or self.mixup_alpha > 0, "stage1.mixup_alpha", self.mixup_alpha,
+              "be > 0, or null to train without Mixup")
+
+
+@dataclass(frozen=True)
+class Component:
+    """A registered name plus its validated config dataclass (a loss or a method)."""
+
+    name: str
+    params: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **_plain(dataclasses.asdict(self.params))}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """One trial: identity, the Stage-I recipe, the loss, the method and where files live."""
+
+    study: str
+    seed: int
+    dataset: str
+    arch: str
+    stage1: Stage1Config
+    loss: Component
+    method: Component
+    data_root: str
+    artifact_root: str
+    download: bool = False
+    device: str = "auto"
+    num_bins: int = 15
+    num_workers: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain-dict form that :func:`parse_trial_config` reads back."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Component):
+                out[f.name] = value.to_dict()
+            elif dataclasses.is_dataclass(value):
+                out[f.name] = _plain(dataclasses.asdict(value))
+            else:
+                out[f.name] = value
+        return out
+
+
+_TOP_LEVEL = {f.name for f in dataclasses.fields(TrialConfig)}
+# Keys that say where and how a trial runs, not what it computes: excluded from the identity hashes.
+_PLACEMENT_KEYS = ("data_root", "artifact_root", "download", "device", "num_workers")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _component(registry: Registry, data: Any, key: str) -> Component:
+    if isinstance(data, Component):
+        return data
+    if isinstance(data, str):
+        data = {"name": data}
+    if not isinstance(data, dict) or "name" not in data:
+        raise ConfigError(f"`{key}` must be a mapping with a `name` key, got {key}={data!r}.")
+    params = dict(data)
+    name = params.pop("name")
+    spec = registry.get(name)
+    return Component(name, from_dict(spec.config, params, prefix=f"{key}."))
+
+
+def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
+    """Validate a plain trial-config dict; any bad key or value raises ``ConfigError``/``KeyError``."""
+    if isinstance(data, TrialConfig):
+        return data
+    unknown = sorted(set(data) - _TOP_LEVEL)
+    if unknown:
+        raise ConfigError(
+            f"Unknown trial config key(s) {', '.join(map(repr, unknown))}. Valid keys: {', '.join(sorted(_TOP_LEVEL))}."
+        )
+    missing = sorted(k for k in ("study", "seed", "dataset", "arch", "method", "data_root", "artifact_root")
+                     if k not in data)
+    if missing:
+        raise ConfigError(f"Trial config is missing required key(s): {', '.join(missing)}.")
+    DATASETS.get(data["dataset"])
+    MODELS.get(data["arch"])
+    for key in ("data_root", "artifact_root"):
+        check(isinstance(data[key], str) and os.path.isabs(data[key]), key, data[key],
+              "be an absolute path (Ray Tune changes each trial's working directory)")
+    fields: dict[str, Any] = {k: v for k, v in data.items() if k not in ("stage1", "loss", "method")}
+    fields["stage1"] = from_dict(Stage1Config, data.get("stage1", {}), prefix="stage1.") \
+        if not isinstance(data.get("stage1"), Stage1Config) else data["stage1"]
+    fields["loss"] = _component(LOSSES, data.get("loss", "cross_entropy"), "loss")
+    fields["method"] = _component(METHODS, data["method"], "method")
+    cfg = from_dict(TrialConfig, fields)
+    check(cfg.num_bins >= 1, "num_bins", cfg.num_bins, "be an integer >= 1")
+    check(cfg.num_workers >= 0, "num_workers", cfg.num_workers, "be an integer >= 0")
+    check(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device,
+          "be 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return cfg
+
+
+def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
+    """Exactly the config fields that change Stage I (DESIGN.md contract 3)."""
+    return {
+        "dataset": cfg.dataset,
+        "arch": cfg.arch,
+        "seed": cfg.seed,
+        "stage1": _plain(dataclasses.asdict(cfg.stage1)),
+        "loss": cfg.loss.to_dict(),
+    }
+
+
+def trial_identity(cfg: TrialConfig) -> dict[str, Any]:
+    """Everything that changes a trial's result: the config without its placement keys."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in _PLACEMENT_KEYS}
+
+
+def config_hash(identity: dict[str, Any]) -> str:
+    """16 hex digits of the SHA-256 of the canonical JSON of ``identity``."""
+    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def set_dotted(config: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """A copy of ``config`` with ``key`` ("method.accuracy_weight", "seed") set to ``value``."""
+    out = json.loads(json.dumps(config))
+    *parents, leaf = key.split(".")
+    node = out
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"`{key}`: {part!r} is not a section of the trial config.")
+    node[leaf] = value
+    return out

@@ -1,0 +1,46 @@
+"""Datasets by registered name: ``load_dataset("digits-noisy", root)`` returns the four splits.
+
+Every entry of :data:`DATASETS` is a :class:`DatasetInfo`; ``calib.datasets.DATASETS.names()``
+lists the valid names (the ones the CLI and the search space files accept).
+"""
+
+from __future__ import annotations
+
+from calib._registry import Registry
+from calib.datasets._base import DatasetInfo, DatasetNotFoundError, DatasetSplits
+
+__all__ = [
+    "DATASETS",
+    "DatasetInfo",
+    "DatasetNotFoundError",
+    "DatasetSplits",
+    "load_dataset",
+    "require_dataset",
+]
+
+DATASETS: Registry[DatasetInfo] = Registry("dataset")
+"""Dataset name → :class:`DatasetInfo`. Defined before the modules below import it to register."""
+
+# Importing the modules runs their registrations; they import DATASETS from this package.
+from calib.datasets import cifar, digits  # noqa: E402,F401
+
+
+def load_dataset(name: str, root: str, download: bool = False) -> DatasetSplits:
+    """Load the dataset registered under ``name`` from ``root``.
+
+    Args:
+        name: a name from ``DATASETS.names()``; an unknown name raises a ``KeyError`` listing them.
+        root: the directory that holds (or will hold, with ``download=True``) the files.
+            Datasets bundled with an installed package (``digits``) ignore it.
+        download: fetch missing files into ``root`` instead of raising
+            :class:`DatasetNotFoundError`.
+    """
+    return DATASETS.get(name).load(root, download)
+
+
+def require_dataset(name: str, root: str) -> None:
+    """Raise :class:`DatasetNotFoundError` when dataset ``name`` is not on disk under ``root``.
+
+    Cheap (checks paths only); call it before any trial starts.
+    """
+    DATASETS.get(name).require(root)

@@ -1,0 +1,208 @@
+"""CIFAR-10 and CIFAR-100 through torchvision, with the FOCAL-R protocol (METHODS.md §7.2, §8).
+
+- Split: the 50,000 training images give 45,000 train and 5,000 validation images. Indices
+  0..49,999 are shuffled with ``np.random.RandomState(1).shuffle`` (FOCAL-R: NumPy seed 1,
+  ``valid_size=0.1``); validation is the *first* 5,000 shuffled indices, train the rest, as in
+  FOCAL-R's ``Data/cifar10.py``. The split does not depend on the trial seed.
+- ``train``: RandomCrop(32, padding=4), RandomHorizontalFlip, ToTensor, Normalize.
+  ``train_eval``, ``val``, ``test``: ToTensor, Normalize.
+- Normalize uses mean (0.4914, 0.4822, 0.4465), std (0.2023, 0.1994, 0.2010) for both datasets.
+  ``load_cifar100(..., test_norm="focal_bug")`` reproduces FOCAL-R's CIFAR-100 test loader, which
+  normalises the test split (only) with the ImageNet statistics.
+
+The files are torchvision's "python version": ``<root>/cifar-10-batches-py`` and
+``<root>/cifar-100-python``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, get_args
+
+import numpy as np
+from torch.utils.data import Subset
+from torchvision import datasets as tv_datasets
+from torchvision import transforms
+
+from calib.datasets import DATASETS
+from calib.datasets._base import DatasetInfo, DatasetNotFoundError, DatasetSplits
+
+__all__ = [
+    "CIFAR10_FOLDER",
+    "CIFAR100_FOLDER",
+    "CIFAR_MEAN",
+    "CIFAR_STD",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "INPUT_SHAPE",
+    "SPLIT_SEED",
+    "VAL_SIZE",
+    "TestNorm",
+    "cifar_eval_transform",
+    "cifar_train_transform",
+    "focal_split_indices",
+    "load_cifar10",
+    "load_cifar100",
+    "require_cifar10",
+    "require_cifar100",
+]
+
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2023, 0.1994, 0.2010)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+"""Used only by ``test_norm="focal_bug"`` (FOCAL-R's CIFAR-100 test loader)."""
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+INPUT_SHAPE = (3, 32, 32)
+VAL_SIZE = 5000
+"""Validation images held out of the 50,000 training images (FOCAL-R ``valid_size=0.1``)."""
+SPLIT_SEED = 1
+"""Seed of ``np.random.RandomState`` shuffling the training indices (FOCAL-R ``random_seed=1``)."""
+
+TestNorm = Literal["cifar", "focal_bug"]
+
+CIFAR10_FOLDER = tv_datasets.CIFAR10.base_folder  # "cifar-10-batches-py"
+CIFAR100_FOLDER = tv_datasets.CIFAR100.base_folder  # "cifar-100-python"
+
+
+def cifar_train_transform(
+    mean: tuple[float, float, float] = CIFAR_MEAN, std: tuple[float, float, float] = CIFAR_STD
+) -> transforms.Compose:
+    """Training augmentation: random 32×32 crop of the 4-pixel zero-padded image, horizontal flip."""
+    return transforms.Compose(
+        [
+            transforms.RandomCrop(32, padding=4),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(mean, std),
+        ]
+    )
+
+
+def cifar_eval_transform(
+    mean: tuple[float, float, float] = CIFAR_MEAN, std: tuple[float, float, float] = CIFAR_STD
+) -> transforms.Compose:
+    """Evaluation transform: ToTensor (pixels / 255) then per-channel (x − mean) / std."""
+    return transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
+
+
+def focal_split_indices(
+    num_train: int, val_size: int = VAL_SIZE, seed: int = SPLIT_SEED
+) -> tuple[np.ndarray, np.ndarray]:
+    """FOCAL-R's (train, validation) indices: shuffle 0..num_train−1, validation = first ``val_size``.
+
+    ``np.random.RandomState(seed).shuffle`` draws exactly what FOCAL-R's ``np.random.seed(seed)``
+    followed by ``np.random.shuffle(list(range(num_train)))`` draws.
+    """
+    if not 1 <= val_size < num_train:
+        raise ValueError(
+            f"`val_size` must be in [1, {num_train}) for {num_train} training images, "
+            f"got val_size={val_size}."
+        )
+    indices = np.arange(num_train)
+    np.random.RandomState(seed).shuffle(indices)
+    return indices[val_size:], indices[:val_size]
+
+
+def _require(root: str, folder: str, title: str) -> None:
+    abs_root = os.path.abspath(root)
+    expected = os.path.join(abs_root, folder)
+    if not os.path.isdir(expected):
+        raise DatasetNotFoundError(
+            f"{title} not found: expected the directory {expected} (the python version of {title}). "
+            f"Pass --download to fetch it into {abs_root}, or point --data-root at the directory "
+            f"that holds {folder}."
+        )
+
+
+def require_cifar10(root: str) -> None:
+    """Raise :class:`DatasetNotFoundError` unless ``<root>/cifar-10-batches-py`` exists."""
+    _require(root, CIFAR10_FOLDER, "CIFAR-10")
+
+
+def require_cifar100(root: str) -> None:
+    """Raise :class:`DatasetNotFoundError` unless ``<root>/cifar-100-python`` exists."""
+    _require(root, CIFAR100_FOLDER, "CIFAR-100")
+
+
+def _load_cifar(
+    dataset_cls: type[tv_datasets.CIFAR10],
+    root: str,
+    download: bool,
+    val_size: int,
+    num_classes: int,
+    test_transform: transforms.Compose,
+) -> DatasetSplits:
+    # Two instances over the same files: one with the augmentation, one with the eval transform.
+    train_augmented = dataset_cls(root, train=True, transform=cifar_train_transform(), download=download)
+    train_plain = dataset_cls(root, train=True, transform=cifar_eval_transform(), download=False)
+    test = dataset_cls(root, train=False, transform=test_transform, download=False)
+    train_idx, val_idx = focal_split_indices(len(train_plain), val_size=val_size)
+    return DatasetSplits(
+        train=Subset(train_augmented, train_idx.tolist()),
+        train_eval=Subset(train_plain, train_idx.tolist()),
+        val=Subset(train_plain, val_idx.tolist()),
+        test=test,
+        num_classes=num_classes,
+        input_shape=INPUT_SHAPE,
+    )
+
+
+def load_cifar10(root: str, download: bool = False, *, val_size: int = VAL_SIZE) -> DatasetSplits:
+    """CIFAR-10 split 45,000 / 5,000 / 10,000 (train / validation / test) as in FOCAL-R.
+
+    Args:
+        root: directory holding ``cifar-10-batches-py``.
+        download: fetch the archive into ``root`` when missing; otherwise a missing directory raises
+            :class:`DatasetNotFoundError`.
+        val_size: validation images taken from the training set (5,000 in the protocol).
+    """
+    if not download:
+        require_cifar10(root)
+    return _load_cifar(tv_datasets.CIFAR10, root, download, val_size, 10, cifar_eval_transform())
+
+
+def load_cifar100(
+    root: str, download: bool = False, *, val_size: int = VAL_SIZE, test_norm: TestNorm = "cifar"
+) -> DatasetSplits:
+    """CIFAR-100 split 45,000 / 5,000 / 10,000 (train / validation / test) as in FOCAL-R.
+
+    Args:
+        root: directory holding ``cifar-100-python``.
+        download: fetch the archive into ``root`` when missing; otherwise a missing directory raises
+            :class:`DatasetNotFoundError`.
+        val_size: validation images taken from the training set (5,000 in the protocol).
+        test_norm: ``"cifar"`` normalises every split with the CIFAR statistics; ``"focal_bug"``
+            normalises the test split with the ImageNet statistics, as FOCAL-R's
+            ``Data/cifar100.py`` does (METHODS.md §7.2 pitfall), and the other splits as usual.
+    """
+    allowed = get_args(TestNorm)
+    if test_norm not in allowed:
+        raise ValueError(f"`test_norm` must be one of {list(allowed)}, got test_norm={test_norm!r}.")
+    if not download:
+        require_cifar100(root)
+    if test_norm == "focal_bug":
+        test_transform = cifar_eval_transform(IMAGENET_MEAN, IMAGENET_STD)
+    else:
+        test_transform = cifar_eval_transform()
+    return _load_cifar(tv_datasets.CIFAR100, root, download, val_size, 100, test_transform)
+
+
+DATASETS.register("cifar10")(
+    DatasetInfo(
+        load=load_cifar10,
+        require=require_cifar10,
+        num_classes=10,
+        input_shape=INPUT_SHAPE,
+        description="CIFAR-10 (torchvision), FOCAL-R split 45k/5k/10k, crop+flip augmentation.",
+    )
+)
+DATASETS.register("cifar100")(
+    DatasetInfo(
+        load=load_cifar100,
+        require=require_cifar100,
+        num_classes=100,
+        input_shape=INPUT_SHAPE,
+        description="CIFAR-100 (torchvision), FOCAL-R split 45k/5k/10k, crop+flip, CIFAR test statistics.",
+    )
+)

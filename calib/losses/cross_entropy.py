@@ -1,0 +1,41 @@
+"""Cross-entropy, the vanilla Stage-I loss: CE_i = −log p_{i,y_i} (METHODS.md §0)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from calib.losses._base import LossSpec, Reduction
+from calib.losses._registry import LOSSES
+
+__all__ = ["CrossEntropy", "CrossEntropyConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossEntropyConfig:
+    """Cross-entropy has no hyperparameters."""
+
+
+class CrossEntropy(nn.Module):
+    """Batch cross-entropy with ``reduction`` "mean" or "sum" (FOCAL-R trains with "sum", METHODS.md §4)."""
+
+    def __init__(self, reduction: Reduction = "mean") -> None:
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(
+        self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return F.cross_entropy(logits, targets, reduction=self.reduction)
+
+
+LOSSES.register("cross_entropy")(
+    LossSpec(
+        config=CrossEntropyConfig,
+        build=lambda params, *, num_classes, reduction: CrossEntropy(reduction),
+        description="cross-entropy (vanilla)",
+    )
+)

@@ -1,0 +1,33 @@
+"""Vanilla: the Stage-I model as trained, evaluated from its cached logits (no Stage II)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from calib.methods._base import MethodOutcome, MethodSpec
+from calib.methods._registry import METHODS
+
+if TYPE_CHECKING:
+    from calib.artifacts import Stage1Artifact
+
+__all__ = ["VanillaConfig", "run_vanilla"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VanillaConfig:
+    """Vanilla has no hyperparameters beyond Stage I's."""
+
+
+def run_vanilla(
+    params: VanillaConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device
+) -> MethodOutcome:
+    return MethodOutcome(
+        val_probs=artifact.splits["val"].logits.double().softmax(1),
+        test_probs=artifact.splits["test"].logits.double().softmax(1),
+    )
+
+
+METHODS.register("vanilla")(MethodSpec(VanillaConfig, run_vanilla, "the Stage-I model, no recalibration"))

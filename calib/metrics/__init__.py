@@ -1,0 +1,38 @@
+"""Calibration and OOD metrics on explicit probabilities, returned as fractions (not percent).
+
+Every calibration metric takes ``probs`` (N, C) that sum to 1 and integer ``labels`` (N,); convert
+logits with :func:`softmax64` first (float64, METHODS.md §6.1). Binned metrics take
+``num_bins=15`` and follow the FOCAL-R conventions (bins ``(lower, upper]``). :data:`METRICS`
+lists each metric with its direction; :func:`compute_all` evaluates them all.
+"""
+
+from calib.metrics._compute import METRICS, MetricSpec, compute_all, higher_is_better
+from calib.metrics.accuracy import accuracy
+from calib.metrics.adaptive_ece import adaptive_calibration_error
+from calib.metrics.brier import brier_score
+from calib.metrics.classwise_ece import classwise_ece
+from calib.metrics.decomposed_ece import overconfidence_ece, underconfidence_ece
+from calib.metrics.ece import expected_calibration_error
+from calib.metrics.mce import maximum_calibration_error
+from calib.metrics.nll import negative_log_likelihood
+from calib.metrics.ood import ood_auroc, ood_fpr_at_95_tpr
+from calib.metrics.softmax import softmax64
+
+__all__ = [
+    "METRICS",
+    "MetricSpec",
+    "accuracy",
+    "adaptive_calibration_error",
+    "brier_score",
+    "classwise_ece",
+    "compute_all",
+    "expected_calibration_error",
+    "higher_is_better",
+    "maximum_calibration_error",
+    "negative_log_likelihood",
+    "ood_auroc",
+    "ood_fpr_at_95_tpr",
+    "overconfidence_ece",
+    "softmax64",
+    "underconfidence_ece",
+]

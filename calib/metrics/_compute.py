@@ -1,0 +1,145 @@
+"""The metric table (name -> MetricSpec) and ``compute_all``, which evaluates every metric at once."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from calib._registry import UnknownNameError
+from calib.metrics._binning import top_label
+from calib.metrics._validation import ArrayLike, check_num_bins, check_probs_labels
+from calib.metrics.accuracy import _accuracy_compute, accuracy
+from calib.metrics.adaptive_ece import _aece_compute, adaptive_calibration_error
+from calib.metrics.brier import _brier_compute, brier_score
+from calib.metrics.classwise_ece import _cwece_compute, classwise_ece
+from calib.metrics.decomposed_ece import _oece_compute, _uece_compute, overconfidence_ece, underconfidence_ece
+from calib.metrics.ece import _ece_compute, expected_calibration_error
+from calib.metrics.mce import _mce_compute, maximum_calibration_error
+from calib.metrics.nll import NLL_CLIP, _nll_compute, negative_log_likelihood
+
+__all__ = ["METRICS", "MetricSpec", "compute_all", "higher_is_better"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: its function, its direction, a one-line description and its range.
+
+    Attributes:
+        fn: the public metric function, ``fn(probs, labels)`` or, when ``binned``,
+            ``fn(probs, labels, num_bins=...)``.
+        higher_is_better: True for accuracy, False for the errors; ``calib.search`` reads it to
+            choose ``mode="max"`` or ``"min"``.
+        description: one line for tables and ``--help``.
+        binned: whether ``fn`` takes ``num_bins``.
+        bounds: (lowest, highest) value the metric can take.
+    """
+
+    fn: Callable[..., float]
+    higher_is_better: bool
+    description: str
+    binned: bool = False
+    bounds: tuple[float, float] = (0.0, 1.0)
+
+    def __call__(self, probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 15) -> float:
+        """Evaluate the metric; ``num_bins`` is checked always and used only when ``binned``."""
+        num_bins = check_num_bins(num_bins)
+        if self.binned:
+            return self.fn(probs, labels, num_bins=num_bins)
+        return self.fn(probs, labels)
+
+
+METRICS: dict[str, MetricSpec] = {
+    "accuracy": MetricSpec(accuracy, True, "Top-1 accuracy (fraction)."),
+    "ece": MetricSpec(
+        expected_calibration_error,
+        False,
+        "Expected calibration error, equal-width bins (lower, upper] (Guo et al. 2017).",
+        binned=True,
+    ),
+    "aece": MetricSpec(
+        adaptive_calibration_error,
+        False,
+        "Adaptive ECE, FOCAL-R equal-mass bins (Nguyen & O'Connor 2015; Mukhoti et al. 2020).",
+        binned=True,
+    ),
+    "mce": MetricSpec(
+        maximum_calibration_error,
+        False,
+        "Maximum calibration error over equal-width bins, empty bins 0 (Naeini et al. 2015).",
+        binned=True,
+    ),
+    "oece": MetricSpec(
+        overconfidence_ece, False, "Over-confidence part of the ECE (conf > acc bins).", binned=True
+    ),
+    "uece": MetricSpec(
+        underconfidence_ece, False, "Under-confidence part of the ECE (acc > conf bins).", binned=True
+    ),
+    "cwece": MetricSpec(
+        classwise_ece,
+        False,
+        "Classwise ECE, FOCAL-R ClasswiseECELoss, C = probs.shape[1] (Kull et al. 2019).",
+        binned=True,
+    ),
+    "nll": MetricSpec(
+        negative_log_likelihood,
+        False,
+        "Mean negative log-likelihood in nats, probabilities clipped at 1e-12.",
+        bounds=(0.0, -math.log(NLL_CLIP)),
+    ),
+    "brier": MetricSpec(
+        brier_score,
+        False,
+        "Brier score, sum over classes, mean over samples (Brier 1950); C times sklearn's MSE.",
+        bounds=(0.0, 2.0),
+    ),
+}
+"""Every metric by its stable name (the Parquet column name); values are fractions, not percent."""
+
+
+def higher_is_better(name: str) -> bool:
+    """Whether a larger value of metric ``name`` is better; an unknown name is a ``KeyError``.
+
+    >>> higher_is_better("accuracy"), higher_is_better("ece")
+    (True, False)
+    """
+    if name not in METRICS:
+        close = difflib.get_close_matches(str(name), METRICS, n=3)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise UnknownNameError(f"Unknown metric {name!r}.{hint} Valid metric names: {', '.join(METRICS)}.")
+    return METRICS[name].higher_is_better
+
+
+def compute_all(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 15) -> dict[str, float]:
+    """Every metric in :data:`METRICS`, validating the inputs once; values as in each function.
+
+    Calibration errors and accuracy are fractions in [0, 1], NLL is in nats and Brier in [0, 2].
+
+    Args:
+        probs: probabilities, shape (N, C); rows sum to 1. Numpy array or torch tensor.
+        labels: integer labels in [0, C), shape (N,).
+        num_bins: number of bins for the binned metrics, >= 1.
+
+    Returns:
+        ``{name: value}`` in the order of :data:`METRICS`.
+
+    >>> probs = [[0.875, 0.125], [0.625, 0.375], [0.25, 0.75], [0.375, 0.625]]
+    >>> result = compute_all(probs, [0, 1, 0, 1], num_bins=4)
+    >>> result["accuracy"], result["ece"], result["oece"], result["uece"]
+    (0.5, 0.28125, 0.25, 0.03125)
+    """
+    num_bins = check_num_bins(num_bins)
+    p, y = check_probs_labels(probs, labels)
+    confidences, correct = top_label(p, y)
+    return {
+        "accuracy": _accuracy_compute(p, y),
+        "ece": _ece_compute(confidences, correct, num_bins),
+        "aece": _aece_compute(confidences, correct, num_bins),
+        "mce": _mce_compute(confidences, correct, num_bins),
+        "oece": _oece_compute(confidences, correct, num_bins),
+        "uece": _uece_compute(confidences, correct, num_bins),
+        "cwece": _cwece_compute(p, y, num_bins),
+        "nll": _nll_compute(p, y),
+        "brier": _brier_compute(p, y),
+    }

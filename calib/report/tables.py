@@ -1,0 +1,56 @@
+"""Aggregating trials over seeds: mean and 95% confidence interval, printed in percent as the papers do."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+__all__ = ["format_mean_ci", "mean_ci", "summarize", "to_markdown"]
+
+
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Mean and the half-width of its Student-t confidence interval (NaN half-width for one value).
+
+    half-width = t_{(1+confidence)/2, n−1} · s / √n, with s the sample standard deviation.
+    """
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return float("nan"), float("nan")
+    if x.size == 1:
+        return float(x[0]), float("nan")
+    half = stats.t.ppf((1 + confidence) / 2, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size)
+    return float(x.mean()), float(half)
+
+
+def summarize(df: pd.DataFrame, by: Sequence[str], metrics: Sequence[str]) -> pd.DataFrame:
+    """One row per group of ``by``: ``n`` and ``<metric>_mean`` / ``<metric>_ci`` for every metric."""
+    rows = []
+    for key, group in df.groupby(list(by), sort=True, dropna=False, observed=True):
+        row = dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True))
+        row["n"] = len(group)
+        for m in metrics:
+            row[f"{m}_mean"], row[f"{m}_ci"] = mean_ci(group[m].to_numpy())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def format_mean_ci(mean: float, ci: float) -> str:
+    """``"7.21 ± 1.05"`` in percent (a fraction 0.0721 ± 0.0105); no ± part without an interval."""
+    if not np.isfinite(mean):
+        return "–"
+    return f"{100 * mean:.2f}" + (f" ± {100 * ci:.2f}" if np.isfinite(ci) else "")
+
+
+def to_markdown(summary: pd.DataFrame, labels: Sequence[str], metrics: dict[str, str]) -> str:
+    """A Markdown table: the ``labels`` columns, then ``header: mean ± 95% CI`` (percent) per metric."""
+    header = [*labels, "n", *metrics.values()]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for _, row in summary.iterrows():
+        cells = [str(row[c]) for c in labels] + [str(int(row["n"]))]
+        cells += [format_mean_ci(row[f"{m}_mean"], row[f"{m}_ci"]) for m in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

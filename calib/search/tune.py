@@ -1,0 +1,290 @@
+"""Running trials through Ray Tune: grids of explicit configs, and Optuna searches over a space.
+
+This is the only module that imports Ray. Each Tune trial calls :func:`calib.trial.run_trial` and
+writes its result into the store from the worker, so a finished trial survives the driver. Before
+anything is scheduled, trials already in the store are skipped: re-running a study resumes it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calib._config import ConfigError
+from calib.config import config_hash, parse_trial_config, set_dotted, stage1_identity
+from calib.metrics import higher_is_better
+from calib.search.space import SearchSpace
+from calib.store import completed_trial_ids, write_result
+from calib.trial import TrialResult, run_trial, trial_id
+
+__all__ = ["ExecutionOptions", "StudyRun", "init_ray", "run_grid", "run_search"]
+
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "60")
+
+
+@dataclass(frozen=True)
+class ExecutionOptions:
+    """Where and how trials run: Ray address, per-trial resources, concurrency."""
+
+    address: str | None = None
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    max_concurrent: int | None = None
+    verbose: bool = True
+
+
+@dataclass
+class StudyRun:
+    """What a call scheduled: trial ids in order, how many were skipped as already stored, failures."""
+
+    trial_ids: list[str] = field(default_factory=list)
+    skipped: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
+
+def init_ray(address: str | None = None) -> None:
+    """Start local Ray on this machine's CPUs, or join the cluster at ``address`` ("auto" or host:port)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    common = {"logging_level": logging.WARNING, "log_to_driver": False, "include_dashboard": False}
+    if address is None:
+        ray.init(num_cpus=os.cpu_count(), **common)
+    else:
+        ray.init(address=address, **common)
+
+
+def _execute(config: dict[str, Any], store: str, cpus: float) -> dict[str, float]:
+    """Run one trial and store it; a failure is stored as a ``failed`` row and re-raised for Tune."""
+    import ray
+    import torch
+
+    torch.set_num_threads(max(1, int(cpus)))
+    node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    cfg = parse_trial_config(config)
+    started = dt.datetime.now(dt.timezone.utc)
+    try:
+        result = run_trial(cfg)
+    except Exception as err:
+        write_result(store, TrialResult.failed(cfg, err, started), node_id=node_id)
+        raise
+    write_result(store, result, node_id=node_id)
+    return {**result.metrics, "calib_trial_id": result.trial_id}
+
+
+def _grid_trainable(tune_config: dict[str, Any], *, store: str, cpus: float) -> None:
+    from ray import tune
+
+    tune.report(_execute(tune_config["trial"], store, cpus))
+
+
+def _search_trainable(tune_config: dict[str, Any], *, base: dict[str, Any], store: str, cpus: float) -> None:
+    from ray import tune
+
+    config = base
+    for key, value in tune_config.items():
+        config = set_dotted(config, key, value)
+    tune.report(_execute(config, store, cpus))
+
+
+def _progress_callback(study: str, total: int, objective: str) -> Any:
+    from ray import tune
+
+    sign = 1.0 if higher_is_better(objective.split("_", 1)[1]) else -1.0
+
+    class ProgressLine(tune.Callback):
+        """One line per event: trials done / running / failed of the total, and the best objective so far."""
+
+        def __init__(self) -> None:
+            self.done = self.failed = 0
+            self.running: set[str] = set()
+            self.best: tuple[float, str] | None = None
+
+        def _print(self) -> None:
+            best = "" if self.best is None else f" · best {objective} {sign * self.best[0]:.2%} ({self.best[1]})"
+            print(f"[{study}] {self.done}/{total} done · {len(self.running)} running · {self.failed} failed{best}",
+                  flush=True)
+
+        def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self.running.add(trial.trial_id)
+            self._print()
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            if objective in result and (self.best is None or sign * result[objective] > self.best[0]):
+                self.best = (sign * result[objective], str(result.get("calib_trial_id", trial.trial_id)))
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self.running.discard(trial.trial_id)
+            self.done += 1
+            self._print()
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self.running.discard(trial.trial_id)
+            self.failed += 1
+            self._print()
+
+    return ProgressLine()
+
+
+def _interleave_stage1(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Round-robin over Stage-I groups, so concurrent trials train different Stage Is instead of
+    queueing on one artifact's lock."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for config in configs:
+        groups.setdefault(config_hash(stage1_identity(parse_trial_config(config))), []).append(config)
+    queues = list(groups.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+
+
+def _trial_dirname(trial: Any) -> str:
+    return trial.trial_id
+
+
+def _run_config(store: Path, study: str, options: ExecutionOptions, callbacks: list) -> Any:
+    from ray import tune
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return tune.RunConfig(
+        name=f"{study}-{stamp}",
+        storage_path=str(store / "_ray"),
+        verbose=0,
+        callbacks=callbacks,
+        failure_config=tune.FailureConfig(max_failures=0),
+    )
+
+
+def run_grid(
+    configs: Sequence[dict[str, Any]],
+    *,
+    store: str | os.PathLike,
+    study: str,
+    options: ExecutionOptions = ExecutionOptions(),
+    objective: str = "val_ece",
+) -> StudyRun:
+    """Run every config (validated first) through Ray Tune, skipping those already stored as ok."""
+    from ray import tune
+
+    store = Path(store).resolve()
+    start = time.perf_counter()
+    for config in configs:
+        parse_trial_config(config)
+    ids = [trial_id(c) for c in configs]
+    done = completed_trial_ids(store, study, trial_ids=ids)
+    pending = [c for c, i in zip(configs, ids, strict=True) if i not in done]
+    run = StudyRun(trial_ids=ids, skipped=len(configs) - len(pending))
+    if options.verbose:
+        print(f"[{study}] {len(configs)} trials: {run.skipped} already in the store, {len(pending)} to run", flush=True)
+    if not pending:
+        return run
+    init_ray(options.address)
+    trainable = tune.with_resources(
+        tune.with_parameters(_grid_trainable, store=str(store), cpus=options.cpus_per_trial),
+        {"cpu": options.cpus_per_trial, "gpu": options.gpus_per_trial},
+    )
+    callbacks = [_progress_callback(study, len(pending), objective)] if options.verbose else []
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"trial": tune.grid_search(_interleave_stage1(pending))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=options.max_concurrent, reuse_actors=True,
+                                    trial_dirname_creator=_trial_dirname),
+        run_config=_run_config(store, study, options, callbacks),
+    )
+    results = tuner.fit()
+    run.failed = sum(1 for r in results if r.error is not None)
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def _sampler(name: str, space: SearchSpace, seed: int, multi_objective: bool) -> Any:
+    import optuna
+
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        grid = {k: d.spec.get("values", d.spec.get("choices")) for k, d in space.parameters.items()}
+        if not space.is_finite():
+            raise ConfigError("--sampler grid needs a space whose parameters are all grid or categorical.")
+        return optuna.samplers.GridSampler(grid, seed=seed)
+    raise ConfigError(f"`sampler` must be one of 'tpe', 'random', 'grid', got sampler={name!r}.")
+
+
+SAMPLERS = ("tpe", "random", "grid")
+
+
+def run_search(
+    base: dict[str, Any],
+    space: SearchSpace,
+    *,
+    store: str | os.PathLike,
+    study: str,
+    num_trials: int,
+    objectives: Sequence[str] = ("val_ece",),
+    sampler: str = "tpe",
+    seed: int = 0,
+    options: ExecutionOptions = ExecutionOptions(),
+) -> StudyRun:
+    """Sample ``num_trials`` configs from ``space`` with Optuna (through Ray Tune's OptunaSearch).
+
+    Objectives are validation metrics (``val_*``): the test split never drives the search.
+    """
+    import optuna
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    for name in objectives:
+        if not name.startswith("val_"):
+            raise ConfigError(f"Search objectives must be validation metrics (val_*), got {name!r}.")
+        higher_is_better(name.removeprefix("val_"))
+    store = Path(store).resolve()
+    start = time.perf_counter()
+    # Validate the base config with every parameter at its first value, before Ray starts.
+    probe = dict(base)
+    for key, dist in space.parameters.items():
+        first = dist.spec.get("low", (dist.spec.get("values") or dist.spec.get("choices") or [None])[0])
+        probe = set_dotted(probe, key, first)
+    parse_trial_config(probe)
+    modes = ["max" if higher_is_better(o.removeprefix("val_")) else "min" for o in objectives]
+    multi = len(objectives) > 1
+    searcher = OptunaSearch(
+        space=space.optuna_space(),
+        metric=list(objectives) if multi else objectives[0],
+        mode=modes if multi else modes[0],
+        sampler=_sampler(sampler, space, seed, multi),
+    )
+    max_concurrent = options.max_concurrent or max(1, int((os.cpu_count() or 1) // max(options.cpus_per_trial, 1)))
+    trainable = tune.with_resources(
+        tune.with_parameters(_search_trainable, base=base, store=str(store), cpus=options.cpus_per_trial),
+        {"cpu": options.cpus_per_trial, "gpu": options.gpus_per_trial},
+    )
+    init_ray(options.address)
+    callbacks = [_progress_callback(study, num_trials, objectives[0])] if options.verbose else []
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=ConcurrencyLimiter(searcher, max_concurrent=max_concurrent),
+            num_samples=num_trials, reuse_actors=True, trial_dirname_creator=_trial_dirname,
+        ),
+        run_config=_run_config(store, study, options, callbacks),
+    )
+    results = tuner.fit()
+    ids = [r.metrics["calib_trial_id"] for r in results if r.metrics and "calib_trial_id" in r.metrics]
+    return StudyRun(trial_ids=ids, failed=sum(1 for r in results if r.error is not None),
+                    seconds=time.perf_counter() - start)
+
+
+

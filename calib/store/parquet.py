@@ -1,0 +1,164 @@
+"""Writing and reading the Parquet result store.
+
+Layout (hive-partitioned by study)::
+
+    <store>/trials/study=<study>/<trial_id>.parquet    one row: the trial
+    <store>/history/study=<study>/<trial_id>.parquet   one row per (stage, epoch)
+
+Each file is written to a hidden temporary name in the same directory, flushed, and renamed into
+place, so a reader never sees a partial file (pyarrow and pandas skip names starting with "." or "_").
+The history file is written before the trial file: a trial exists in the store once its trial file
+does. A trial whose status is ``ok`` is never rewritten; a ``failed`` one is replaced by its re-run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from calib._config import ConfigError
+from calib.store.schema import history_schema, trial_schema
+from calib.trial import TrialResult
+
+__all__ = [
+    "completed_trial_ids",
+    "read_history",
+    "read_trials",
+    "trial_row",
+    "validate_study_name",
+    "write_result",
+]
+
+_STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def validate_study_name(study: str) -> str:
+    if not isinstance(study, str) or not _STUDY_NAME.match(study):
+        raise ConfigError(
+            f"`study` must start with a letter or digit and contain only letters, digits, '_', '-' and '.', "
+            f"got study={study!r}."
+        )
+    return study
+
+
+def _flatten(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {f"{section}_{k}": (list(v) if isinstance(v, tuple) else v) for k, v in values.items()}
+
+
+def trial_row(result: TrialResult, *, node_id: str | None = None) -> dict[str, Any]:
+    """The ``trials`` row of ``result``: identity, every hyperparameter, metrics, timings, provenance."""
+    cfg = result.config
+    row: dict[str, Any] = {
+        "trial_id": result.trial_id, "method": cfg.method.name, "dataset": cfg.dataset, "arch": cfg.arch,
+        "seed": cfg.seed, "loss": cfg.loss.name, "stage1_id": result.stage1_id, "num_bins": cfg.num_bins,
+        "status": result.status, "error": result.error, "stage1_cache_hit": result.stage1_cache_hit,
+        "started_at": result.started_at, "finished_at": result.finished_at, "device": result.device,
+        "node_id": node_id, "config_json": json.dumps(cfg.to_dict(), sort_keys=True),
+    }
+    row.update(_flatten("stage1", dataclasses.asdict(cfg.stage1)))
+    row.update(_flatten("loss", dataclasses.asdict(cfg.loss.params)))
+    row.update(_flatten("method", dataclasses.asdict(cfg.method.params)))
+    row.update(result.metrics)
+    row.update(result.timings)
+    row.update(result.environment)
+    return row
+
+
+def _table(rows: Sequence[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist([{name: r.get(name) for name in schema.names} for r in rows], schema=schema)
+
+
+def _atomic_write(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _trial_path(store: Path, kind: str, study: str, trial_id: str) -> Path:
+    return store / kind / f"study={validate_study_name(study)}" / f"{trial_id}.parquet"
+
+
+def write_result(store: str | os.PathLike, result: TrialResult, *, node_id: str | None = None) -> Path:
+    """Write ``result`` into ``store`` (history first, then the trial row); returns the trial file.
+
+    A trial already stored as ``ok`` is left untouched: the existing file is returned.
+    """
+    store = Path(store)
+    study = result.config.study
+    path = _trial_path(store, "trials", study, result.trial_id)
+    if result.trial_id in completed_trial_ids(store, study, trial_ids=[result.trial_id]):
+        return path
+    rows = [{"trial_id": result.trial_id, "method": result.config.method.name, "seed": result.config.seed, **h}
+            for h in result.history]
+    _atomic_write(_table(rows, history_schema()), _trial_path(store, "history", study, result.trial_id))
+    _atomic_write(_table([trial_row(result, node_id=node_id)], trial_schema()), path)
+    return path
+
+
+def _read(store: Path, kind: str, schema: pa.Schema, study: str | Iterable[str] | None,
+          filters: Any, columns: list[str] | None) -> pd.DataFrame:
+    root = store / kind
+    full = schema.append(pa.field("study", pa.string()))
+    if not root.exists():
+        return full.empty_table().to_pandas() if columns is None else full.empty_table().select(columns).to_pandas()
+    dataset = pads.dataset(root, format="parquet", partitioning="hive", schema=full)
+    expression = pads.field("study").isin([study] if isinstance(study, str) else list(study)) \
+        if study is not None else None
+    if filters is not None:
+        expression = filters if expression is None else expression & filters
+    return dataset.to_table(columns=columns, filter=expression).to_pandas()
+
+
+def read_trials(
+    store: str | os.PathLike,
+    *,
+    study: str | Iterable[str] | None = None,
+    filters: Any = None,
+    columns: list[str] | None = None,
+) -> pd.DataFrame:
+    """The ``trials`` table as a DataFrame, optionally restricted to studies and a pyarrow filter.
+
+    >>> import pyarrow.dataset as ds                                            # doctest: +SKIP
+    >>> read_trials("results", study="sensitivity_gamma", filters=ds.field("status") == "ok")
+    """
+    return _read(Path(store), "trials", trial_schema(), study, filters, columns)
+
+
+def read_history(
+    store: str | os.PathLike,
+    *,
+    study: str | Iterable[str] | None = None,
+    filters: Any = None,
+    columns: list[str] | None = None,
+) -> pd.DataFrame:
+    """The ``history`` table (one row per trial, stage and epoch) as a DataFrame."""
+    return _read(Path(store), "history", history_schema(), study, filters, columns)
+
+
+def completed_trial_ids(
+    store: str | os.PathLike, study: str, *, trial_ids: Iterable[str] | None = None
+) -> set[str]:
+    """Ids of the trials of ``study`` stored with status ``ok`` (optionally among ``trial_ids``)."""
+    filters = pads.field("status") == "ok"
+    if trial_ids is not None:
+        filters = filters & pads.field("trial_id").isin(list(trial_ids))
+    df = read_trials(store, study=study, filters=filters, columns=["trial_id"])
+    return set(df["trial_id"])

@@ -1,0 +1,111 @@
+"""The typed columns of the result store, derived from the registries (DESIGN.md contract 4).
+
+``trials``: one row per trial. ``history``: one row per (trial, stage, epoch). Every registered
+loss's and method's config field is a column (``loss_<field>``, ``method_<field>``), null where it
+does not apply, so every file carries the same schema and readers never drop a column.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Literal, Union, get_args, get_origin
+
+import pyarrow as pa
+
+from calib._config import field_types
+from calib.config import Stage1Config
+from calib.losses import LOSSES
+from calib.methods import METHODS
+from calib.metrics import METRICS
+
+__all__ = ["HISTORY_COLUMNS", "SPLIT_METRICS", "history_schema", "trial_columns", "trial_schema"]
+
+SPLIT_METRICS = [f"{split}_{name}" for split in ("val", "test") for name in METRICS]
+
+IDENTITY = [
+    ("trial_id", pa.string(), "hash of the trial config (without paths); the file name"),
+    ("method", pa.string(), "registered method name"),
+    ("dataset", pa.string(), "registered dataset name"),
+    ("arch", pa.string(), "registered architecture name"),
+    ("seed", pa.int64(), "trial seed (Stage I and Stage II)"),
+    ("loss", pa.string(), "registered Stage-I loss name"),
+    ("stage1_id", pa.string(), "hash of the Stage-I config: the artifact directory name"),
+]
+RUN = [
+    ("num_bins", pa.int64(), "bins of the binned calibration metrics"),
+    ("status", pa.string(), "ok or failed"),
+    ("error", pa.string(), "the exception of a failed trial, null when ok"),
+    ("stage1_cache_hit", pa.bool_(), "false exactly when this trial trained Stage I itself"),
+    ("stage1_train_seconds", pa.float64(), "wall time of the Stage-I training (whoever trained it)"),
+    ("stage1_load_seconds", pa.float64(), "time this trial spent obtaining the Stage-I artifact"),
+    ("method_seconds", pa.float64(), "wall time of the method (Stage II / post-hoc)"),
+    ("eval_seconds", pa.float64(), "wall time of the metric computation"),
+    ("total_seconds", pa.float64(), "wall time of run_trial"),
+    ("started_at", pa.timestamp("s", tz="UTC"), "trial start"),
+    ("finished_at", pa.timestamp("s", tz="UTC"), "trial end"),
+    ("calib_version", pa.string(), "calib package version"),
+    ("torch_version", pa.string(), "torch version"),
+    ("git_commit", pa.string(), "git commit of the calib checkout, null outside git"),
+    ("python_version", pa.string(), "Python version"),
+    ("host", pa.string(), "host name of the worker"),
+    ("device", pa.string(), "torch device the trial ran on"),
+    ("node_id", pa.string(), "Ray node id, null outside Ray"),
+    ("config_json", pa.string(), "the full trial config as JSON (paths included)"),
+]
+HISTORY_COLUMNS = [
+    ("trial_id", pa.string(), "the trial"),
+    ("method", pa.string(), "registered method name"),
+    ("seed", pa.int64(), "trial seed"),
+    ("stage", pa.string(), "stage1 or stage2"),
+    ("epoch", pa.int64(), "0-based epoch"),
+    ("lr", pa.float64(), "learning rate of the epoch"),
+    ("train_loss", pa.float64(), "mean training loss of the epoch"),
+    ("train_accuracy", pa.float64(), "training accuracy over the epoch's minibatches (Acc_t)"),
+    ("train_confidence", pa.float64(), "mean max-softmax over the epoch's minibatches (Conf_t)"),
+    ("val_accuracy", pa.float64(), "validation accuracy after the epoch (Stage I)"),
+    ("val_ece", pa.float64(), "validation ECE after the epoch (Stage I)"),
+    ("retention_prob", pa.float64(), "MaC-Cal q_t, the mask retention probability of the epoch"),
+    ("clip_threshold", pa.float64(), "MaC-Cal θ_t, the clip of the q update after the epoch"),
+]
+
+
+def _arrow_type(tp: Any) -> pa.DataType:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return pa.string()
+    if origin in (Union, types.UnionType):
+        (inner,) = [a for a in get_args(tp) if a is not type(None)]
+        return _arrow_type(inner)
+    if origin is tuple:
+        return pa.list_(_arrow_type(get_args(tp)[0]))
+    return {bool: pa.bool_(), int: pa.int64(), float: pa.float64(), str: pa.string()}[tp]
+
+
+def _section_columns(prefix: str, configs: list[type]) -> list[tuple[str, pa.DataType, str]]:
+    columns: dict[str, pa.DataType] = {}
+    for cls in configs:
+        for name, tp in field_types(cls).items():
+            column, arrow = f"{prefix}_{name}", _arrow_type(tp)
+            if columns.setdefault(column, arrow) != arrow:
+                raise TypeError(f"{cls.__name__}.{name} is {arrow}, but another config has {columns[column]}")
+    return [(c, t, f"{prefix} hyperparameter") for c, t in columns.items()]
+
+
+def trial_columns() -> list[tuple[str, pa.DataType, str]]:
+    """(name, arrow type, description) of every ``trials`` column, in file order."""
+    stage1 = [(f"stage1_{n}", _arrow_type(t), "Stage-I hyperparameter") for n, t in field_types(Stage1Config).items()]
+    metrics = [(c, pa.float64(), f"{c.split('_', 1)[0]} split: {METRICS[c.split('_', 1)[1]].description}")
+               for c in SPLIT_METRICS]
+    return (IDENTITY + stage1
+            + _section_columns("loss", [LOSSES.get(n).config for n in LOSSES.names()])
+            + _section_columns("method", [METHODS.get(n).config for n in METHODS.names()])
+            + metrics + RUN)
+
+
+def trial_schema() -> pa.Schema:
+    return pa.schema([pa.field(n, t, metadata={"description": d}) for n, t, d in trial_columns()])
+
+
+def history_schema() -> pa.Schema:
+    return pa.schema([pa.field(n, t, metadata={"description": d}) for n, t, d in HISTORY_COLUMNS])
+

@@ -1,0 +1,134 @@
+"""Stage I: train backbone and linear head jointly with SGD (METHODS.md §7.2), optionally with Mixup."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from calib.config import TrialConfig
+from calib.datasets import DatasetSplits
+from calib.losses import LOSSES
+from calib.metrics import expected_calibration_error, softmax64
+from calib.models import CalibModel, create_model
+from calib.training.device import loader_kwargs, seed_everything
+
+__all__ = ["Stage1Training", "predict", "train_stage1"]
+
+
+@dataclass
+class Stage1Training:
+    """A trained Stage-I model with its per-epoch history and training wall time."""
+
+    model: CalibModel
+    history: list[dict[str, Any]] = field(default_factory=list)
+    train_seconds: float = 0.0
+    best_epoch: int = -1
+
+
+@torch.inference_mode()
+def predict(
+    model: CalibModel, dataset: Dataset, device: torch.device, *, batch_size: int = 512, num_workers: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features, logits and labels of ``dataset`` in eval mode, as float32/int64 CPU tensors."""
+    model.eval()
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, **loader_kwargs(device, num_workers))
+    feats, logits, labels = [], [], []
+    for x, y in loader:
+        h = model.features(x.to(device, non_blocking=True))
+        feats.append(h.float().cpu())
+        logits.append(model.head(h).float().cpu())
+        labels.append(torch.as_tensor(y))
+    return torch.cat(feats), torch.cat(logits), torch.cat(labels).long()
+
+
+def train_stage1(
+    cfg: TrialConfig,
+    data: DatasetSplits,
+    device: torch.device,
+    *,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+) -> Stage1Training:
+    """Train ``cfg.arch`` on ``data.train`` with ``cfg.loss`` under ``cfg.stage1``; seeded by ``cfg.seed``."""
+    s1 = cfg.stage1
+    seed_everything(cfg.seed)
+    model = create_model(cfg.arch, num_classes=data.num_classes, in_channels=data.input_shape[0]).to(device)
+    loss_fn = LOSSES.get(cfg.loss.name).create(
+        cfg.loss.params, num_classes=data.num_classes, reduction=s1.loss_reduction
+    ).to(device)
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(
+        params + list(loss_fn.parameters()), lr=s1.lr, momentum=s1.momentum, weight_decay=s1.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(s1.milestones), gamma=s1.lr_decay)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    mixup_rng = np.random.default_rng(cfg.seed)
+    loader = DataLoader(
+        data.train, batch_size=s1.batch_size, shuffle=True, generator=generator,
+        **loader_kwargs(device, cfg.num_workers),
+    )
+    result = Stage1Training(model=model)
+    best_state: dict[str, torch.Tensor] | None = None
+    best_val = -1.0
+    start = time.perf_counter()
+    for epoch in range(s1.epochs):
+        model.train()
+        loss_fn.train()
+        lr = optimizer.param_groups[0]["lr"]
+        total_loss, correct, confidence, seen = 0.0, 0, 0.0, 0
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            if s1.mixup_alpha is not None:
+                lam = float(mixup_rng.beta(s1.mixup_alpha, s1.mixup_alpha))
+                perm = torch.randperm(x.shape[0], generator=generator).to(device)
+                x = lam * x + (1 - lam) * x[perm]
+                features = model.features(x)
+                logits = model.head(features)
+                loss = lam * loss_fn(logits, y, features) + (1 - lam) * loss_fn(logits, y[perm], features)
+            else:
+                features = model.features(x)
+                logits = model.head(features)
+                loss = loss_fn(logits, y, features)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if s1.grad_clip is not None:
+                nn.utils.clip_grad_norm_(params, s1.grad_clip)
+            optimizer.step()
+            with torch.no_grad():
+                probs = logits.detach().float().softmax(dim=1)
+                batch = y.shape[0]
+                total_loss += float(loss) * (1 if s1.loss_reduction == "sum" else batch)
+                correct += int((probs.argmax(1) == y).sum())  # against the unpermuted label, as BALCAL-R
+                confidence += float(probs.max(1).values.sum())
+                seen += batch
+        scheduler.step()
+        _, val_logits, val_labels = predict(model, data.val, device, num_workers=cfg.num_workers)
+        val_probs = softmax64(val_logits)
+        val_acc = float((val_probs.argmax(1) == val_labels.numpy()).mean())
+        row = {
+            "stage": "stage1", "epoch": epoch, "lr": lr,
+            "train_loss": total_loss / seen, "train_accuracy": correct / seen,
+            "train_confidence": confidence / seen, "val_accuracy": val_acc,
+            "val_ece": expected_calibration_error(val_probs, val_labels.numpy(), num_bins=cfg.num_bins),
+        }
+        result.history.append(row)
+        if on_epoch is not None:
+            on_epoch(row)
+        if not np.isfinite(row["train_loss"]):
+            raise FloatingPointError(f"Stage-I training loss became {row['train_loss']} at epoch {epoch}.")
+        if s1.checkpoint == "best_val" and val_acc > best_val:
+            best_val, best_state, result.best_epoch = val_acc, copy.deepcopy(model.state_dict()), epoch
+    result.train_seconds = time.perf_counter() - start
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    else:
+        result.best_epoch = s1.epochs - 1
+    model.eval()
+    return result

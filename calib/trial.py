@@ -1,0 +1,108 @@
+"""``run_trial(config) -> TrialResult``: one trial, from Stage I to metrics (DESIGN.md contract 1).
+
+A plain function of a plain config. It knows nothing of Ray: Ray Tune, a local loop and the tests
+call the same function.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from calib._versions import run_environment
+from calib.artifacts import get_or_train_stage1
+from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity, trial_identity
+from calib.methods import METHODS
+from calib.metrics import compute_all
+from calib.training import resolve_device, seed_everything
+
+__all__ = ["TrialResult", "run_trial", "trial_id"]
+
+
+def trial_id(config: dict[str, Any] | TrialConfig) -> str:
+    """The store key of a trial: the hash of its config without paths and placement."""
+    return config_hash(trial_identity(parse_trial_config(config)))
+
+
+@dataclass
+class TrialResult:
+    """What one trial produced: val_*/test_* metrics (fractions), per-epoch history, timings, provenance."""
+
+    config: TrialConfig
+    trial_id: str
+    stage1_id: str
+    status: str = "ok"
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    stage1_cache_hit: bool | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
+    finished_at: dt.datetime | None = None
+    device: str | None = None
+    environment: dict[str, str | None] = field(default_factory=run_environment)
+
+    @classmethod
+    def failed(cls, config: TrialConfig, error: BaseException, started_at: dt.datetime) -> TrialResult:
+        """A ``failed`` result carrying the exception and its traceback's last frames."""
+        text = "".join(traceback.format_exception_only(type(error), error)).strip()
+        frames = "".join(traceback.format_tb(error.__traceback__)[-3:])
+        return cls(
+            config=config, trial_id=trial_id(config), stage1_id=config_hash(stage1_identity(config)),
+            status="failed", error=f"{text}\n{frames}", started_at=started_at,
+            finished_at=dt.datetime.now(dt.timezone.utc),
+        )
+
+
+def run_trial(
+    config: dict[str, Any] | TrialConfig,
+    *,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+) -> TrialResult:
+    """Validate ``config``, get (or train) its Stage-I artifact, run its method, evaluate val and test.
+
+    ``on_epoch`` receives every Stage-I history row while Stage I trains (progress reporting).
+    """
+    cfg = parse_trial_config(config)
+    started_at = dt.datetime.now(dt.timezone.utc)
+    start = time.perf_counter()
+    device = resolve_device(cfg.device)
+    artifact, cache_hit = get_or_train_stage1(cfg, device, on_epoch=on_epoch)
+    loaded = time.perf_counter()
+
+    seed_everything(cfg.seed)
+    outcome = METHODS.get(cfg.method.name)(cfg.method.params, artifact, seed=cfg.seed, device=device)
+    method_done = time.perf_counter()
+
+    metrics: dict[str, float] = {}
+    for split, probs in (("val", outcome.val_probs), ("test", outcome.test_probs)):
+        labels = artifact.splits[split].labels.numpy()
+        scores = compute_all(probs.detach().cpu().double().numpy(), labels, num_bins=cfg.num_bins)
+        metrics.update({f"{split}_{k}": v for k, v in scores.items()})
+    evaluated = time.perf_counter()
+
+    history = [dict(row) for row in artifact.record["history"]] + outcome.history
+    return TrialResult(
+        config=cfg,
+        trial_id=config_hash(trial_identity(cfg)),
+        stage1_id=artifact.stage1_id,
+        metrics=metrics,
+        history=history,
+        stage1_cache_hit=cache_hit,
+        timings={
+            "stage1_train_seconds": float(artifact.record["train_seconds"]),
+            "stage1_load_seconds": loaded - start,
+            "method_seconds": method_done - loaded,
+            "eval_seconds": evaluated - method_done,
+            "total_seconds": evaluated - start,
+        },
+        started_at=started_at,
+        finished_at=dt.datetime.now(dt.timezone.utc),
+        device=str(device) if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})",
+    )

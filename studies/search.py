@@ -1,0 +1,87 @@
+"""Search a method's hyperparameters with Optuna (TPE by default) through Ray Tune.
+
+Samples ``--num-trials`` configs from a search-space file, runs each as a trial into the store and
+prints the best trials by the validation objective(s) (for two objectives, the Pareto front). The
+test split never drives the search; its numbers are shown for the selected trials only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as pads
+
+from calib.cli import add_common_args, execution_options, guarded_main, preset_of, require_datasets, study_paths
+from calib.config import set_dotted
+from calib.metrics import higher_is_better
+from calib.presets import base_config
+from calib.report import format_mean_ci
+from calib.search import SAMPLERS, load_search_space, run_search
+from calib.store import read_trials
+
+
+def pareto_front(df, objectives: list[str]):
+    """Rows not dominated on ``objectives`` (each oriented by its metric's direction)."""
+    values = np.column_stack([df[o].to_numpy() * (-1 if higher_is_better(o.split("_", 1)[1]) else 1)
+                              for o in objectives])
+    keep = [not any(np.all(other <= row) and np.any(other < row) for other in values) for row in values]
+    return df[keep]
+
+
+@guarded_main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common_args(parser, study="")
+    parser.add_argument("--space", required=True, help="search-space YAML file (search_spaces/*.yaml)")
+    parser.add_argument("--num-trials", type=int, default=20, help="number of sampled trials")
+    parser.add_argument("--objective", nargs="+", default=["val_ece"],
+                        help="validation metric(s) to optimise; two give a multi-objective search")
+    parser.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="Optuna sampler")
+    parser.add_argument("--sampler-seed", type=int, default=0, help="seed of the Optuna sampler")
+    args = parser.parse_args(argv)
+    if args.num_trials < 1:
+        parser.error(f"--num-trials must be >= 1, got {args.num_trials}")
+    space = load_search_space(args.space)
+    study = args.study or f"search_{Path(args.space).stem}"
+    preset = preset_of(args)
+    paths = study_paths(args)
+    dataset = (args.datasets or list(preset.datasets))[0]
+    seed = (args.seeds or list(preset.seeds))[0]
+    require_datasets([dataset], paths.data_root, args.download)
+    base = base_config(preset, study=study, dataset=dataset, seed=seed,
+                       method={"name": space.base.get("method.name", "mac_cal")},
+                       data_root=str(paths.data_root), artifact_root=str(paths.artifacts),
+                       download=args.download, device=args.device)
+    for key, value in space.base.items():
+        base = set_dotted(base, key, value)
+    print(f"[{study}] {args.num_trials} trials · sampler {args.sampler} · objective {args.objective} · "
+          f"{dataset} seed {seed} · store {paths.store}")
+    run = run_search(base, space, store=paths.store, study=study, num_trials=args.num_trials,
+                     objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
+                     options=execution_options(args, preset))
+    trials = read_trials(paths.store, study=study,
+                         filters=pads.field("trial_id").isin(run.trial_ids) & (pads.field("status") == "ok"))
+    if trials.empty:
+        print(f"[{study}] no finished trial: see the errors above")
+        return 1
+    columns = [f"{k.replace('.', '_')}" for k in space.parameters]
+    if len(args.objective) == 1:
+        objective = args.objective[0]
+        best = trials.sort_values(objective, ascending=not higher_is_better(objective.split("_", 1)[1])).head(5)
+        print(f"\nbest 5 of {len(trials)} trials by {objective}:")
+    else:
+        best = pareto_front(trials, args.objective)
+        print(f"\nPareto front of {len(trials)} trials on {args.objective}:")
+    for _, row in best.iterrows():
+        params = ", ".join(f"{c}={row[c]:.4g}" if isinstance(row[c], float) else f"{c}={row[c]}" for c in columns)
+        scores = " · ".join(f"{o} {format_mean_ci(row[o], float('nan'))}%" for o in args.objective)
+        print(f"  {row['trial_id']}  {scores} · test_ece {format_mean_ci(row['test_ece'], float('nan'))}% "
+              f"· test_accuracy {format_mean_ci(row['test_accuracy'], float('nan'))}%  [{params}]")
+    print(f"\nstore: {paths.store} (study={study}, {len(trials)} trials)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""How sensitive is MaC-Cal to γ, the down-weighting of training accuracy in its retention update?
+
+A grid over γ × seeds (every other hyperparameter at its default) plus the vanilla Stage-I model per
+seed. Prints test ECE (mean ± 95% CI over seeds) and accuracy per γ, and writes a figure with ECE
+against γ and the q_t trajectories per γ (MaC-Cal Figs. 7-8). Re-running skips finished trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+import pyarrow.dataset as pads
+
+from calib.cli import add_common_args, execution_options, guarded_main, preset_of, require_datasets, study_paths
+from calib.presets import base_config
+from calib.report import summarize, to_markdown
+from calib.report.figures import plot_gamma_sensitivity
+from calib.search import run_grid
+from calib.store import read_history, read_trials
+
+DEFAULT_GAMMAS = (0.8, 0.85, 0.9, 0.95, 1.0)
+METRICS = {"test_ece": "ECE (%)", "test_accuracy": "Acc (%)", "test_aece": "AECE (%)", "test_mce": "MCE (%)"}
+
+
+@guarded_main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common_args(parser, study="sensitivity_gamma")
+    parser.add_argument("--gammas", type=float, nargs="+", default=list(DEFAULT_GAMMAS), help="γ values")
+    args = parser.parse_args(argv)
+    preset = preset_of(args)
+    paths = study_paths(args)
+    datasets = args.datasets or list(preset.datasets)
+    seeds = args.seeds or list(preset.seeds)
+    require_datasets(datasets, paths.data_root, args.download)
+
+    configs = []
+    for dataset in datasets:
+        for seed in seeds:
+            common = {"preset": preset, "study": args.study, "dataset": dataset, "seed": seed,
+                      "data_root": str(paths.data_root), "artifact_root": str(paths.artifacts),
+                      "download": args.download, "device": args.device}
+            configs.append(base_config(method={"name": "vanilla"}, **common))
+            configs += [base_config(method={"name": "mac_cal", "accuracy_weight": g}, **common) for g in args.gammas]
+    print(f"[{args.study}] preset {preset.name}: {preset.description}")
+    print(f"[{args.study}] datasets {datasets} · seeds {seeds} · γ {args.gammas} · store {paths.store}")
+    run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
+
+    trials = read_trials(paths.store, study=args.study,
+                         filters=pads.field("trial_id").isin(run.trial_ids) & (pads.field("status") == "ok"))
+    if trials.empty:
+        print(f"[{args.study}] no finished trial in the store: see the errors above")
+        return 1
+    history = read_history(paths.store, study=args.study,
+                           filters=pads.field("trial_id").isin(list(trials["trial_id"])) & (pads.field("stage") == "stage2"))
+    for dataset, by_dataset in trials.groupby("dataset", observed=True):
+        vanilla = by_dataset[by_dataset["method"] == "vanilla"]
+        mac = by_dataset[by_dataset["method"] == "mac_cal"]
+        parts = [summarize(vanilla, ["method"], list(METRICS)).assign(γ="–")] if not vanilla.empty else []
+        parts.append(summarize(mac, ["method", "method_accuracy_weight"], list(METRICS))
+                     .rename(columns={"method_accuracy_weight": "γ"}))
+        table = pd.concat(parts, ignore_index=True)
+        print(f"\n{dataset} · {preset.arch} · mean ± 95% CI over {len(seeds)} seeds (test split)\n")
+        print(to_markdown(table, ["method", "γ"], METRICS))
+        v = summarize(vanilla, ["method"], ["test_ece"]) if not vanilla.empty else None
+        mac_hist = history.merge(mac[["trial_id", "method_accuracy_weight"]], on="trial_id")
+        figure = paths.store / "figures" / f"{args.study}_{dataset}.png"
+        plot_gamma_sensitivity(
+            summarize(mac, ["method_accuracy_weight"], ["test_ece"]), mac_hist, figure,
+            vanilla=None if v is None else (v["test_ece_mean"].iloc[0], v["test_ece_ci"].iloc[0]),
+            title=f"MaC-Cal γ sensitivity · {dataset} · {preset.arch}",
+        )
+        print(f"\nfigure: {figure}")
+    print(f"\nstore: {paths.store} ({len(trials)} trials of this run; {run.skipped} were already there)")
+    print(f"load: python -c \"import pandas as pd; print(pd.read_parquet('{paths.store / 'trials'}'))\"")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

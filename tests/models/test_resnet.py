@@ -1,0 +1,105 @@
+"""Tests for calib/models/resnet.py: FOCAL-R CIFAR ResNets, shapes and exact parameter counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from calib.models import CifarResNet, create_model
+from calib.models.resnet import Bottleneck
+
+DEPTHS = {"resnet50": [3, 4, 6, 3], "resnet110": [3, 4, 26, 3]}
+
+
+def conv_params(in_channels: int, out_channels: int, kernel: int) -> int:
+    """A bias-free convolution: in · out · k²."""
+    return in_channels * out_channels * kernel * kernel
+
+
+def bn_params(channels: int) -> int:
+    """BatchNorm affine weight and bias (running statistics are buffers, not parameters)."""
+    return 2 * channels
+
+
+def expected_parameter_count(blocks_per_stage: list[int], num_classes: int, in_channels: int = 3) -> int:
+    """Count derived from the architecture description (METHODS.md §7.1), not from the module.
+
+    total = stem + Σ_stages Σ_blocks block + head, with
+      stem  = conv3×3(in_channels → 64) + BN(64)
+      block = conv1×1(c_in → p) + BN(p) + conv3×3(p → p) + BN(p) + conv1×1(p → 4p) + BN(4p)
+              + [conv1×1(c_in → 4p) + BN(4p) if stride ≠ 1 or c_in ≠ 4p]
+      head  = 2048 · C + C
+    where p ∈ (64, 128, 256, 512) per stage, strides (1, 2, 2, 2) on the first block of each stage,
+    and c_in = 64 for the first block, 4p of the previous block otherwise.
+    """
+    total = conv_params(in_channels, 64, 3) + bn_params(64)
+    c_in = 64
+    for planes, stage_stride, count in zip((64, 128, 256, 512), (1, 2, 2, 2), blocks_per_stage, strict=True):
+        for block in range(count):
+            stride = stage_stride if block == 0 else 1
+            out = 4 * planes
+            total += conv_params(c_in, planes, 1) + bn_params(planes)
+            total += conv_params(planes, planes, 3) + bn_params(planes)
+            total += conv_params(planes, out, 1) + bn_params(out)
+            if stride != 1 or c_in != out:
+                total += conv_params(c_in, out, 1) + bn_params(out)
+            c_in = out
+    total += 2048 * num_classes + num_classes
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(DEPTHS))
+@pytest.mark.parametrize("num_classes", [10, 100])
+def test_parameter_count_matches_hand_derivation(name: str, num_classes: int) -> None:
+    model = create_model(name, num_classes=num_classes)
+    actual = sum(parameter.numel() for parameter in model.parameters())
+    assert actual == expected_parameter_count(DEPTHS[name], num_classes)
+
+
+def test_parameter_count_anchors() -> None:
+    # The widely quoted size of the CIFAR ResNet-50 used by FOCAL-R (kuangliu's pytorch-cifar): 23,520,842.
+    assert expected_parameter_count(DEPTHS["resnet50"], 10) == 23_520_842
+    # ResNet-101 of the same code base ([3, 4, 23, 3]) has 42,512,970; three more stage-3 blocks of
+    # 1024·256 + 256·256·9 + 256·1024 + 2·(256 + 256 + 1024) = 1,117,184 each give 45,864,522.
+    assert expected_parameter_count(DEPTHS["resnet110"], 10) == 42_512_970 + 3 * 1_117_184 == 45_864_522
+
+
+@pytest.mark.parametrize("name", sorted(DEPTHS))
+def test_architecture(name: str) -> None:
+    model = create_model(name, num_classes=10)
+    assert isinstance(model, CifarResNet)
+    assert model.num_features == 2048
+    assert model.blocks_per_stage == tuple(DEPTHS[name])
+    stem_conv = model.stem[0]
+    assert (stem_conv.kernel_size, stem_conv.stride, stem_conv.padding) == ((3, 3), (1, 1), (1, 1))
+    assert not any(isinstance(module, nn.MaxPool2d) for module in model.modules())
+    blocks = [module for module in model.modules() if isinstance(module, Bottleneck)]
+    assert len(blocks) == sum(DEPTHS[name])
+    with torch.no_grad():
+        features = model.eval().features(torch.randn(2, 3, 32, 32))
+    assert features.shape == (2, 2048)
+    assert (features >= 0).all()  # average of post-ReLU activations
+
+
+def test_stage_output_sizes_for_32x32() -> None:
+    model = create_model("resnet50", num_classes=10).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = model.stem(x)
+        assert out.shape == (2, 64, 32, 32)
+        sizes = []
+        for stage in model.stages:
+            out = stage(out)
+            sizes.append(tuple(out.shape[1:]))
+    assert sizes == [(256, 32, 32), (512, 16, 16), (1024, 8, 8), (2048, 4, 4)]
+
+
+def test_errors() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"`blocks_per_stage` must have 4 entries \(one per stage\), got blocks_per_stage=\[3, 4\]\.",
+    ):
+        CifarResNet([3, 4], num_classes=10)
+    with pytest.raises(ValueError, match=r"got blocks_per_stage\[i\]=0\."):
+        CifarResNet([3, 0, 6, 3], num_classes=10)
