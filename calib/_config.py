@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import types
-import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -108,7 +107,9 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, prefix: str = "") -> C:
         return cls(**kwargs)
     except ConfigError as err:
         if prefix and not str(err).startswith(f"`{prefix}"):
-            raise ConfigError(str(err).replace("`", f"`{prefix}", 1).replace(", got ", f", got {prefix}", 1))
+            raise ConfigError(
+                str(err).replace("`", f"`{prefix}", 1).replace(", got ", f", got {prefix}", 1)
+            ) from None
         raise
     except TypeError as err:  # a required field is missing
         raise ConfigError(f"{cls.__name__}: {err}") from None

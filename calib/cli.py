@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from calib._config import ConfigError
 from calib._registry import UnknownNameError
+from calib.config import Stage1Config
 from calib.datasets import DATASETS, DatasetNotFoundError
 from calib.presets import PRESETS, Preset
 from calib.search.tune import ExecutionOptions
@@ -35,6 +36,9 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str) -> None:
     parser.add_argument("--gpus-per-trial", type=float, default=None,
                         help="GPUs per trial, fractions allowed (default: the preset's)")
     parser.add_argument("--max-concurrent", type=int, default=None, help="cap on trials running at once")
+    parser.add_argument("--epochs", type=int, default=None, help="Stage-I epochs (default: the preset's)")
+    parser.add_argument("--stage2-epochs", type=int, default=None,
+                        help="Stage-II epochs of two-stage methods (default: the method's, 40)")
 
 
 class StudyPaths:
@@ -51,7 +55,16 @@ def study_paths(args: argparse.Namespace) -> StudyPaths:
 
 
 def preset_of(args: argparse.Namespace) -> Preset:
-    return PRESETS.get(args.preset)
+    """The chosen preset with ``--epochs`` / ``--stage2-epochs`` applied."""
+    preset = PRESETS.get(args.preset)
+    stage1, stage2 = dict(preset.stage1), dict(preset.stage2)
+    if args.epochs is not None:
+        stage1["epochs"] = args.epochs
+        # Milestones past the last epoch never fire; drop them so a shortened run stays valid.
+        stage1["milestones"] = [m for m in stage1.get("milestones", Stage1Config.milestones) if m < args.epochs]
+    if args.stage2_epochs is not None:
+        stage2["epochs"] = args.stage2_epochs
+    return dataclasses.replace(preset, stage1=stage1, stage2=stage2)
 
 
 def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOptions:

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,6 +38,7 @@ __all__ = [
     "set_dotted",
     "stage1_identity",
     "trial_identity",
+    "validate_study_name",
 ]
 
 
@@ -135,6 +137,19 @@ _TOP_LEVEL = {f.name for f in dataclasses.fields(TrialConfig)}
 _PLACEMENT_KEYS = ("data_root", "artifact_root", "download", "device", "num_workers")
 
 
+_STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def validate_study_name(study: str) -> str:
+    """A study name is a store partition and a directory name: letters, digits, '_', '-', '.'."""
+    if not isinstance(study, str) or not _STUDY_NAME.match(study):
+        raise ConfigError(
+            f"`study` must start with a letter or digit and contain only letters, digits, '_', '-' and '.', "
+            f"got study={study!r}."
+        )
+    return study
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
@@ -169,6 +184,7 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
                      if k not in data)
     if missing:
         raise ConfigError(f"Trial config is missing required key(s): {', '.join(missing)}.")
+    validate_study_name(data["study"])
     DATASETS.get(data["dataset"])
     MODELS.get(data["arch"])
     for key in ("data_root", "artifact_root"):

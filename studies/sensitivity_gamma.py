@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     if trials.empty:
         print(f"[{args.study}] no finished trial in the store: see the errors above")
         return 1
-    history = read_history(paths.store, study=args.study,
-                           filters=pads.field("trial_id").isin(list(trials["trial_id"])) & (pads.field("stage") == "stage2"))
+    in_run = pads.field("trial_id").isin(list(trials["trial_id"]))
+    history = read_history(paths.store, study=args.study, filters=in_run & (pads.field("stage") == "stage2"))
     for dataset, by_dataset in trials.groupby("dataset", observed=True):
         vanilla = by_dataset[by_dataset["method"] == "vanilla"]
         mac = by_dataset[by_dataset["method"] == "mac_cal"]

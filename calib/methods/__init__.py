@@ -1,8 +1,8 @@
 """Methods applied to a Stage-I artifact, by registered name. Adding one: a file here and a register call."""
 
+from calib.methods import mac_cal, vanilla
 from calib.methods._base import MethodOutcome, MethodSpec
 from calib.methods._registry import METHODS
-from calib.methods import mac_cal, vanilla  # noqa: E402  (registration)
 from calib.methods.mac_cal import MacCalConfig
 
 __all__ = ["METHODS", "MacCalConfig", "MethodOutcome", "MethodSpec", "mac_cal", "vanilla"]

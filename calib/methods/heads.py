@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -23,7 +24,7 @@ class MaskableHead(nn.Module):
         super().__init__()
         if len(widths) < 2 or min(widths) < 1:
             raise ValueError(f"`widths` must list at least two sizes >= 1, got widths={list(widths)}.")
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:], strict=True))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(widths))
 
     @property
     def weights(self) -> list[nn.Parameter]:

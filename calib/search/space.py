@@ -102,9 +102,9 @@ class SearchSpace:
         return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
 
 
-def _check_number(key: str, name: str, value: Any) -> None:
+def _check_number(source: str, key: str, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"Search space parameter `{key}`: `{name}` must be a number, got {name}={value!r}.")
+        raise ConfigError(f"{source}: parameter `{key}`: `{name}` must be a number, got {name}={value!r}.")
 
 
 def parse_search_space(data: Any, *, source: str = "<search space>") -> SearchSpace:
@@ -137,8 +137,8 @@ def parse_search_space(data: Any, *, source: str = "<search space>") -> SearchSp
                 f"missing {sorted(missing)}, unexpected {sorted(extra)}."
             )
         if kind in ("uniform", "loguniform", "int"):
-            _check_number(key, "low", spec["low"])
-            _check_number(key, "high", spec["high"])
+            _check_number(source, key, "low", spec["low"])
+            _check_number(source, key, "high", spec["high"])
             if not spec["low"] < spec["high"]:
                 raise ConfigError(f"{source}: parameter `{key}`: `low < high` must hold, got low={spec['low']}, "
                                   f"high={spec['high']}.")

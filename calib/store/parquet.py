@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from calib._config import ConfigError
+from calib.config import validate_study_name
 from calib.store.schema import history_schema, trial_schema
 from calib.trial import TrialResult
 
@@ -39,18 +38,6 @@ __all__ = [
     "validate_study_name",
     "write_result",
 ]
-
-_STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def validate_study_name(study: str) -> str:
-    if not isinstance(study, str) or not _STUDY_NAME.match(study):
-        raise ConfigError(
-            f"`study` must start with a letter or digit and contain only letters, digits, '_', '-' and '.', "
-            f"got study={study!r}."
-        )
-    return study
-
 
 def _flatten(section: str, values: dict[str, Any]) -> dict[str, Any]:
     return {f"{section}_{k}": (list(v) if isinstance(v, tuple) else v) for k, v in values.items()}

@@ -1,0 +1,128 @@
+"""The study scripts as a user runs them: through Ray Tune into the store, resumable, with clean errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--epochs", "2", "--stage2-epochs", "2"]
+
+
+def run_script(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "studies" / script), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def trial_files(store: Path, study: str) -> list[Path]:
+    folder = store / "trials" / f"study={study}"
+    return sorted(p for p in folder.glob("*.parquet")) if folder.exists() else []
+
+
+def session_processes(sid: int) -> list[str]:
+    out = subprocess.run(["ps", "-e", "-o", "sid=,pid=,comm="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split() and line.split()[0] == str(sid)]
+
+
+@pytest.mark.ray
+def test_gamma_study_trains_stage1_once_per_seed_and_resumes(tmp_path):
+    store = tmp_path / "results"
+    args = ["--store", str(store), "--seeds", "1", "2", "--gammas", "0.8", "0.9", "1.0", *TINY]
+    first = run_script("sensitivity_gamma.py", *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "| mac_cal | 0.9 | 2 |" in first.stdout and "| vanilla | – | 2 |" in first.stdout
+    assert (store / "figures" / "sensitivity_gamma_digits-noisy.png").read_bytes()[:4] == b"\x89PNG"
+
+    df = pd.read_parquet(store / "trials")
+    assert len(df) == 2 * (1 + 3) and df["trial_id"].is_unique and (df["status"] == "ok").all()
+    trainings = df[~df["stage1_cache_hit"]]
+    assert sorted(trainings["seed"]) == [1, 2], "Stage I must be trained exactly once per seed"
+    assert df.groupby("seed")["stage1_id"].nunique().eq(1).all()
+    assert df["node_id"].notna().all()
+    history = pd.read_parquet(store / "history")
+    assert set(history["stage"]) == {"stage1", "stage2"}
+
+    mtimes = {p: p.stat().st_mtime_ns for p in trial_files(store, "sensitivity_gamma")}
+    again = run_script("sensitivity_gamma.py", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "8 trials: 8 already in the store, 0 to run" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in trial_files(store, "sensitivity_gamma")} == mtimes
+    assert len(pd.read_parquet(store / "trials")) == 8
+
+
+@pytest.mark.ray
+def test_killed_study_resumes_without_duplicates(tmp_path):
+    store = tmp_path / "results"
+    args = ["--store", str(store), "--seeds", "1", "2", "3", "--gammas", "0.8", "0.85", "0.9", "0.95", "1.0",
+            "--epochs", "4", "--stage2-epochs", "3"]
+    total = 3 * 6
+    proc = subprocess.Popen([sys.executable, str(ROOT / "studies" / "sensitivity_gamma.py"), *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while len(trial_files(store, "sensitivity_gamma")) < 3 and time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail("the study finished before it could be killed")
+            time.sleep(0.2)
+        done_before = len(trial_files(store, "sensitivity_gamma"))
+        assert 3 <= done_before < total
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and every Ray process it started
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert session_processes(proc.pid) == []
+
+    kept = {p: p.stat().st_mtime_ns for p in trial_files(store, "sensitivity_gamma")}
+    resumed = run_script("sensitivity_gamma.py", *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{total} trials: {len(kept)} already in the store, {total - len(kept)} to run" in resumed.stdout
+    df = pd.read_parquet(store / "trials")
+    assert len(df) == total and df["trial_id"].is_unique and (df["status"] == "ok").all()
+    assert all(p.stat().st_mtime_ns == m for p, m in kept.items()), "finished trials are never rewritten"
+    assert len(trial_files(store, "sensitivity_gamma")) == total
+    history = pd.read_parquet(store / "history")
+    assert history.groupby("trial_id").size().index.nunique() == total
+    assert not history.duplicated(["trial_id", "stage", "epoch"]).any()
+
+
+@pytest.mark.ray
+def test_optuna_search_two_objectives(tmp_path):
+    store = tmp_path / "results"
+    out = run_script("search.py", "--space", str(ROOT / "search_spaces" / "mac_cal.yaml"), "--num-trials", "3",
+                     "--objective", "val_ece", "val_accuracy", "--store", str(store), *TINY)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Pareto front of 3 trials on ['val_ece', 'val_accuracy']" in out.stdout
+    df = pd.read_parquet(store / "trials")
+    assert len(df) == 3 and set(df["study"].astype(str)) == {"search_mac_cal"}
+    assert df["method_accuracy_weight"].between(0.8, 1.0).all()
+    assert df["method_bottleneck_width"].between(32, 512).all()
+    assert df["method_accuracy_weight"].nunique() == 3
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--datasets", "cifar11"], "Unknown dataset 'cifar11'. Did you mean 'cifar10'"),
+    (["--preset", "paper"], "CIFAR-10 not found: expected the directory"),
+    (["--gammas", "0"], "`method.accuracy_weight` must be > 0 (it is γ), got method.accuracy_weight=0.0."),
+    (["--seeds", "1", "--study", "../escape"], "`study` must start with a letter or digit"),
+])
+def test_bad_input_exits_2_before_any_trial(tmp_path, args, message):
+    store = tmp_path / "results"
+    out = run_script("sensitivity_gamma.py", "--store", str(store), "--data-root", str(tmp_path / "data"), *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr
+    assert not (store / "trials").exists()
+
+
+def test_missing_dataset_message_names_the_flag(tmp_path):
+    out = run_script("sensitivity_gamma.py", "--preset", "paper", "--store", str(tmp_path / "r"),
+                     "--data-root", str(tmp_path / "data"))
+    assert f"{tmp_path / 'data'}/cifar-10-batches-py" in out.stderr and "--download" in out.stderr
