@@ -11,16 +11,33 @@ import torch
 if TYPE_CHECKING:
     from calib.artifacts import Stage1Artifact
 
-__all__ = ["MethodOutcome", "MethodSpec"]
+__all__ = ["MethodOutcome", "MethodSpec", "Predictor"]
+
+
+Predictor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``predict(features, logits) -> probs``: the fitted method applied to any Stage-I outputs (OOD sets)."""
 
 
 @dataclass
 class MethodOutcome:
-    """Class probabilities on the validation and test splits, plus the per-epoch Stage-II history."""
+    """Class probabilities (float64) on the validation and test splits, the per-epoch Stage-II
+    history, and ``predict`` to apply the fitted method to other inputs' cached features and logits."""
 
     val_probs: torch.Tensor
     test_probs: torch.Tensor
+    predict: Predictor
     history: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_predictor(
+        cls, predict: Predictor, artifact: Stage1Artifact, history: list[dict[str, Any]] | None = None
+    ) -> MethodOutcome:
+        """Apply ``predict`` to the artifact's validation and test splits."""
+        val, test = artifact.splits["val"], artifact.splits["test"]
+        return cls(
+            val_probs=predict(val.features, val.logits), test_probs=predict(test.features, test.logits),
+            predict=predict, history=history or [],
+        )
 
 
 @dataclass(frozen=True)

@@ -280,10 +280,8 @@ def run_mac_cal(
         num_classes=artifact.num_classes, seed=seed, device=device,
         head_state=artifact.head_state() if params.head_init == "stage1" else None,
     )
-    return MethodOutcome(
-        val_probs=fitted.logits(artifact.splits["val"].features).double().softmax(1).cpu(),
-        test_probs=fitted.logits(artifact.splits["test"].features).double().softmax(1).cpu(),
-        history=fitted.history,
+    return MethodOutcome.from_predictor(
+        lambda features, logits: fitted.logits(features).double().softmax(1).cpu(), artifact, fitted.history
     )
 
 

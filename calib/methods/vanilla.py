@@ -24,10 +24,7 @@ class VanillaConfig:
 def run_vanilla(
     params: VanillaConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device
 ) -> MethodOutcome:
-    return MethodOutcome(
-        val_probs=artifact.splits["val"].logits.double().softmax(1),
-        test_probs=artifact.splits["test"].logits.double().softmax(1),
-    )
+    return MethodOutcome.from_predictor(lambda features, logits: logits.double().softmax(1), artifact)
 
 
 METHODS.register("vanilla")(MethodSpec(VanillaConfig, run_vanilla, "the Stage-I model, no recalibration"))
