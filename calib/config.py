@@ -57,6 +57,8 @@ class Stage1Config:
         grad_clip: max L2 norm of the gradient, ``None`` for no clipping (2.0).
         loss_reduction: "sum" over the batch (FOCAL-R, which MaC-Cal uses) or "mean" (ACLS/FeDLaS).
         mixup_alpha: α of Mixup's Beta(α, α); ``None`` trains without Mixup (METHODS.md §4.8).
+        mit_alpha: α of MIT's Beta(α, α) (Mixup Inference in Training: two mixed forward passes whose
+            outputs are decoupled; METHODS.md §4.9); ``None`` trains without MIT.
         checkpoint: the model kept: the "last" epoch (FOCAL-R's default) or the "best_val" accuracy.
     """
 
@@ -70,6 +72,7 @@ class Stage1Config:
     grad_clip: float | None = 2.0
     loss_reduction: Literal["mean", "sum"] = "sum"
     mixup_alpha: float | None = None
+    mit_alpha: float | None = None
     checkpoint: Literal["last", "best_val"] = "last"
 
     def __post_init__(self) -> None:
@@ -87,6 +90,10 @@ class Stage1Config:
               "be > 0 or null (no clipping)")
         check(self.mixup_alpha is None or self.mixup_alpha > 0, "stage1.mixup_alpha", self.mixup_alpha,
               "be > 0, or null to train without Mixup")
+        check(self.mit_alpha is None or self.mit_alpha > 0, "stage1.mit_alpha", self.mit_alpha,
+              "be > 0, or null to train without MIT")
+        if self.mixup_alpha is not None and self.mit_alpha is not None:
+            raise ConfigError("`stage1.mixup_alpha` and `stage1.mit_alpha` exclude each other: pick Mixup or MIT.")
 
 
 @dataclass(frozen=True)

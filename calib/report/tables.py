@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["format_mean_ci", "mean_ci", "summarize", "to_markdown"]
+from calib.metrics import METRICS
+
+__all__ = ["format_mean_ci", "is_fraction_metric", "mean_ci", "summarize", "to_markdown"]
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -38,19 +40,28 @@ def summarize(df: pd.DataFrame, by: Sequence[str], metrics: Sequence[str]) -> pd
     return pd.DataFrame(rows)
 
 
-def format_mean_ci(mean: float, ci: float) -> str:
-    """``"7.21 ± 1.05"`` in percent (a fraction 0.0721 ± 0.0105); no ± part without an interval."""
+def format_mean_ci(mean: float, ci: float, *, percent: bool = True) -> str:
+    """``"7.21 ± 1.05"``: a fraction shown in percent (0.0721 ± 0.0105), or as is with ``percent=False``
+    (NLL, Brier: ``"0.512 ± 0.031"``); no ± part without an interval."""
     if not np.isfinite(mean):
         return "–"
-    return f"{100 * mean:.2f}" + (f" ± {100 * ci:.2f}" if np.isfinite(ci) else "")
+    if percent:
+        return f"{100 * mean:.2f}" + (f" ± {100 * ci:.2f}" if np.isfinite(ci) else "")
+    return f"{mean:.3f}" + (f" ± {ci:.3f}" if np.isfinite(ci) else "")
+
+
+def is_fraction_metric(column: str) -> bool:
+    """Whether a metric column (``test_ece``) is a fraction in [0, 1], shown in percent."""
+    name = column.split("_", 1)[-1]
+    return name in METRICS and METRICS[name].bounds == (0.0, 1.0)
 
 
 def to_markdown(summary: pd.DataFrame, labels: Sequence[str], metrics: dict[str, str]) -> str:
-    """A Markdown table: the ``labels`` columns, then ``header: mean ± 95% CI`` (percent) per metric."""
+    """A Markdown table: the ``labels`` columns, then ``mean ± 95% CI`` per metric (fractions in percent)."""
     header = [*labels, "n", *metrics.values()]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, row in summary.iterrows():
         cells = [str(row[c]) for c in labels] + [str(int(row["n"]))]
-        cells += [format_mean_ci(row[f"{m}_mean"], row[f"{m}_ci"]) for m in metrics]
+        cells += [format_mean_ci(row[f"{m}_mean"], row[f"{m}_ci"], percent=is_fraction_metric(m)) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Stage I: train backbone and linear head jointly with SGD (METHODS.md §7.2), optionally with Mixup."""
+"""Stage I: train backbone and linear head jointly with SGD (METHODS.md §7.2), optionally with Mixup or MIT."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from calib.losses import LOSSES
 from calib.metrics import expected_calibration_error, softmax64
 from calib.models import CalibModel, create_model
 from calib.training.device import loader_kwargs, seed_everything
+from calib.training.mixing import mit_coefficients, mit_decouple, mix
 
 __all__ = ["Stage1Training", "predict", "train_stage1"]
 
@@ -47,6 +48,21 @@ def predict(
         logits.append(model.head(h).float().cpu())
         labels.append(torch.as_tensor(y))
     return torch.cat(feats), torch.cat(logits), torch.cat(labels).long()
+
+
+def _weighted_pair(loss_fn: nn.Module, weight: float, first: tuple, second: tuple) -> torch.Tensor:
+    """weight·L(first) + (1 − weight)·L(second), with the loss's running state updated once per minibatch.
+
+    Stateful losses (FeDLaS's NCI statistics) update only in training mode, so the second call runs
+    in eval mode and reads the statistics the first call just updated.
+    """
+    loss_a = loss_fn(*first)
+    loss_fn.eval()
+    try:
+        loss_b = loss_fn(*second)
+    finally:
+        loss_fn.train()
+    return weight * loss_a + (1 - weight) * loss_b
 
 
 def train_stage1(
@@ -88,10 +104,16 @@ def train_stage1(
             if s1.mixup_alpha is not None:
                 lam = float(mixup_rng.beta(s1.mixup_alpha, s1.mixup_alpha))
                 perm = torch.randperm(x.shape[0], generator=generator).to(device)
-                x = lam * x + (1 - lam) * x[perm]
-                features = model.features(x)
+                features = model.features(mix(x, x[perm], lam))
                 logits = model.head(features)
-                loss = lam * loss_fn(logits, y, features) + (1 - lam) * loss_fn(logits, y[perm], features)
+                loss = _weighted_pair(loss_fn, lam, (logits, y, features), (logits, y[perm], features))
+            elif s1.mit_alpha is not None:
+                lam1, lam2 = mit_coefficients(s1.mit_alpha, mixup_rng)
+                perm = torch.randperm(x.shape[0], generator=generator).to(device)
+                h1, h2 = model.features(mix(x, x[perm], lam1)), model.features(mix(x, x[perm], lam2))
+                logits, logits_b = mit_decouple(model.head(h1), model.head(h2), lam1, lam2)
+                features, features_b = mit_decouple(h1, h2, lam1, lam2)
+                loss = _weighted_pair(loss_fn, 0.5, (logits, y, features), (logits_b, y[perm], features_b))
             else:
                 features = model.features(x)
                 logits = model.head(features)
