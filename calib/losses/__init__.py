@@ -1,8 +1,53 @@
-"""Training losses, by registered name. Adding a loss: one file here, one ``LOSSES.register`` call."""
+"""Training losses, by registered name. Adding a loss: one file here, one ``LOSSES.register`` call.
 
-from calib.losses import cross_entropy
+Every loss is called as ``loss(logits, targets, features)`` and returns a scalar; ``reduction``
+"mean" gives the batch-mean form and "sum" batch size × that (see :mod:`calib.losses._reduction`).
+"""
+
+from calib.losses import acls, cross_entropy, dual_focal, fedlas, flsd, focal, label_smoothing, mbls, mmce
 from calib.losses._base import LossSpec, Reduction
 from calib.losses._registry import LOSSES
+from calib.losses.acls import ACLS, ACLSConfig
 from calib.losses.cross_entropy import CrossEntropy, CrossEntropyConfig
+from calib.losses.dual_focal import DualFocalLoss, DualFocalLossConfig
+from calib.losses.fedlas import FeDLaSLS, FeDLaSLSConfig, FeDLaSMbLS, FeDLaSMbLSConfig
+from calib.losses.flsd import FLSD53, FLSD53Config
+from calib.losses.focal import FocalLoss, FocalLossConfig
+from calib.losses.label_smoothing import LabelSmoothing, LabelSmoothingConfig
+from calib.losses.mbls import MbLS, MbLSConfig
+from calib.losses.mmce import MMCE, MMCEConfig
 
-__all__ = ["LOSSES", "CrossEntropy", "CrossEntropyConfig", "LossSpec", "Reduction", "cross_entropy"]
+__all__ = [
+    "ACLS",
+    "FLSD53",
+    "LOSSES",
+    "MMCE",
+    "ACLSConfig",
+    "CrossEntropy",
+    "CrossEntropyConfig",
+    "DualFocalLoss",
+    "DualFocalLossConfig",
+    "FLSD53Config",
+    "FeDLaSLS",
+    "FeDLaSLSConfig",
+    "FeDLaSMbLS",
+    "FeDLaSMbLSConfig",
+    "FocalLoss",
+    "FocalLossConfig",
+    "LabelSmoothing",
+    "LabelSmoothingConfig",
+    "LossSpec",
+    "MMCEConfig",
+    "MbLS",
+    "MbLSConfig",
+    "Reduction",
+    "acls",
+    "cross_entropy",
+    "dual_focal",
+    "fedlas",
+    "flsd",
+    "focal",
+    "label_smoothing",
+    "mbls",
+    "mmce",
+]

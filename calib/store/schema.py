@@ -62,8 +62,9 @@ HISTORY_COLUMNS = [
     ("train_loss", pa.float64(), "mean training loss of the epoch"),
     ("train_accuracy", pa.float64(), "training accuracy over the epoch's minibatches (Acc_t)"),
     ("train_confidence", pa.float64(), "mean max-softmax over the epoch's minibatches (Conf_t)"),
-    ("val_accuracy", pa.float64(), "validation accuracy after the epoch (Stage I)"),
+    ("val_accuracy", pa.float64(), "validation accuracy after the epoch"),
     ("val_ece", pa.float64(), "validation ECE after the epoch (Stage I)"),
+    ("val_loss", pa.float64(), "validation NLL after the epoch (TST / V-TST checkpoint selection)"),
     ("retention_prob", pa.float64(), "MaC-Cal q_t, the mask retention probability of the epoch"),
     ("clip_threshold", pa.float64(), "MaC-Cal θ_t, the clip of the q update after the epoch"),
 ]

@@ -1,0 +1,258 @@
+"""TST: two-stage training of new classification layers (Jordahn & Olmos, ICML 2024), METHODS.md §2.2.
+
+Stage II discards the Stage-I linear classifier and trains a new, randomly initialised head on the
+frozen extractor's cached TRAIN features h ∈ R^d (no backbone forward):
+
+    h → Linear(d, 3Z) → ReLU → Linear(3Z, Z) = z (the "last hidden layer") → Linear(Z, C) = logits
+
+with cross-entropy. Z is ``latent_dim``. The training loop here is shared with V-TST (``vtst.py``):
+:class:`StageTwoHead` says how a head computes its training loss and its predictive probabilities,
+and :func:`train_stage_two_head` trains any such head and evaluates it on the cached validation
+features after every epoch (``checkpoint="best_val_loss"`` keeps the epoch with the lowest NLL).
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from calib._config import check
+from calib.methods._base import MethodOutcome, MethodSpec
+from calib.methods._registry import METHODS
+from calib.metrics.nll import NLL_CLIP
+
+if TYPE_CHECKING:
+    from calib.artifacts import Stage1Artifact
+
+__all__ = [
+    "FittedStageTwoHead",
+    "StageTwoHead",
+    "TSTConfig",
+    "TSTHead",
+    "fit_tst",
+    "latent_encoder",
+    "make_optimizer",
+    "run_tst",
+    "train_stage_two_head",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TSTConfig:
+    """TST's Stage II. Defaults: MaC-Cal's re-run inside the FOCAL-R protocol (METHODS.md §1.1).
+
+    Attributes:
+        epochs: Stage-II epochs (40 in both protocols).
+        optimizer: "sgd" (FOCAL-R re-run: lr 0.1, momentum 0.9, weight decay 5e-4, batch 128) or
+            "adam" (TST-R's own protocol: use lr 1e-4, batch 256, weight_decay 0; momentum is unused).
+        lr: learning rate, constant over Stage II, > 0.
+        momentum: SGD momentum in [0, 1) (ignored by Adam).
+        weight_decay: L2 weight decay of the optimizer, >= 0.
+        batch_size: minibatch size over the cached training features, >= 1.
+        latent_dim: Z, the width of the last hidden layer; the head is d → 3Z → Z → C (TST-R: 256).
+        checkpoint: "last" (the final epoch, FOCAL-R style) or "best_val_loss" (TST-R: the epoch
+            with the lowest validation NLL on the cached validation features).
+    """
+
+    epochs: int = 40
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    batch_size: int = 128
+    latent_dim: int = 256
+    checkpoint: Literal["last", "best_val_loss"] = "last"
+
+    def __post_init__(self) -> None:
+        check(self.epochs >= 1, "epochs", self.epochs, "be an integer >= 1")
+        check(self.optimizer in ("sgd", "adam"), "optimizer", self.optimizer, "be one of 'sgd', 'adam'")
+        check(self.lr > 0, "lr", self.lr, "be > 0")
+        check(0 <= self.momentum < 1, "momentum", self.momentum, "be in [0, 1)")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "be >= 0")
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "be an integer >= 1")
+        check(self.latent_dim >= 1, "latent_dim", self.latent_dim, "be an integer >= 1 (it is Z)")
+        check(self.checkpoint in ("last", "best_val_loss"), "checkpoint", self.checkpoint,
+              "be one of 'last', 'best_val_loss'")
+
+
+def latent_encoder(num_features: int, latent_dim: int) -> nn.Sequential:
+    """d → 3Z (ReLU) → Z, linear output: TST's encoder of the last hidden layer (and V-TST's μ / log σ² heads)."""
+    if num_features < 1 or latent_dim < 1:
+        raise ValueError(f"`num_features` and `latent_dim` must be >= 1, got {num_features=}, {latent_dim=}.")
+    return nn.Sequential(nn.Linear(num_features, 3 * latent_dim), nn.ReLU(), nn.Linear(3 * latent_dim, latent_dim))
+
+
+class StageTwoHead(nn.Module, abc.ABC):
+    """A head trained on cached features by :func:`train_stage_two_head`.
+
+    ``generator`` is a CPU generator for the head's noise (V-TST's ε); deterministic heads ignore it.
+    """
+
+    @abc.abstractmethod
+    def training_loss(
+        self, h: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scalar loss to minimise, the logits behind it) for a minibatch of features h (B, d)."""
+
+    @abc.abstractmethod
+    def predictive_probs(self, h: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The predictive class probabilities p(y | h), float64 (N, C), on h's device."""
+
+
+class TSTHead(StageTwoHead):
+    """TST's classification layers: encoder d → 3Z (ReLU) → Z, then the linear decoder Z → C."""
+
+    def __init__(self, num_features: int, latent_dim: int, num_classes: int) -> None:
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"`num_classes` must be >= 1, got {num_classes=}.")
+        self.encoder = latent_encoder(num_features, latent_dim)
+        self.decoder = nn.Linear(latent_dim, num_classes)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits (N, C) of features h (N, d)."""
+        return self.decoder(self.encoder(h))
+
+    def training_loss(
+        self, h: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self(h)
+        return F.cross_entropy(logits, labels), logits
+
+    def predictive_probs(self, h: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return self(h).double().softmax(1)
+
+
+@dataclass
+class FittedStageTwoHead:
+    """A trained head, its per-epoch history and the epoch whose weights it holds.
+
+    Evaluation noise (V-TST) comes from a fresh CPU generator seeded with ``eval_seed`` (the trial
+    seed) at every call, so the probabilities of a given input are reproducible.
+    """
+
+    head: StageTwoHead
+    eval_seed: int
+    device: torch.device
+    best_epoch: int
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @torch.no_grad()
+    def device_probs(self, features: torch.Tensor) -> torch.Tensor:
+        """Predictive probabilities, float64 on the head's device, of cached features (N, d)."""
+        self.head.eval()
+        generator = torch.Generator().manual_seed(self.eval_seed)
+        return self.head.predictive_probs(features.to(self.device, torch.float32), generator)
+
+    def probs(self, features: torch.Tensor) -> torch.Tensor:
+        """Predictive probabilities, float64 on the CPU, of cached features (N, d)."""
+        return self.device_probs(features).cpu()
+
+    def predict(self, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The method's :data:`~calib.methods.Predictor`: uses the features, ignores the Stage-I logits."""
+        return self.probs(features)
+
+
+def make_optimizer(params: TSTConfig, parameters: Any) -> torch.optim.Optimizer:
+    """SGD (lr, momentum, weight decay) or Adam (lr, weight decay), as ``params.optimizer`` says."""
+    if params.optimizer == "adam":
+        return torch.optim.Adam(parameters, lr=params.lr, weight_decay=params.weight_decay)
+    return torch.optim.SGD(parameters, lr=params.lr, momentum=params.momentum, weight_decay=params.weight_decay)
+
+
+def _nll(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean −log max(p_{i,y_i}, 1e-12), as :func:`calib.metrics.negative_log_likelihood`."""
+    p_true = probs.gather(1, labels.unsqueeze(1)).squeeze(1)
+    return float(-p_true.clamp(min=NLL_CLIP, max=1.0).log().mean())
+
+
+def train_stage_two_head(
+    head: StageTwoHead,
+    params: TSTConfig,
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    val_features: torch.Tensor,
+    val_labels: torch.Tensor,
+    *,
+    seed: int,
+    device: torch.device,
+) -> FittedStageTwoHead:
+    """Train ``head`` on cached training features with ``params``; evaluate on validation every epoch.
+
+    Minibatch order and training noise come from a CPU generator seeded with ``seed``. History rows
+    (stage "stage2") carry lr, train_loss (the head's objective), train_accuracy and train_confidence
+    over the epoch's minibatches, and val_accuracy and val_loss (validation NLL) after the epoch.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    head = head.to(device)
+    optimizer = make_optimizer(params, head.parameters())
+    features, labels = train_features.to(device, torch.float32), train_labels.to(device)
+    val_h, val_y = val_features.to(device, torch.float32), val_labels.to(device)
+    fitted = FittedStageTwoHead(head, eval_seed=seed, device=device, best_epoch=params.epochs - 1)
+    best_loss, best_state = math.inf, None
+    n = features.shape[0]
+    for epoch in range(params.epochs):
+        head.train()
+        sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss·B, correct, confidence, summed on device
+        for idx in torch.randperm(n, generator=generator).split(params.batch_size):
+            idx = idx.to(device)
+            y = labels[idx]
+            loss, logits = head.training_loss(features[idx], y, generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            with torch.no_grad():
+                confidences, predictions = logits.detach().softmax(1).max(1)
+                sums += torch.stack([loss.detach() * y.shape[0], (predictions == y).sum(), confidences.sum()]).double()
+        total_loss, correct, confidence = sums.tolist()
+        if not math.isfinite(total_loss):
+            raise FloatingPointError(f"Stage-II training loss became {total_loss} at epoch {epoch}.")
+        val_probs = fitted.device_probs(val_h)
+        val_loss = _nll(val_probs, val_y)
+        fitted.history.append({
+            "stage": "stage2", "epoch": epoch, "lr": params.lr, "train_loss": total_loss / n,
+            "train_accuracy": correct / n, "train_confidence": confidence / n,
+            "val_accuracy": float((val_probs.argmax(1) == val_y).double().mean()), "val_loss": val_loss,
+        })
+        if params.checkpoint == "best_val_loss" and val_loss < best_loss:
+            best_loss, best_state, fitted.best_epoch = val_loss, copy.deepcopy(head.state_dict()), epoch
+    if best_state is not None:
+        head.load_state_dict(best_state)
+    return fitted
+
+
+def fit_tst(
+    params: TSTConfig,
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    val_features: torch.Tensor,
+    val_labels: torch.Tensor,
+    *,
+    num_classes: int,
+    seed: int,
+    device: torch.device,
+) -> FittedStageTwoHead:
+    """A new :class:`TSTHead` (initialised from ``seed``) trained by :func:`train_stage_two_head`."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = TSTHead(train_features.shape[1], params.latent_dim, num_classes)
+    return train_stage_two_head(head, params, train_features, train_labels, val_features, val_labels,
+                                seed=seed, device=device)
+
+
+def run_tst(params: TSTConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device) -> MethodOutcome:
+    """TST's Stage II on the artifact's cached training features; evaluated on val and test."""
+    train, val = artifact.splits["train"], artifact.splits["val"]
+    fitted = fit_tst(params, train.features, train.labels, val.features, val.labels,
+                     num_classes=artifact.num_classes, seed=seed, device=device)
+    return MethodOutcome.from_predictor(fitted.predict, artifact, fitted.history)
+
+
+METHODS.register("tst")(MethodSpec(TSTConfig, run_tst, "TST: new d→3Z→Z→C head retrained on frozen features"))

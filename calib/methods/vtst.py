@@ -1,0 +1,139 @@
+"""V-TST: TST with a variational last hidden layer (Jordahn & Olmos, ICML 2024), METHODS.md §2.3.
+
+An amortised Gaussian posterior q(z | h) = N(μ(h), diag σ²(h)) over the last hidden layer z ∈ R^Z:
+
+    μ(h)      = d → 3Z (ReLU) → Z
+    log σ²(h) = log-sigmoid(d → 3Z (ReLU) → Z), so σ² ∈ (0, 1)      (TST-R ``bound_qzx_var=True``)
+    z = μ + σ·ε, ε ~ N(0, I);   logits = Linear(Z → C)(z)
+
+Loss per minibatch: CE(logits(z), y) + mean_i KL(q(z | h_i) ‖ N(0, I)) / Z, one Monte-Carlo sample
+per step. At test time z is still sampled: ``num_samples`` M = 1 draws one sample (TST-R's default),
+M > 1 averages the softmax over M samples. Training reuses TST's loop (:func:`train_stage_two_head`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from calib._config import check
+from calib.methods._base import MethodOutcome, MethodSpec
+from calib.methods._registry import METHODS
+from calib.methods.tst import (
+    FittedStageTwoHead,
+    StageTwoHead,
+    TSTConfig,
+    latent_encoder,
+    train_stage_two_head,
+)
+
+if TYPE_CHECKING:
+    from calib.artifacts import Stage1Artifact
+
+__all__ = ["VTSTConfig", "VTSTHead", "fit_vtst", "kl_to_standard_normal", "run_vtst"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VTSTConfig(TSTConfig):
+    """V-TST's Stage II: :class:`~calib.methods.tst.TSTConfig`'s fields plus the test-time samples.
+
+    Attributes:
+        num_samples: M, Monte-Carlo samples of z at evaluation, >= 1. M = 1 still samples (TST-R);
+            M > 1 averages the M softmaxes (TST-REPRO also reports M = 10). The evaluation noise is
+            seeded with the trial seed.
+    """
+
+    num_samples: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.num_samples >= 1, "num_samples", self.num_samples, "be an integer >= 1 (it is M)")
+
+
+def kl_to_standard_normal(mean: torch.Tensor, log_var: torch.Tensor) -> torch.Tensor:
+    """KL(N(μ, diag σ²) ‖ N(0, I)) / Z per sample, shape (N,), for μ and log σ² of shape (N, Z).
+
+    KL = ½ · Σ_j (σ_j² + μ_j² − 1 − log σ_j²); V-TST divides it by Z (the mean over dimensions).
+    """
+    return 0.5 * (log_var.exp() + mean.square() - 1.0 - log_var).mean(dim=1)
+
+
+class VTSTHead(StageTwoHead):
+    """V-TST's classification layers: μ and log σ² encoders (d → 3Z → Z each) and the decoder Z → C."""
+
+    def __init__(self, num_features: int, latent_dim: int, num_classes: int, num_samples: int = 1) -> None:
+        super().__init__()
+        if num_classes < 1 or num_samples < 1:
+            raise ValueError(f"`num_classes` and `num_samples` must be >= 1, got {num_classes=}, {num_samples=}.")
+        self.mean_encoder = latent_encoder(num_features, latent_dim)
+        self.log_var_encoder = latent_encoder(num_features, latent_dim)
+        self.decoder = nn.Linear(latent_dim, num_classes)
+        self.num_samples = num_samples
+
+    def posterior(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """μ(h) and log σ²(h) = log-sigmoid(·) ≤ 0 of q(z | h), each (N, Z)."""
+        return self.mean_encoder(h), F.logsigmoid(self.log_var_encoder(h))
+
+    def sample_logits(
+        self, h: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits of one sample z = μ + σ·ε (ε drawn on the CPU from ``generator``), with μ and log σ²."""
+        mean, log_var = self.posterior(h)
+        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype).to(mean.device)
+        return self.decoder(mean + (0.5 * log_var).exp() * noise), mean, log_var
+
+    def training_loss(
+        self, h: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """CE of one sample's logits + the batch mean of KL / Z."""
+        logits, mean, log_var = self.sample_logits(h, generator)
+        return F.cross_entropy(logits, labels) + kl_to_standard_normal(mean, log_var).mean(), logits
+
+    def sample_probs(self, h: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """softmax of one sample's logits, float64 (N, C)."""
+        return self.sample_logits(h, generator)[0].double().softmax(1)
+
+    def predictive_probs(self, h: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """(1/M) Σ_m softmax(logits(z_m)), M = ``num_samples`` samples drawn one after another."""
+        total = self.sample_probs(h, generator)
+        for _ in range(self.num_samples - 1):
+            total = total + self.sample_probs(h, generator)
+        return total / self.num_samples
+
+
+def fit_vtst(
+    params: VTSTConfig,
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    val_features: torch.Tensor,
+    val_labels: torch.Tensor,
+    *,
+    num_classes: int,
+    seed: int,
+    device: torch.device,
+) -> FittedStageTwoHead:
+    """A new :class:`VTSTHead` (initialised from ``seed``) trained by TST's loop.
+
+    With ``checkpoint="best_val_loss"`` the validation NLL is that of the M-sample predictive, with the
+    same evaluation noise every epoch.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = VTSTHead(train_features.shape[1], params.latent_dim, num_classes, params.num_samples)
+    return train_stage_two_head(head, params, train_features, train_labels, val_features, val_labels,
+                                seed=seed, device=device)
+
+
+def run_vtst(params: VTSTConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device) -> MethodOutcome:
+    """V-TST's Stage II on the artifact's cached training features; evaluated on val and test."""
+    train, val = artifact.splits["train"], artifact.splits["val"]
+    fitted = fit_vtst(params, train.features, train.labels, val.features, val.labels,
+                      num_classes=artifact.num_classes, seed=seed, device=device)
+    return MethodOutcome.from_predictor(fitted.predict, artifact, fitted.history)
+
+
+METHODS.register("vtst")(MethodSpec(VTSTConfig, run_vtst, "V-TST: TST with a Gaussian last hidden layer"))
