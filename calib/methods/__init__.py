@@ -1,12 +1,28 @@
-"""Methods applied to a Stage-I artifact, by registered name. Adding one: a file here and a register call."""
+"""Methods applied to a Stage-I artifact, by registered name. Adding one: a file here and a register call.
 
-from calib.methods import mac_cal, vanilla
-from calib.methods import tst as tst
-from calib.methods import vtst as vtst
-from calib.methods._base import MethodOutcome, MethodSpec
+Post-hoc calibrators live in :mod:`calib.posthoc`; importing them here registers their methods.
+"""
+
+from calib.methods import mac_cal, tst, vanilla, vtst
+from calib.methods._base import MethodOutcome, MethodSpec, Predictor
 from calib.methods._registry import METHODS
 from calib.methods.mac_cal import MacCalConfig
-from calib.posthoc import smart as smart
-from calib.posthoc import temperature_scaling as temperature_scaling
+from calib.methods.tst import TSTConfig
+from calib.methods.vtst import VTSTConfig
+from calib.posthoc import smart, temperature_scaling
 
-__all__ = ["METHODS", "MacCalConfig", "MethodOutcome", "MethodSpec", "mac_cal", "vanilla"]
+__all__ = [
+    "METHODS",
+    "MacCalConfig",
+    "MethodOutcome",
+    "MethodSpec",
+    "Predictor",
+    "TSTConfig",
+    "VTSTConfig",
+    "mac_cal",
+    "smart",
+    "temperature_scaling",
+    "tst",
+    "vanilla",
+    "vtst",
+]

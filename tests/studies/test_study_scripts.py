@@ -126,3 +126,21 @@ def test_missing_dataset_message_names_the_flag(tmp_path):
     out = run_script("sensitivity_gamma.py", "--preset", "paper", "--store", str(tmp_path / "r"),
                      "--data-root", str(tmp_path / "data"))
     assert f"{tmp_path / 'data'}/cifar-10-batches-py" in out.stderr and "--download" in out.stderr
+
+
+@pytest.mark.ray
+def test_compare_methods_shares_the_ce_stage1(tmp_path):
+    store = tmp_path / "results"
+    rows = ["Vanilla (CE)", "CE+TS", "CE+SMART", "TST", "V-TST", "MaC-Cal", "LS"]
+    out = run_script("compare_methods.py", "--store", str(store), "--seeds", "1", "2", "--methods", *rows, *TINY)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for row in rows:
+        assert f"| {row} | 2 |" in out.stdout
+    df = pd.read_parquet(store / "trials")
+    assert len(df) == 2 * len(rows) and (df["status"] == "ok").all()
+    ce = df[df["loss"] == "cross_entropy"]
+    assert sorted(ce.loc[~ce["stage1_cache_hit"], "seed"]) == [1, 2], "one CE Stage I per seed for six methods"
+    assert ce.groupby("seed")["stage1_id"].nunique().eq(1).all()
+    ls = df[df["loss"] == "label_smoothing"]
+    assert (ls["loss_smoothing"] == 0.05).all() and not ls["stage1_cache_hit"].any()
+    assert df.loc[df["method"] == "tst", "method_latent_dim"].eq(256).all()
