@@ -12,7 +12,7 @@ from typing import Any
 
 from calib._registry import Registry
 
-__all__ = ["PRESETS", "Preset", "base_config"]
+__all__ = ["PRESETS", "Preset", "base_config", "with_preset_stage2"]
 
 PRESETS: Registry[Preset] = Registry("preset")
 
@@ -78,22 +78,30 @@ def base_config(
 
     The preset's Stage-II settings apply to two-stage methods only (those with an ``epochs`` field).
     """
-    from calib._config import field_types
-    from calib.methods import METHODS
-
-    method_fields = field_types(METHODS.get(method["name"]).config)
-    stage2 = {k: v for k, v in preset.stage2.items() if k in method_fields}
-    return {
+    config = {
         "study": study,
         "seed": seed,
         "dataset": dataset,
         "arch": preset.arch,
         "stage1": dict(preset.stage1),
         "loss": dict(loss or {"name": "cross_entropy"}),
-        "method": {**stage2, **method},
+        "method": dict(method),
         "data_root": data_root,
         "artifact_root": artifact_root,
         "download": download,
         "device": device or preset.device,
         "num_workers": preset.num_workers,
     }
+    return with_preset_stage2(preset, config)
+
+
+def with_preset_stage2(preset: Preset, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the preset's Stage-II settings filled into its method section, for the fields
+    the method has (two-stage methods); values the method section sets itself win."""
+    from calib._config import field_types
+    from calib.methods import METHODS
+
+    method = config["method"]
+    fields = field_types(METHODS.get(method["name"]).config)
+    stage2 = {k: v for k, v in preset.stage2.items() if k in fields}
+    return {**config, "method": {**stage2, **method}}

@@ -144,3 +144,13 @@ def test_compare_methods_shares_the_ce_stage1(tmp_path):
     ls = df[df["loss"] == "label_smoothing"]
     assert (ls["loss_smoothing"] == 0.05).all() and not ls["stage1_cache_hit"].any()
     assert df.loc[df["method"] == "tst", "method_latent_dim"].eq(256).all()
+
+
+@pytest.mark.ray
+def test_ablation_study_prints_the_ladder(tmp_path):
+    out = run_script("ablation.py", "--store", str(tmp_path / "results"), "--seeds", "1", *TINY)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| Vanilla | 1 |" in out.stdout and "| +Decaying Adaptive Sparsity (Δ ECE " in out.stdout
+    df = pd.read_parquet(tmp_path / "results" / "trials")
+    assert len(df) == 6 and df["stage1_id"].nunique() == 1 and (~df["stage1_cache_hit"]).sum() == 1
+    assert df["method_epochs"].dropna().eq(2).all(), "--stage2-epochs reaches every MaC-Cal step"

@@ -1,0 +1,83 @@
+"""Which of MaC-Cal's components make the difference? An ablation ladder through Ray Tune (Table 5).
+
+Runs a ladder file (default: studies/ladders/mac_cal.yaml, Vanilla → +Masked Retraining →
++Gradient Restriction → +Classifier Restructure → +Static → +Decaying Adaptive Sparsity) in
+``incremental`` mode (each row adds a component), ``leave_one_out`` (the full method minus one) or
+``factorial`` (every subset). Each step × seed is one trial; steps share the Stage-I artifact.
+Prints Acc, ECE, AECE, MCE (mean ± 95% CI over seeds) and the change in ECE against the previous
+row (incremental) or the full method (leave-one-out).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as pads
+
+from calib.ablation import MODES, load_ladder
+from calib.cli import add_common_args, execution_options, guarded_main, preset_of, require_datasets, study_paths
+from calib.presets import base_config, with_preset_stage2
+from calib.report import summarize, to_markdown
+from calib.search import run_grid
+from calib.store import read_trials
+from calib.trial import trial_id
+
+DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
+METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
+
+
+@guarded_main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common_args(parser, study="ablation")
+    parser.add_argument("--ladder", default=str(DEFAULT_LADDER), help="ladder file (YAML)")
+    parser.add_argument("--mode", default="incremental", choices=MODES, help="how components are combined")
+    args = parser.parse_args(argv)
+    ladder = load_ladder(args.ladder)
+    preset = preset_of(args)
+    paths = study_paths(args)
+    datasets = args.datasets or list(preset.datasets)
+    seeds = args.seeds or list(preset.seeds)
+    require_datasets(datasets, paths.data_root, args.download)
+
+    configs, label_of, order = [], {}, []
+    for dataset in datasets:
+        for seed in seeds:
+            base = base_config(preset, study=args.study, dataset=dataset, seed=seed, method={"name": "vanilla"},
+                               data_root=str(paths.data_root), artifact_root=str(paths.artifacts),
+                               download=args.download, device=args.device)
+            steps, skipped = ladder.steps(base, args.mode)
+            for step in steps:
+                config = with_preset_stage2(preset, step.config)
+                configs.append(config)
+                label_of[trial_id(config)] = step.label
+                if step.label not in order:
+                    order.append(step.label)
+    for note in dict.fromkeys(skipped):
+        print(f"[{args.study}] skipped step {note}")
+    print(f"[{args.study}] preset {preset.name}: {preset.description}")
+    print(f"[{args.study}] ladder {args.ladder} ({args.mode}: {len(order)} steps) · seeds {seeds}")
+    run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
+
+    trials = read_trials(paths.store, study=args.study,
+                         filters=pads.field("trial_id").isin(run.trial_ids) & (pads.field("status") == "ok"))
+    if trials.empty:
+        print(f"[{args.study}] no finished trial in the store: see the errors above")
+        return 1
+    trials["step"] = pd.Categorical(trials["trial_id"].map(label_of), categories=order, ordered=True)
+    for dataset, group in trials.groupby("dataset", observed=True):
+        table = summarize(group, ["step"], list(METRICS))
+        reference = table["test_ece_mean"].shift(1) if args.mode == "incremental" else table["test_ece_mean"].iloc[0]
+        delta = 100 * (table["test_ece_mean"] - reference)
+        table["step"] = [f"{s} (Δ ECE {d:+.2f})" if pd.notna(d) and i > 0 else str(s)
+                         for i, (s, d) in enumerate(zip(table["step"], delta, strict=True))]
+        print(f"\n{dataset} · {preset.arch} · test split · mean ± 95% CI over seeds (percent)\n")
+        print(to_markdown(table, ["step"], METRICS))
+    print(f"\nstore: {paths.store} ({len(trials)} trials of this run; {run.skipped} were already there)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
