@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-__all__ = ["plot_gamma_sensitivity"]
+__all__ = ["plot_gamma_sensitivity", "plot_metric_against"]
 
 
 def plot_gamma_sensitivity(
@@ -53,6 +53,44 @@ def plot_gamma_sensitivity(
     ax_q.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def plot_metric_against(
+    summary: pd.DataFrame,
+    x: str,
+    metric: str,
+    group: str,
+    path: str | os.PathLike,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    log_x: bool = False,
+) -> Path:
+    """One line per ``group`` of ``<metric>_mean`` (percent) against ``x``, with its 95% CI band."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (name, rows) in enumerate(summary.groupby(group, sort=False, observed=True)):
+        rows = rows.sort_values(x)
+        mean = 100 * rows[f"{metric}_mean"].to_numpy()
+        ci = 100 * rows[f"{metric}_ci"].fillna(0).to_numpy()
+        ax.plot(rows[x], mean, "o-", color=f"C{i}", label=str(name))
+        ax.fill_between(rows[x], mean - ci, mean + ci, color=f"C{i}", alpha=0.15)
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=120)

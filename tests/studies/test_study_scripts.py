@@ -154,3 +154,37 @@ def test_ablation_study_prints_the_ladder(tmp_path):
     df = pd.read_parquet(tmp_path / "results" / "trials")
     assert len(df) == 6 and df["stage1_id"].nunique() == 1 and (~df["stage1_cache_hit"]).sum() == 1
     assert df["method_epochs"].dropna().eq(2).all(), "--stage2-epochs reaches every MaC-Cal step"
+
+
+@pytest.mark.ray
+def test_row_studies_run_into_the_store(tmp_path):
+    store = tmp_path / "results"
+    combine = run_script("combine.py", "--store", str(store), "--seeds", "1", "--losses", "CE", "LS", *TINY)
+    assert combine.returncode == 0, combine.stderr[-3000:]
+    assert "| LS +MaC-Cal | 1 |" in combine.stdout
+    decompose = run_script("decompose.py", "--store", str(store), "--seeds", "1", *TINY)
+    assert decompose.returncode == 0, decompose.stderr[-3000:]
+    assert "| row | n | ECE | O-ECE | U-ECE | Acc |" in decompose.stdout
+    mixup = run_script("mixup_alpha.py", "--store", str(store), "--seeds", "1", "--alphas", "0.2", "1.0", *TINY)
+    assert mixup.returncode == 0, mixup.stderr[-3000:]
+    assert "| Mixup+MaC-Cal α=0.2 | 1 |" in mixup.stdout
+    assert (store / "figures" / "mixup_alpha_digits-noisy.png").exists()
+    df = pd.read_parquet(store / "trials")
+    by_study = df.groupby(df["study"].astype(str)).size().to_dict()
+    assert by_study == {"combine": 4, "decompose": 7, "mixup_alpha": 6}
+    # combine: "+MaC-Cal" rows reuse their loss's Stage I
+    combine_rows = df[df["study"] == "combine"]
+    assert combine_rows.groupby("loss")["stage1_id"].nunique().eq(1).all()
+    assert (~combine_rows["stage1_cache_hit"]).sum() <= 2
+    # decompose: O-ECE + U-ECE = ECE for every trial
+    assert ((df["test_oece"] + df["test_uece"] - df["test_ece"]).abs() < 1e-9).all()
+
+
+@pytest.mark.ray
+def test_cost_reuses_the_comparison_trials(tmp_path):
+    store = tmp_path / "results"
+    first = run_script("cost.py", "--store", str(store), "--seeds", "1", *TINY)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "| MIT |" in first.stdout and "| Vanilla (CE) |" in first.stdout
+    again = run_script("cost.py", "--store", str(store), "--seeds", "1", *TINY)
+    assert "17 trials: 17 already in the store, 0 to run" in again.stdout

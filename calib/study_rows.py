@@ -1,0 +1,101 @@
+"""Row-based studies: named (loss, method, Stage-I change) rows × datasets × seeds → trials → tables.
+
+The shape shared by ``compare_methods``, ``combine``, ``decompose`` and ``mixup_alpha``: each row is
+a labelled config variant; every (dataset, row, seed) is one trial run through Ray Tune; the table
+aggregates the finished trials of this run per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import pyarrow.dataset as pads
+
+from calib.cli import execution_options, preset_of, require_datasets, study_paths
+from calib.presets import base_config
+from calib.report import summarize, to_markdown
+from calib.search import run_grid
+from calib.store import read_trials
+from calib.trial import trial_id
+
+__all__ = ["METHOD_ROWS", "Row", "print_row_tables", "run_rows"]
+
+# FeDLaS's per-dataset defaults (METHODS.md §3.5); the loss configs' defaults are CIFAR-10's.
+DATASET_LOSS_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
+    "cifar100": {"fedlas_ls": {"smoothing": 0.1, "norm_momentum": 0.5},
+                 "fedlas_mbls": {"modulation_strength": 1.0, "norm_momentum": 0.5}},
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One labelled config variant: a loss, a method and Stage-I changes (each ``{"name": ..., **fields}``)."""
+
+    loss: Mapping[str, Any] = field(default_factory=lambda: {"name": "cross_entropy"})
+    method: Mapping[str, Any] = field(default_factory=lambda: {"name": "vanilla"})
+    stage1: Mapping[str, Any] = field(default_factory=dict)
+
+
+# The methods of MaC-Cal Table 1 that calib implements, each with its paper defaults.
+METHOD_ROWS: dict[str, Row] = {
+    "Vanilla (CE)": Row(),
+    "LS": Row(loss={"name": "label_smoothing"}),
+    "FL": Row(loss={"name": "focal"}),
+    "FLSD-53": Row(loss={"name": "flsd53"}),
+    "DFL": Row(loss={"name": "dual_focal"}),
+    "MbLS": Row(loss={"name": "mbls"}),
+    "ACLS": Row(loss={"name": "acls"}),
+    "MMCE": Row(loss={"name": "mmce"}),
+    "FeDLaS-LS": Row(loss={"name": "fedlas_ls"}),
+    "FeDLaS-MbLS": Row(loss={"name": "fedlas_mbls"}),
+    "Mixup": Row(stage1={"mixup_alpha": 1.0}),
+    "MIT": Row(stage1={"mit_alpha": 1.0}),
+    "CE+TS": Row(method={"name": "temperature_scaling"}),
+    "CE+SMART": Row(method={"name": "smart"}),
+    "TST": Row(method={"name": "tst"}),
+    "V-TST": Row(method={"name": "vtst"}),
+    "MaC-Cal": Row(method={"name": "mac_cal"}),
+}
+
+
+def run_rows(args: argparse.Namespace, rows: Mapping[str, Row]) -> tuple[pd.DataFrame, Any]:
+    """Run every (dataset, row, seed) trial; returns this run's ok trials with a ``row`` column
+    (ordered categorical) and the preset used."""
+    preset = preset_of(args)
+    paths = study_paths(args)
+    datasets = args.datasets or list(preset.datasets)
+    seeds = args.seeds or list(preset.seeds)
+    require_datasets(datasets, paths.data_root, args.download)
+    configs, label_of = [], {}
+    for dataset in datasets:
+        for label, row in rows.items():
+            loss = {**row.loss, **DATASET_LOSS_DEFAULTS.get(dataset, {}).get(row.loss["name"], {})}
+            for seed in seeds:
+                config = base_config(preset, study=args.study, dataset=dataset, seed=seed, method=dict(row.method),
+                                     loss=loss, data_root=str(paths.data_root), artifact_root=str(paths.artifacts),
+                                     download=args.download, device=args.device)
+                config["stage1"].update(row.stage1)
+                configs.append(config)
+                label_of[trial_id(config)] = label
+    print(f"[{args.study}] preset {preset.name}: {preset.description}")
+    print(f"[{args.study}] {len(rows)} rows · datasets {datasets} · seeds {seeds} · store {paths.store}")
+    run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
+    trials = read_trials(paths.store, study=args.study,
+                         filters=pads.field("trial_id").isin(run.trial_ids) & (pads.field("status") == "ok"))
+    trials["row"] = pd.Categorical(trials["trial_id"].map(label_of), categories=list(rows), ordered=True)
+    print(f"\n[{args.study}] store: {paths.store} ({len(trials)} ok trials of this run; "
+          f"{run.skipped} were already there; {run.failed} failed)")
+    return trials, preset
+
+
+def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, arch: str,
+                     by: tuple[str, ...] = ("row",)) -> None:
+    """One Markdown table per dataset: mean ± 95% CI over seeds of ``metrics`` (fractions in percent)."""
+    for dataset, group in trials.groupby("dataset", observed=True):
+        print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds "
+              "(percent; NLL in nats and Brier as they are)\n")
+        print(to_markdown(summarize(group, list(by), list(metrics)), list(by), metrics))

@@ -1,0 +1,39 @@
+"""Are the methods' remaining errors over- or under-confidence? ECE split into O-ECE + U-ECE (FeDLaS Table 4).
+
+O-ECE sums the bins whose confidence exceeds their accuracy, U-ECE the others; O-ECE + U-ECE = ECE
+on the same 15 bins (METHODS.md §6.4).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from calib.cli import add_common_args, guarded_main
+from calib.study_rows import Row, print_row_tables, run_rows
+
+ROWS = {
+    "CE": Row(),
+    "LS": Row(loss={"name": "label_smoothing"}),
+    "FeDLaS-LS": Row(loss={"name": "fedlas_ls"}),
+    "MbLS": Row(loss={"name": "mbls"}),
+    "FeDLaS-MbLS": Row(loss={"name": "fedlas_mbls"}),
+    "CE+TS": Row(method={"name": "temperature_scaling"}),
+    "MaC-Cal": Row(method={"name": "mac_cal"}),
+}
+METRICS = {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_accuracy": "Acc"}
+
+
+@guarded_main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common_args(parser, study="decompose")
+    args = parser.parse_args(argv)
+    trials, preset = run_rows(args, ROWS)
+    if trials.empty:
+        return 1
+    print_row_tables(trials, METRICS, arch=preset.arch)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
