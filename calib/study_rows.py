@@ -13,13 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
-import pyarrow.dataset as pads
 
 from calib.cli import execution_options, preset_of, require_datasets, study_paths
 from calib.presets import base_config
 from calib.report import summarize, to_markdown
 from calib.search import run_grid
-from calib.store import read_trials
+from calib.store import read_finished
 from calib.trial import trial_id
 
 __all__ = ["METHOD_ROWS", "Row", "print_row_tables", "run_rows"]
@@ -84,8 +83,7 @@ def run_rows(args: argparse.Namespace, rows: Mapping[str, Row]) -> tuple[pd.Data
     print(f"[{args.study}] preset {preset.name}: {preset.description}")
     print(f"[{args.study}] {len(rows)} rows · datasets {datasets} · seeds {seeds} · store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
-    trials = read_trials(paths.store, study=args.study,
-                         filters=pads.field("trial_id").isin(run.trial_ids) & (pads.field("status") == "ok"))
+    trials = read_finished(paths.store, args.study, run.trial_ids)
     trials["row"] = pd.Categorical(trials["trial_id"].map(label_of), categories=list(rows), ordered=True)
     print(f"\n[{args.study}] store: {paths.store} ({len(trials)} ok trials of this run; "
           f"{run.skipped} were already there; {run.failed} failed)")

@@ -14,14 +14,13 @@ import argparse
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.dataset as pads
 
 from calib.ablation import MODES, load_ladder
 from calib.cli import add_common_args, execution_options, guarded_main, preset_of, require_datasets, study_paths
 from calib.presets import base_config, with_preset_stage2
 from calib.report import summarize, to_markdown
 from calib.search import run_grid
-from calib.store import read_trials
+from calib.store import read_finished
 from calib.trial import trial_id
 
 DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
@@ -61,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[{args.study}] ladder {args.ladder} ({args.mode}: {len(order)} steps) · seeds {seeds}")
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
 
-    trials = read_trials(paths.store, study=args.study,
-                         filters=pads.field("trial_id").isin(run.trial_ids) & (pads.field("status") == "ok"))
+    trials = read_finished(paths.store, args.study, run.trial_ids)
     if trials.empty:
         print(f"[{args.study}] no finished trial in the store: see the errors above")
         return 1

@@ -11,7 +11,6 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-import pyarrow.dataset as pads
 
 from calib.cli import add_common_args, execution_options, guarded_main, preset_of, require_datasets, study_paths
 from calib.config import set_dotted
@@ -19,7 +18,7 @@ from calib.metrics import higher_is_better
 from calib.presets import base_config
 from calib.report import format_mean_ci
 from calib.search import SAMPLERS, load_search_space, run_search
-from calib.store import read_trials
+from calib.store import read_finished
 
 
 def pareto_front(df, objectives: list[str]):
@@ -61,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     run = run_search(base, space, store=paths.store, study=study, num_trials=args.num_trials,
                      objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
                      options=execution_options(args, preset))
-    trials = read_trials(paths.store, study=study,
-                         filters=pads.field("trial_id").isin(run.trial_ids) & (pads.field("status") == "ok"))
+    trials = read_finished(paths.store, study, run.trial_ids)
     if trials.empty:
         print(f"[{study}] no finished trial: see the errors above")
         return 1

@@ -17,7 +17,7 @@ from calib.presets import base_config
 from calib.report import summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
 from calib.search import run_grid
-from calib.store import read_history, read_trials
+from calib.store import read_finished, read_history
 
 DEFAULT_GAMMAS = (0.8, 0.85, 0.9, 0.95, 1.0)
 METRICS = {"test_ece": "ECE (%)", "test_accuracy": "Acc (%)", "test_aece": "AECE (%)", "test_mce": "MCE (%)"}
@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[{args.study}] datasets {datasets} · seeds {seeds} · γ {args.gammas} · store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
 
-    trials = read_trials(paths.store, study=args.study,
-                         filters=pads.field("trial_id").isin(run.trial_ids) & (pads.field("status") == "ok"))
+    trials = read_finished(paths.store, args.study, run.trial_ids)
     if trials.empty:
         print(f"[{args.study}] no finished trial in the store: see the errors above")
         return 1

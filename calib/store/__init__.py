@@ -2,6 +2,7 @@
 
 from calib.store.parquet import (
     completed_trial_ids,
+    read_finished,
     read_history,
     read_trials,
     trial_row,
@@ -14,6 +15,7 @@ __all__ = [
     "HISTORY_COLUMNS",
     "completed_trial_ids",
     "history_schema",
+    "read_finished",
     "read_history",
     "read_trials",
     "trial_columns",

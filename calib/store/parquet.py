@@ -32,6 +32,7 @@ from calib.trial import TrialResult
 
 __all__ = [
     "completed_trial_ids",
+    "read_finished",
     "read_history",
     "read_trials",
     "trial_row",
@@ -138,6 +139,12 @@ def read_history(
 ) -> pd.DataFrame:
     """The ``history`` table (one row per trial, stage and epoch) as a DataFrame."""
     return _read(Path(store), "history", history_schema(), study, filters, columns)
+
+
+def read_finished(store: str | os.PathLike, study: str, trial_ids: Iterable[str]) -> pd.DataFrame:
+    """The trials of ``study`` among ``trial_ids`` that finished with status ``ok`` (a study run's results)."""
+    return read_trials(store, study=study,
+                       filters=pads.field("trial_id").isin(list(trial_ids)) & (pads.field("status") == "ok"))
 
 
 def completed_trial_ids(

@@ -113,3 +113,16 @@ def test_trial_config_is_stored_as_json(results, tmp_path):
     write_result(tmp_path, results[1])
     row = read_trials(tmp_path).iloc[0]
     assert parse_trial_config(json.loads(row["config_json"])) == results[1].config
+
+
+def test_read_finished_keeps_this_runs_ok_trials(results, tmp_path):
+    for r in results:
+        write_result(tmp_path, r)
+    failed = TrialResult.failed(results[0].config, RuntimeError("x"), dt.datetime.now(dt.timezone.utc))
+    failed.trial_id = "f" * 16
+    write_result(tmp_path, failed)
+    from calib.store import read_finished
+
+    ids = [results[0].trial_id, results[1].trial_id, failed.trial_id, "0" * 16]
+    df = read_finished(tmp_path, "test", ids)
+    assert sorted(df["trial_id"]) == sorted(ids[:2])
