@@ -124,6 +124,8 @@ class TrialConfig:
     device: str = "auto"
     num_bins: int = 15
     num_workers: int = 0
+    label: str = ""
+    label_rank: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The plain-dict form that :func:`parse_trial_config` reads back."""
@@ -140,8 +142,9 @@ class TrialConfig:
 
 
 _TOP_LEVEL = {f.name for f in dataclasses.fields(TrialConfig)}
-# Keys that say where and how a trial runs, not what it computes: excluded from the identity hashes.
-_PLACEMENT_KEYS = ("data_root", "artifact_root", "download", "device", "num_workers")
+# Keys that say where and how a trial runs or how a study names it, not what it computes: excluded from
+# the identity hashes.
+_PLACEMENT_KEYS = ("data_root", "artifact_root", "download", "device", "num_workers", "label", "label_rank")
 
 
 _STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

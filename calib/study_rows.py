@@ -19,7 +19,6 @@ from calib.presets import base_config
 from calib.report import summarize, to_markdown
 from calib.search import run_grid
 from calib.store import read_finished
-from calib.trial import trial_id
 
 __all__ = ["METHOD_ROWS", "Row", "print_row_tables", "run_rows"]
 
@@ -69,22 +68,21 @@ def run_rows(args: argparse.Namespace, rows: Mapping[str, Row]) -> tuple[pd.Data
     datasets = args.datasets or list(preset.datasets)
     seeds = args.seeds or list(preset.seeds)
     require_datasets(datasets, paths.data_root, args.download)
-    configs, label_of = [], {}
+    configs = []
     for dataset in datasets:
-        for label, row in rows.items():
+        for rank, (label, row) in enumerate(rows.items()):
             loss = {**row.loss, **DATASET_LOSS_DEFAULTS.get(dataset, {}).get(row.loss["name"], {})}
             for seed in seeds:
                 config = base_config(preset, study=args.study, dataset=dataset, seed=seed, method=dict(row.method),
                                      loss=loss, data_root=str(paths.data_root), artifact_root=str(paths.artifacts),
                                      download=args.download, device=args.device)
                 config["stage1"].update(row.stage1)
-                configs.append(config)
-                label_of[trial_id(config)] = label
+                configs.append({**config, "label": label, "label_rank": rank})
     print(f"[{args.study}] preset {preset.name}: {preset.description}")
     print(f"[{args.study}] {len(rows)} rows · datasets {datasets} · seeds {seeds} · store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
     trials = read_finished(paths.store, args.study, run.trial_ids)
-    trials["row"] = pd.Categorical(trials["trial_id"].map(label_of), categories=list(rows), ordered=True)
+    trials["row"] = pd.Categorical(trials["label"], categories=list(rows), ordered=True)
     print(f"\n[{args.study}] store: {paths.store} ({len(trials)} ok trials of this run; "
           f"{run.skipped} were already there; {run.failed} failed)")
     return trials, preset

@@ -19,7 +19,7 @@ from calib._versions import run_environment
 from calib.artifacts import get_or_train_stage1
 from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity, trial_identity
 from calib.methods import METHODS
-from calib.metrics import compute_all
+from calib.metrics import compute_all, reliability_bins
 from calib.training import resolve_device, seed_everything
 
 __all__ = ["TrialResult", "run_trial", "trial_id"]
@@ -32,7 +32,8 @@ def trial_id(config: dict[str, Any] | TrialConfig) -> str:
 
 @dataclass
 class TrialResult:
-    """What one trial produced: val_*/test_* metrics (fractions), per-epoch history, timings, provenance."""
+    """What one trial produced: val_*/test_* metrics (fractions), the test reliability bins, per-epoch
+    history, timings, provenance."""
 
     config: TrialConfig
     trial_id: str
@@ -40,6 +41,7 @@ class TrialResult:
     status: str = "ok"
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    reliability: dict[str, list] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     stage1_cache_hit: bool | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -85,6 +87,12 @@ def run_trial(
         labels = artifact.splits[split].labels.numpy()
         scores = compute_all(probs.detach().cpu().double().numpy(), labels, num_bins=cfg.num_bins)
         metrics.update({f"{split}_{k}": v for k, v in scores.items()})
+    counts, confidence, accuracy = reliability_bins(
+        outcome.test_probs.detach().cpu().double().numpy(), artifact.splits["test"].labels.numpy(),
+        num_bins=cfg.num_bins,
+    )
+    reliability = {"test_bin_count": counts.tolist(), "test_bin_confidence": confidence.tolist(),
+                   "test_bin_accuracy": accuracy.tolist()}
     evaluated = time.perf_counter()
 
     history = [dict(row) for row in artifact.record["history"]] + outcome.history
@@ -93,6 +101,7 @@ def run_trial(
         trial_id=config_hash(trial_identity(cfg)),
         stage1_id=artifact.stage1_id,
         metrics=metrics,
+        reliability=reliability,
         history=history,
         stage1_cache_hit=cache_hit,
         timings={

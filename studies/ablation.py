@@ -21,7 +21,6 @@ from calib.presets import base_config, with_preset_stage2
 from calib.report import summarize, to_markdown
 from calib.search import run_grid
 from calib.store import read_finished
-from calib.trial import trial_id
 
 DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
 METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
@@ -41,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or list(preset.seeds)
     require_datasets(datasets, paths.data_root, args.download)
 
-    configs, label_of, order = [], {}, []
+    configs, order = [], []
     for dataset in datasets:
         for seed in seeds:
             base = base_config(preset, study=args.study, dataset=dataset, seed=seed, method={"name": "vanilla"},
@@ -49,11 +48,10 @@ def main(argv: list[str] | None = None) -> int:
                                download=args.download, device=args.device)
             steps, skipped = ladder.steps(base, args.mode)
             for step in steps:
-                config = with_preset_stage2(preset, step.config)
-                configs.append(config)
-                label_of[trial_id(config)] = step.label
                 if step.label not in order:
                     order.append(step.label)
+                config = with_preset_stage2(preset, step.config)
+                configs.append({**config, "label": step.label, "label_rank": order.index(step.label)})
     for note in dict.fromkeys(skipped):
         print(f"[{args.study}] skipped step {note}")
     print(f"[{args.study}] preset {preset.name}: {preset.description}")
@@ -64,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if trials.empty:
         print(f"[{args.study}] no finished trial in the store: see the errors above")
         return 1
-    trials["step"] = pd.Categorical(trials["trial_id"].map(label_of), categories=order, ordered=True)
+    trials["step"] = pd.Categorical(trials["label"], categories=order, ordered=True)
     for dataset, group in trials.groupby("dataset", observed=True):
         table = summarize(group, ["step"], list(METRICS))
         reference = table["test_ece_mean"].shift(1) if args.mode == "incremental" else table["test_ece_mean"].iloc[0]

@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
             common = {"preset": preset, "study": args.study, "dataset": dataset, "seed": seed,
                       "data_root": str(paths.data_root), "artifact_root": str(paths.artifacts),
                       "download": args.download, "device": args.device}
-            configs.append(base_config(method={"name": "vanilla"}, **common))
-            configs += [base_config(method={"name": "mac_cal", "accuracy_weight": g}, **common) for g in args.gammas]
+            configs.append({**base_config(method={"name": "vanilla"}, **common), "label": "vanilla", "label_rank": 0})
+            configs += [{**base_config(method={"name": "mac_cal", "accuracy_weight": g}, **common),
+                         "label": f"MaC-Cal γ={g:g}", "label_rank": rank}
+                        for rank, g in enumerate(sorted(args.gammas), start=1)]
     print(f"[{args.study}] preset {preset.name}: {preset.description}")
     print(f"[{args.study}] datasets {datasets} · seeds {seeds} · γ {args.gammas} · store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))

@@ -16,6 +16,7 @@ from calib.metrics.ece import expected_calibration_error
 from calib.metrics.mce import maximum_calibration_error
 from calib.metrics.nll import negative_log_likelihood
 from calib.metrics.ood import ood_auroc, ood_fpr_at_95_tpr
+from calib.metrics.reliability import reliability_bins
 from calib.metrics.softmax import softmax64
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "ood_auroc",
     "ood_fpr_at_95_tpr",
     "overconfidence_ece",
+    "reliability_bins",
     "softmax64",
     "underconfidence_ece",
 ]

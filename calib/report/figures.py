@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-__all__ = ["plot_gamma_sensitivity", "plot_metric_against"]
+__all__ = ["plot_bars", "plot_gamma_sensitivity", "plot_metric_against", "plot_reliability"]
 
 
 def plot_gamma_sensitivity(
@@ -89,6 +89,70 @@ def plot_metric_against(
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend()
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def plot_reliability(bins: pd.DataFrame, path: str | os.PathLike, *, title: str = "") -> Path:
+    """Reliability diagrams, one panel per ``label``: accuracy per confidence bin against the diagonal,
+    with the number of test samples in each bin written above its bar.
+
+    ``bins`` has one row per (label, bin) with ``label``, ``bin``, ``count``, ``confidence``, ``accuracy``
+    (already pooled over seeds).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    labels = list(dict.fromkeys(bins["label"]))
+    ncols = min(4, len(labels))
+    nrows = -(-len(labels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 3.2 * nrows), squeeze=False)
+    for ax, label in zip(axes.flat, labels, strict=False):
+        rows = bins[bins["label"] == label].sort_values("bin")
+        num_bins = len(rows)
+        width = 1.0 / num_bins
+        centres = (rows["bin"].to_numpy() + 0.5) * width
+        ax.bar(centres, rows["accuracy"], width=width, edgecolor="k", color="C0", alpha=0.8, label="accuracy")
+        ax.bar(centres, rows["confidence"] - rows["accuracy"], bottom=rows["accuracy"], width=width,
+               color="C3", alpha=0.3, label="gap")
+        ax.plot([0, 1], [0, 1], "k--", lw=1)
+        for x, acc, count in zip(centres, rows["accuracy"], rows["count"], strict=True):
+            if count:
+                ax.text(x, min(acc, 0.92) + 0.02, str(int(count)), ha="center", fontsize=6, rotation=90)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_title(str(label), fontsize=9)
+        ax.set_xlabel("confidence")
+        ax.set_ylabel("accuracy")
+    for ax in list(axes.flat)[len(labels):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def plot_bars(summary: pd.DataFrame, label: str, metric: str, path: str | os.PathLike, *, ylabel: str,
+              title: str = "") -> Path:
+    """Bars of ``<metric>_mean`` (percent) per ``label`` in order, with 95% CI error bars (ablation rows)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(summary)), 4))
+    x = range(len(summary))
+    ax.bar(x, 100 * summary[f"{metric}_mean"], yerr=100 * summary[f"{metric}_ci"].fillna(0), capsize=4,
+           color="C0", alpha=0.8)
+    ax.set_xticks(list(x), [str(v) for v in summary[label]], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
     if title:
         ax.set_title(title)
     fig.tight_layout()

@@ -29,13 +29,16 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
 
 
 def summarize(df: pd.DataFrame, by: Sequence[str], metrics: Sequence[str]) -> pd.DataFrame:
-    """One row per group of ``by``: ``n`` and ``<metric>_mean`` / ``<metric>_ci`` for every metric."""
+    """One row per group of ``by``: ``n``, ``<metric>_mean``, ``<metric>_ci`` (95% CI half-width) and
+    ``<metric>_std`` (sample standard deviation) for every metric."""
     rows = []
     for key, group in df.groupby(list(by), sort=True, dropna=False, observed=True):
         row = dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True))
         row["n"] = len(group)
         for m in metrics:
-            row[f"{m}_mean"], row[f"{m}_ci"] = mean_ci(group[m].to_numpy())
+            values = group[m].to_numpy(dtype=float)
+            row[f"{m}_mean"], row[f"{m}_ci"] = mean_ci(values)
+            row[f"{m}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -32,6 +32,11 @@ IDENTITY = [
     ("stage1_id", pa.string(), "hash of the Stage-I config: the artifact directory name"),
 ]
 RUN = [
+    ("label", pa.string(), "the study's name for this trial's variant (a table row), empty if none"),
+    ("label_rank", pa.int64(), "position of the label in the study's table"),
+    ("test_bin_count", pa.list_(pa.int64()), "test reliability diagram: samples per equal-width bin"),
+    ("test_bin_confidence", pa.list_(pa.float64()), "test reliability diagram: mean confidence per bin"),
+    ("test_bin_accuracy", pa.list_(pa.float64()), "test reliability diagram: accuracy per bin"),
     ("num_bins", pa.int64(), "bins of the binned calibration metrics"),
     ("status", pa.string(), "ok or failed"),
     ("error", pa.string(), "the exception of a failed trial, null when ok"),

@@ -188,3 +188,35 @@ def test_cost_reuses_the_comparison_trials(tmp_path):
     assert "| MIT |" in first.stdout and "| Vanilla (CE) |" in first.stdout
     again = run_script("cost.py", "--store", str(store), "--seeds", "1", *TINY)
     assert "17 trials: 17 already in the store, 0 to run" in again.stdout
+
+
+@pytest.mark.ray
+def test_report_regenerates_tables_byte_for_byte(tmp_path):
+    store = tmp_path / "results"
+    gamma = run_script("sensitivity_gamma.py", "--store", str(store), "--seeds", "1", "2", "--gammas", "0.9", "1.0",
+                       *TINY)
+    assert gamma.returncode == 0, gamma.stderr[-3000:]
+    ablation = run_script("ablation.py", "--store", str(store), "--seeds", "1", *TINY)
+    assert ablation.returncode == 0, ablation.stderr[-3000:]
+
+    first = run_script("report.py", "--store", str(store))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"skipped combine: not in the store (run: python studies/combine.py --store {store})" in first.stdout
+    report = store / "report"
+    tables = {p.name: p.read_bytes() for p in sorted((report / "tables").iterdir())}
+    assert set(tables) == {"ablation_digits-noisy.md", "ablation_digits-noisy.tex",
+                           "sensitivity_gamma_digits-noisy.md", "sensitivity_gamma_digits-noisy.tex"}
+    md = tables["sensitivity_gamma_digits-noisy.md"].decode()
+    assert [line.split(" | ")[0] for line in md.splitlines()[4:]] == ["| vanilla", "| MaC-Cal γ=0.9", "| MaC-Cal γ=1"]
+    assert md.count("**") == 2 * 4, "one bold best per metric column"
+    assert r"\textbf{" in tables["ablation_digits-noisy.tex"].decode()
+    figures = sorted(p.name for p in (report / "figures").iterdir())
+    assert figures == ["ablation_digits-noisy_bars.png", "ablation_digits-noisy_reliability.png",
+                       "sensitivity_gamma_digits-noisy_gamma.png", "sensitivity_gamma_digits-noisy_reliability.png"]
+
+    import shutil
+
+    shutil.rmtree(report)
+    again = run_script("report.py", "--store", str(store))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in sorted((report / "tables").iterdir())} == tables

@@ -1,0 +1,172 @@
+"""The report: every table and figure regenerated from whatever the store holds.
+
+Tables (Markdown and LaTeX, mean ± 95% CI or ± std over seeds, the best mean of each metric in bold)
+go to ``<out>/tables/<study>_<dataset>.{md,tex}``; figures (reliability diagrams with per-bin counts,
+and each study's own figure) to ``<out>/figures/``. Rows are the studies' labels in their order.
+Tables depend only on the stored rows, so regenerating them from the same store gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as pads
+
+from calib.metrics import higher_is_better
+from calib.report import figures
+from calib.report.tables import format_mean_ci, is_fraction_metric, summarize
+from calib.store import read_history, read_trials
+
+__all__ = ["KNOWN_STUDIES", "build_report"]
+
+FULL = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_nll": "NLL",
+        "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE"}
+SHORT = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
+# study -> (the script that runs it, the metrics of its table)
+KNOWN_STUDIES: dict[str, tuple[str, dict[str, str]]] = {
+    "sensitivity_gamma": ("studies/sensitivity_gamma.py", SHORT),
+    "compare_methods": ("studies/compare_methods.py", FULL),
+    "ablation": ("studies/ablation.py", SHORT),
+    "combine": ("studies/combine.py", SHORT),
+    "mixup_alpha": ("studies/mixup_alpha.py", {"test_ece": "ECE", "test_accuracy": "Acc", "test_oece": "O-ECE",
+                                               "test_uece": "U-ECE"}),
+    "decompose": ("studies/decompose.py", {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE",
+                                           "test_accuracy": "Acc"}),
+}
+Spread = Literal["ci", "std"]
+
+
+def _labelled(trials: pd.DataFrame) -> pd.DataFrame:
+    """Rows without a study label (stores written before labels existed) are labelled by method."""
+    return trials.assign(label=trials["label"].replace("", None).fillna(trials["method"]).astype(str),
+                         label_rank=trials["label_rank"].fillna(0).astype("int64"))
+
+
+def _ordered_summary(trials: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFrame:
+    table = summarize(trials, ["label_rank", "label"], list(metrics))
+    return table.sort_values(["label_rank", "label"], kind="stable").reset_index(drop=True)
+
+
+def _best(table: pd.DataFrame, metric: str) -> int | None:
+    means = table[f"{metric}_mean"].to_numpy(dtype=float)
+    if not np.isfinite(means).any():
+        return None
+    return int(np.nanargmax(means) if higher_is_better(metric.split("_", 1)[1]) else np.nanargmin(means))
+
+
+def _cells(table: pd.DataFrame, metrics: dict[str, str], spread: Spread) -> list[list[tuple[str, bool]]]:
+    best = {m: _best(table, m) for m in metrics}
+    return [[(format_mean_ci(row[f"{m}_mean"], row[f"{m}_{spread}"], percent=is_fraction_metric(m)), best[m] == i)
+             for m in metrics] for i, row in table.iterrows()]
+
+
+def markdown_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread) -> str:
+    header = ["row", "n", *metrics.values()]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (_, row), cells in zip(table.iterrows(), _cells(table, metrics, spread), strict=True):
+        shown = [f"**{text}**" if bold else text for text, bold in cells]
+        lines.append("| " + " | ".join([str(row["label"]), str(int(row["n"])), *shown]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def latex_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread, caption: str) -> str:
+    def escape(text: str) -> str:
+        for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")):
+            text = text.replace(char, repl)
+        return text
+
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{escape(caption)}}}",
+             r"\begin{tabular}{l r " + "r " * len(metrics) + "}", r"\toprule",
+             " & ".join(["Method", "$n$", *(escape(v) for v in metrics.values())]) + r" \\", r"\midrule"]
+    for (_, row), cells in zip(table.iterrows(), _cells(table, metrics, spread), strict=True):
+        shown = [(rf"\textbf{{{t}}}" if bold else t).replace("±", r"$\pm$") for t, bold in cells]
+        lines.append(" & ".join([escape(str(row["label"])), str(int(row["n"])), *shown]) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def _pooled_bins(trials: pd.DataFrame) -> pd.DataFrame:
+    """Reliability bins pooled over seeds per label: counts summed, means weighted by counts."""
+    rows = []
+    trials = trials[trials["test_bin_count"].notna()]
+    for (_, label), group in trials.groupby(["label_rank", "label"], sort=True):
+        counts = np.array(group["test_bin_count"].tolist(), dtype=float)
+        conf = np.array(group["test_bin_confidence"].tolist(), dtype=float)
+        acc = np.array(group["test_bin_accuracy"].tolist(), dtype=float)
+        total = counts.sum(axis=0)
+        safe = np.where(total > 0, total, 1)
+        for b in range(counts.shape[1]):
+            rows.append({"label": label, "bin": b, "count": int(total[b]),
+                         "confidence": float((counts[:, b] * conf[:, b]).sum() / safe[b]),
+                         "accuracy": float((counts[:, b] * acc[:, b]).sum() / safe[b])})
+    return pd.DataFrame(rows)
+
+
+def _study_figures(store: Path, study: str, dataset: str, trials: pd.DataFrame, out: Path) -> list[Path]:
+    written = []
+    if study == "sensitivity_gamma":
+        mac = trials[trials["method"] == "mac_cal"]
+        vanilla = summarize(trials[trials["method"] == "vanilla"], ["method"], ["test_ece"])
+        history = read_history(store, study=study, filters=pads.field("trial_id").isin(list(mac["trial_id"]))
+                               & (pads.field("stage") == "stage2"))
+        history = history.merge(mac[["trial_id", "method_accuracy_weight"]], on="trial_id")
+        written.append(figures.plot_gamma_sensitivity(
+            summarize(mac, ["method_accuracy_weight"], ["test_ece"]), history, out / f"{study}_{dataset}_gamma.png",
+            vanilla=None if vanilla.empty else (vanilla["test_ece_mean"].iloc[0], vanilla["test_ece_ci"].iloc[0]),
+            title=f"γ sensitivity · {dataset}"))
+    elif study == "mixup_alpha":
+        frame = trials.assign(family=trials["label"].str.split(" α=").str[0],
+                              alpha=trials["stage1_mixup_alpha"].fillna(trials["stage1_mit_alpha"]))
+        written.append(figures.plot_metric_against(
+            summarize(frame, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece", "family",
+            out / f"{study}_{dataset}_alpha.png", xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
+            title=f"Mixup α · {dataset}"))
+    elif study == "ablation":
+        written.append(figures.plot_bars(_ordered_summary(trials, SHORT), "label", "test_ece",
+                                         out / f"{study}_{dataset}_bars.png", ylabel="test ECE (%)",
+                                         title=f"ablation · {dataset}"))
+    return written
+
+
+def build_report(
+    store: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    spread: Spread = "ci",
+    log: Callable[[str], None] = print,
+) -> list[Path]:
+    """Write every table and figure the store supports into ``out``; returns the files written."""
+    store, out = Path(store), Path(out)
+    trials = read_trials(store, filters=pads.field("status") == "ok")
+    present = sorted(set(trials["study"].astype(str))) if not trials.empty else []
+    written: list[Path] = []
+    for study in sorted(set(KNOWN_STUDIES) | set(present)):
+        script, metrics = KNOWN_STUDIES.get(study, ("", FULL))
+        rows = trials[trials["study"].astype(str) == study] if present else trials
+        if rows.empty:
+            log(f"skipped {study}: not in the store (run: python {script} --store {store})")
+            continue
+        for dataset, group in rows.groupby("dataset", observed=True, sort=True):
+            group = _labelled(group)
+            table = _ordered_summary(group, metrics)
+            caption = (f"{study} · {dataset} · {', '.join(sorted(set(group['arch'])))} · test split · "
+                       f"mean ± {'95% CI' if spread == 'ci' else 'std'} over seeds; fractions in percent")
+            base = out / "tables" / f"{study}_{dataset}"
+            base.parent.mkdir(parents=True, exist_ok=True)
+            for suffix, text in ((".md", f"{caption}\n\n" + markdown_table(table, metrics, spread)),
+                                 (".tex", latex_table(table, metrics, spread, caption))):
+                path = base.with_suffix(suffix)
+                path.write_text(text)
+                written.append(path)
+            bins = _pooled_bins(group)
+            if not bins.empty:
+                written.append(figures.plot_reliability(bins, out / "figures" / f"{study}_{dataset}_reliability.png",
+                                                        title=f"{study} · {dataset} (test, pooled over seeds)"))
+            written += _study_figures(store, study, dataset, group, out / "figures")
+            log(f"{study} · {dataset}: {len(table)} rows, {len(group)} trials")
+    return written
