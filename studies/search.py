@@ -1,8 +1,9 @@
 """Search a method's hyperparameters with Optuna (TPE by default) through Ray Tune.
 
 Samples ``--num-trials`` configs from a search-space file, runs each as a trial into the store and
-prints the best trials by the validation objective(s) (for two objectives, the Pareto front). The
-test split never drives the search; its numbers are shown for the selected trials only.
+prints the best trials by the validation objective(s) (for two objectives, the Pareto front), then
+the fANOVA importance of each parameter and a slice plot (written to <store>/report/). The test split
+never drives the search; its numbers are shown for the selected trials only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from calib.metrics import higher_is_better
 from calib.presets import base_config
 from calib.report import format_mean_ci
 from calib.search import SAMPLERS, load_search_space, run_search
+from calib.search.importance import importance_report
 from calib.store import read_finished
 
 
@@ -77,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         scores = " · ".join(f"{o} {format_mean_ci(row[o], float('nan'))}%" for o in args.objective)
         print(f"  {row['trial_id']}  {scores} · test_ece {format_mean_ci(row['test_ece'], float('nan'))}% "
               f"· test_accuracy {format_mean_ci(row['test_accuracy'], float('nan'))}%  [{params}]")
+    if len(trials) >= 2:
+        importances, files = importance_report(trials, space, args.objective[0], paths.store / "report", study)
+        print(f"\nfANOVA importance for {args.objective[0]}: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in importances.items()))
+        print(f"importances and slice plot: {', '.join(str(f) for f in files)}")
     print(f"\nstore: {paths.store} (study={study}, {len(trials)} trials)")
     return 0
 

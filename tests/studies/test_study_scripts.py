@@ -106,6 +106,7 @@ def test_optuna_search_two_objectives(tmp_path):
     assert df["method_accuracy_weight"].between(0.8, 1.0).all()
     assert df["method_bottleneck_width"].between(32, 512).all()
     assert df["method_accuracy_weight"].nunique() == 3
+    assert (store / "report" / "search_mac_cal_importances.md").exists()
 
 
 @pytest.mark.parametrize(("args", "message"), [
