@@ -27,12 +27,12 @@ import torch
 from filelock import FileLock
 
 from calib.config import TrialConfig, config_hash, stage1_identity
-from calib.datasets import load_dataset
+from calib.datasets import load_dataset, load_ood
 from calib.metrics import compute_all, softmax64
 from calib.models import CalibModel, create_model
 from calib.training import predict, train_stage1
 
-__all__ = ["SPLITS", "SplitCache", "Stage1Artifact", "get_or_train_stage1", "stage1_dir"]
+__all__ = ["SPLITS", "SplitCache", "Stage1Artifact", "get_or_train_stage1", "ood_split", "stage1_dir"]
 
 SPLITS = ("train", "val", "test")
 
@@ -74,6 +74,21 @@ class Stage1Artifact:
         """The Stage-I linear head's weight and bias."""
         state = torch.load(self.path / "model.pt", map_location="cpu", weights_only=True)
         return {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
+
+
+def ood_split(artifact: Stage1Artifact, cfg: TrialConfig, name: str, device: torch.device) -> SplitCache:
+    """Stage-I features and logits of the OOD set ``name``, computed once and cached in the artifact."""
+    path = artifact.path / f"ood-{name}.pt"
+    with FileLock(str(path) + ".lock"):
+        if not path.exists():
+            dataset = load_ood(name, cfg.data_root, cfg.download, cfg.dataset)
+            features, logits, labels = predict(artifact.load_model(device), dataset, device,
+                                               num_workers=cfg.num_workers)
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+            torch.save({"features": features, "logits": logits, "labels": labels}, tmp)
+            os.replace(tmp, path)
+    cache = torch.load(path, map_location="cpu", weights_only=True)
+    return SplitCache(cache["features"], cache["logits"], cache["labels"])
 
 
 def stage1_dir(artifact_root: str | os.PathLike, stage1_id: str) -> Path:

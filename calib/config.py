@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from calib._config import ConfigError, check, from_dict
 from calib._registry import Registry
-from calib.datasets import DATASETS
+from calib.datasets import DATASETS, OOD_SETS
 from calib.losses import LOSSES
 from calib.methods import METHODS
 from calib.models import MODELS
@@ -124,6 +124,7 @@ class TrialConfig:
     device: str = "auto"
     num_bins: int = 15
     num_workers: int = 0
+    ood_datasets: tuple[str, ...] = ()
     label: str = ""
     label_rank: int = 0
 
@@ -208,6 +209,10 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     cfg = from_dict(TrialConfig, fields)
     check(cfg.num_bins >= 1, "num_bins", cfg.num_bins, "be an integer >= 1")
     check(cfg.num_workers >= 0, "num_workers", cfg.num_workers, "be an integer >= 0")
+    for name in cfg.ood_datasets:
+        compatible = OOD_SETS.get(name).compatible
+        check(cfg.dataset in compatible, "ood_datasets", cfg.ood_datasets,
+              f"hold OOD sets in the input format of {cfg.dataset!r}; {name!r} fits {', '.join(compatible)}")
     check(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device,
           "be 'auto', 'cpu', 'cuda' or 'cuda:N'")
     return cfg

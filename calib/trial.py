@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from calib._versions import run_environment
-from calib.artifacts import get_or_train_stage1
+from calib.artifacts import get_or_train_stage1, ood_split
 from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity, trial_identity
 from calib.methods import METHODS
-from calib.metrics import compute_all, reliability_bins
+from calib.metrics import compute_all, ood_auroc, ood_fpr_at_95_tpr, reliability_bins
 from calib.training import resolve_device, seed_everything
 
 __all__ = ["TrialResult", "run_trial", "trial_id"]
@@ -32,8 +32,8 @@ def trial_id(config: dict[str, Any] | TrialConfig) -> str:
 
 @dataclass
 class TrialResult:
-    """What one trial produced: val_*/test_* metrics (fractions), the test reliability bins, per-epoch
-    history, timings, provenance."""
+    """What one trial produced: val_*/test_* (and ood_*) metrics as fractions, list-valued ``details``
+    (test reliability bins, per-OOD-set values), per-epoch history, timings, provenance."""
 
     config: TrialConfig
     trial_id: str
@@ -41,7 +41,7 @@ class TrialResult:
     status: str = "ok"
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    reliability: dict[str, list] = field(default_factory=dict)
+    details: dict[str, list] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     stage1_cache_hit: bool | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -60,6 +60,24 @@ class TrialResult:
             status="failed", error=f"{text}\n{frames}", started_at=started_at,
             finished_at=dt.datetime.now(dt.timezone.utc),
         )
+
+
+def _ood_metrics(
+    cfg: TrialConfig, artifact: Any, outcome: Any, device: torch.device
+) -> tuple[dict[str, float], dict[str, list]]:
+    """MSP OOD detection (in-distribution positive) against each OOD set: the means over the sets
+    (MaC-Cal Table 2) and the per-set values."""
+    if not cfg.ood_datasets:
+        return {}, {}
+    id_scores = outcome.test_probs.max(dim=1).values.numpy()
+    aurocs, fprs = [], []
+    for name in cfg.ood_datasets:
+        split = ood_split(artifact, cfg, name, device)
+        ood_scores = outcome.predict(split.features, split.logits).max(dim=1).values.numpy()
+        aurocs.append(ood_auroc(id_scores, ood_scores))
+        fprs.append(ood_fpr_at_95_tpr(id_scores, ood_scores))
+    means = {"ood_auroc": sum(aurocs) / len(aurocs), "ood_fpr95": sum(fprs) / len(fprs)}
+    return means, {"ood_auroc_per_dataset": aurocs, "ood_fpr95_per_dataset": fprs}
 
 
 def run_trial(
@@ -91,8 +109,11 @@ def run_trial(
         outcome.test_probs.detach().cpu().double().numpy(), artifact.splits["test"].labels.numpy(),
         num_bins=cfg.num_bins,
     )
-    reliability = {"test_bin_count": counts.tolist(), "test_bin_confidence": confidence.tolist(),
-                   "test_bin_accuracy": accuracy.tolist()}
+    details = {"test_bin_count": counts.tolist(), "test_bin_confidence": confidence.tolist(),
+               "test_bin_accuracy": accuracy.tolist()}
+    ood_means, ood_per_set = _ood_metrics(cfg, artifact, outcome, device)
+    metrics.update(ood_means)
+    details.update(ood_per_set)
     evaluated = time.perf_counter()
 
     history = [dict(row) for row in artifact.record["history"]] + outcome.history
@@ -101,7 +122,7 @@ def run_trial(
         trial_id=config_hash(trial_identity(cfg)),
         stage1_id=artifact.stage1_id,
         metrics=metrics,
-        reliability=reliability,
+        details=details,
         history=history,
         stage1_cache_hit=cache_hit,
         timings={

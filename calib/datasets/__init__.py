@@ -11,10 +11,14 @@ from calib.datasets._base import DatasetInfo, DatasetNotFoundError, DatasetSplit
 
 __all__ = [
     "DATASETS",
+    "DEFAULT_OOD",
+    "OOD_SETS",
     "DatasetInfo",
     "DatasetNotFoundError",
     "DatasetSplits",
+    "OODSet",
     "load_dataset",
+    "load_ood",
     "require_dataset",
 ]
 
@@ -23,6 +27,7 @@ DATASETS: Registry[DatasetInfo] = Registry("dataset")
 
 # Importing the modules runs their registrations; they import DATASETS from this package.
 from calib.datasets import cifar, digits  # noqa: E402,F401
+from calib.datasets.ood import DEFAULT_OOD, OOD_SETS, OODSet, load_ood  # noqa: E402
 
 
 def load_dataset(name: str, root: str, download: bool = False) -> DatasetSplits:

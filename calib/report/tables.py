@@ -55,6 +55,8 @@ def format_mean_ci(mean: float, ci: float, *, percent: bool = True) -> str:
 
 def is_fraction_metric(column: str) -> bool:
     """Whether a metric column (``test_ece``) is a fraction in [0, 1], shown in percent."""
+    if column in ("ood_auroc", "ood_fpr95") or column.startswith(("ood_auroc_", "ood_fpr95_")):
+        return True
     name = column.split("_", 1)[-1]
     return name in METRICS and METRICS[name].bounds == (0.0, 1.0)
 

@@ -31,6 +31,13 @@ IDENTITY = [
     ("loss", pa.string(), "registered Stage-I loss name"),
     ("stage1_id", pa.string(), "hash of the Stage-I config: the artifact directory name"),
 ]
+OOD = [
+    ("ood_datasets", pa.list_(pa.string()), "OOD sets the trial was evaluated against (empty: none)"),
+    ("ood_auroc", pa.float64(), "MSP AUROC, in-distribution positive, mean over the OOD sets"),
+    ("ood_fpr95", pa.float64(), "FPR of OOD samples at 95% TPR of in-distribution ones, mean over OOD sets"),
+    ("ood_auroc_per_dataset", pa.list_(pa.float64()), "AUROC per OOD set, in the order of ood_datasets"),
+    ("ood_fpr95_per_dataset", pa.list_(pa.float64()), "FPR95 per OOD set, in the order of ood_datasets"),
+]
 RUN = [
     ("label", pa.string(), "the study's name for this trial's variant (a table row), empty if none"),
     ("label_rank", pa.int64(), "position of the label in the study's table"),
@@ -105,7 +112,7 @@ def trial_columns() -> list[tuple[str, pa.DataType, str]]:
     return (IDENTITY + stage1
             + _section_columns("loss", [LOSSES.get(n).config for n in LOSSES.names()])
             + _section_columns("method", [METHODS.get(n).config for n in METHODS.names()])
-            + metrics + RUN)
+            + metrics + OOD + RUN)
 
 
 def trial_schema() -> pa.Schema:

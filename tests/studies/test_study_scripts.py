@@ -221,3 +221,13 @@ def test_report_regenerates_tables_byte_for_byte(tmp_path):
     again = run_script("report.py", "--store", str(store))
     assert again.returncode == 0, again.stderr[-3000:]
     assert {p.name: p.read_bytes() for p in sorted((report / "tables").iterdir())} == tables
+
+
+@pytest.mark.ray
+def test_ood_study(tmp_path):
+    store = tmp_path / "results"
+    out = run_script("ood.py", "--store", str(store), "--seeds", "1", "--methods", "Vanilla (CE)", "MaC-Cal", *TINY)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| row | n | AUROC (mean) | FPR95 (mean) | AUROC natural-patches | Acc | ECE |" in out.stdout
+    df = pd.read_parquet(store / "trials")
+    assert df["ood_auroc"].between(0, 1).all() and df["ood_datasets"].map(list).eq(["natural-patches"]).all()
