@@ -25,14 +25,24 @@ from typing import Any
 
 import torch
 from filelock import FileLock
+from torch.utils.data import ConcatDataset, Dataset
 
 from calib.config import TrialConfig, config_hash, stage1_identity
 from calib.datasets import load_dataset, load_ood
+from calib.datasets.corruptions import SEVERITIES, load_corrupted
 from calib.metrics import compute_all, softmax64
 from calib.models import CalibModel, create_model
 from calib.training import predict, train_stage1
 
-__all__ = ["SPLITS", "SplitCache", "Stage1Artifact", "get_or_train_stage1", "ood_split", "stage1_dir"]
+__all__ = [
+    "SPLITS",
+    "SplitCache",
+    "Stage1Artifact",
+    "corrupted_split",
+    "get_or_train_stage1",
+    "ood_split",
+    "stage1_dir",
+]
 
 SPLITS = ("train", "val", "test")
 
@@ -76,19 +86,32 @@ class Stage1Artifact:
         return {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
 
 
-def ood_split(artifact: Stage1Artifact, cfg: TrialConfig, name: str, device: torch.device) -> SplitCache:
-    """Stage-I features and logits of the OOD set ``name``, computed once and cached in the artifact."""
-    path = artifact.path / f"ood-{name}.pt"
+def _cached_split(artifact: Stage1Artifact, path: Path, make: Callable[[], Dataset], cfg: TrialConfig,
+                  device: torch.device) -> SplitCache:
     with FileLock(str(path) + ".lock"):
         if not path.exists():
-            dataset = load_ood(name, cfg.data_root, cfg.download, cfg.dataset)
-            features, logits, labels = predict(artifact.load_model(device), dataset, device,
+            features, logits, labels = predict(artifact.load_model(device), make(), device,
                                                num_workers=cfg.num_workers)
             tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
             torch.save({"features": features, "logits": logits, "labels": labels}, tmp)
             os.replace(tmp, path)
     cache = torch.load(path, map_location="cpu", weights_only=True)
     return SplitCache(cache["features"], cache["logits"], cache["labels"])
+
+
+def ood_split(artifact: Stage1Artifact, cfg: TrialConfig, name: str, device: torch.device) -> SplitCache:
+    """Stage-I features and logits of the OOD set ``name``, computed once and cached in the artifact."""
+    return _cached_split(artifact, artifact.path / f"ood-{name}.pt",
+                         lambda: load_ood(name, cfg.data_root, cfg.download, cfg.dataset), cfg, device)
+
+
+def corrupted_split(artifact: Stage1Artifact, cfg: TrialConfig, corruption: str, device: torch.device) -> SplitCache:
+    """Stage-I features and logits of the test set under ``corruption``, severities 1..5 stacked in order
+    (rows [(s−1)·N, s·N) are severity s), computed once and cached in the artifact."""
+    return _cached_split(
+        artifact, artifact.path / f"corruption-{corruption}.pt",
+        lambda: ConcatDataset([load_corrupted(cfg.data_root, cfg.dataset, corruption, s) for s in SEVERITIES]),
+        cfg, device)
 
 
 def stage1_dir(artifact_root: str | os.PathLike, stage1_id: str) -> Path:

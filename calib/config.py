@@ -25,6 +25,7 @@ from typing import Any, Literal
 from calib._config import ConfigError, check, from_dict
 from calib._registry import Registry
 from calib.datasets import DATASETS, OOD_SETS
+from calib.datasets.corruptions import C_DIRECTORY, CORRUPTIONS
 from calib.losses import LOSSES
 from calib.methods import METHODS
 from calib.models import MODELS
@@ -125,6 +126,7 @@ class TrialConfig:
     num_bins: int = 15
     num_workers: int = 0
     ood_datasets: tuple[str, ...] = ()
+    corruptions: tuple[str, ...] = ()
     label: str = ""
     label_rank: int = 0
 
@@ -209,6 +211,11 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     cfg = from_dict(TrialConfig, fields)
     check(cfg.num_bins >= 1, "num_bins", cfg.num_bins, "be an integer >= 1")
     check(cfg.num_workers >= 0, "num_workers", cfg.num_workers, "be an integer >= 0")
+    for name in cfg.corruptions:
+        check(name in CORRUPTIONS, "corruptions", cfg.corruptions, f"name corruptions from {', '.join(CORRUPTIONS)}")
+    if cfg.corruptions:
+        check(cfg.dataset in C_DIRECTORY, "corruptions", cfg.corruptions,
+              f"be empty for {cfg.dataset!r}: corrupted test sets exist for {', '.join(C_DIRECTORY)}")
     for name in cfg.ood_datasets:
         compatible = OOD_SETS.get(name).compatible
         check(cfg.dataset in compatible, "ood_datasets", cfg.ood_datasets,

@@ -8,14 +8,13 @@ aggregates the finished trials of this run per row.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from calib.cli import execution_options, preset_of, require_datasets, study_paths
-from calib.datasets import DEFAULT_OOD, OOD_SETS
 from calib.presets import base_config
 from calib.report import summarize, to_markdown
 from calib.search import run_grid
@@ -61,19 +60,22 @@ METHOD_ROWS: dict[str, Row] = {
 }
 
 
-def run_rows(args: argparse.Namespace, rows: Mapping[str, Row], *, ood: bool = False) -> tuple[pd.DataFrame, Any]:
+def run_rows(
+    args: argparse.Namespace,
+    rows: Mapping[str, Row],
+    *,
+    evaluation: Callable[[str], dict[str, Any]] | None = None,
+) -> tuple[pd.DataFrame, Any]:
     """Run every (dataset, row, seed) trial; returns this run's ok trials with a ``row`` column
-    (ordered categorical) and the preset used. With ``ood``, trials are also evaluated against the
-    dataset's default OOD sets (``calib.datasets.DEFAULT_OOD``)."""
+    (ordered categorical) and the preset used. ``evaluation(dataset)`` adds evaluation keys to every
+    trial of that dataset (``ood_datasets``, ``corruptions``); it runs before any trial starts, so it
+    is also where a study checks or prepares its evaluation data."""
     preset = preset_of(args)
     paths = study_paths(args)
     datasets = args.datasets or list(preset.datasets)
     seeds = args.seeds or list(preset.seeds)
     require_datasets(datasets, paths.data_root, args.download)
-    ood_sets = {d: list(DEFAULT_OOD.get(d, ())) if ood else [] for d in datasets}
-    for name in {n for names in ood_sets.values() for n in names}:
-        if not args.download:
-            OOD_SETS.get(name).require(str(paths.data_root))
+    extra = {d: evaluation(d) if evaluation else {} for d in datasets}
     configs = []
     for dataset in datasets:
         for rank, (label, row) in enumerate(rows.items()):
@@ -83,7 +85,7 @@ def run_rows(args: argparse.Namespace, rows: Mapping[str, Row], *, ood: bool = F
                                      loss=loss, data_root=str(paths.data_root), artifact_root=str(paths.artifacts),
                                      download=args.download, device=args.device)
                 config["stage1"].update(row.stage1)
-                configs.append({**config, "label": label, "label_rank": rank, "ood_datasets": ood_sets[dataset]})
+                configs.append({**config, "label": label, "label_rank": rank, **extra[dataset]})
     print(f"[{args.study}] preset {preset.name}: {preset.description}")
     print(f"[{args.study}] {len(rows)} rows · datasets {datasets} · seeds {seeds} · store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))

@@ -13,13 +13,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from calib._versions import run_environment
-from calib.artifacts import get_or_train_stage1, ood_split
+from calib.artifacts import corrupted_split, get_or_train_stage1, ood_split
 from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity, trial_identity
+from calib.datasets.corruptions import SEVERITIES
 from calib.methods import METHODS
-from calib.metrics import compute_all, ood_auroc, ood_fpr_at_95_tpr, reliability_bins
+from calib.metrics import (
+    accuracy,
+    compute_all,
+    expected_calibration_error,
+    ood_auroc,
+    ood_fpr_at_95_tpr,
+    reliability_bins,
+)
 from calib.training import resolve_device, seed_everything
 
 __all__ = ["TrialResult", "run_trial", "trial_id"]
@@ -80,6 +89,31 @@ def _ood_metrics(
     return means, {"ood_auroc_per_dataset": aurocs, "ood_fpr95_per_dataset": fprs}
 
 
+def _corruption_metrics(
+    cfg: TrialConfig, artifact: Any, outcome: Any, device: torch.device
+) -> tuple[dict[str, float], dict[str, list]]:
+    """ECE and accuracy per (corruption, severity) (METHODS.md §6.8), their means per severity over the
+    corruptions (MaC-Cal Fig. 5), and the overall means."""
+    if not cfg.corruptions:
+        return {}, {}
+    ece, acc = [], []
+    for name in cfg.corruptions:
+        split = corrupted_split(artifact, cfg, name, device)
+        probs = outcome.predict(split.features, split.logits).numpy()
+        labels = split.labels.numpy()
+        n = len(labels) // len(SEVERITIES)
+        for s in range(len(SEVERITIES)):
+            rows = slice(s * n, (s + 1) * n)
+            ece.append(expected_calibration_error(probs[rows], labels[rows], num_bins=cfg.num_bins))
+            acc.append(accuracy(probs[rows], labels[rows]))
+    def by_severity(values: list[float]) -> list[float]:
+        return np.asarray(values).reshape(-1, len(SEVERITIES)).mean(axis=0).tolist()
+
+    return ({"corrupted_ece": sum(ece) / len(ece), "corrupted_accuracy": sum(acc) / len(acc)},
+            {"corrupted_ece_by_severity": by_severity(ece), "corrupted_accuracy_by_severity": by_severity(acc),
+             "corrupted_ece_all": ece, "corrupted_accuracy_all": acc})
+
+
 def run_trial(
     config: dict[str, Any] | TrialConfig,
     *,
@@ -114,6 +148,9 @@ def run_trial(
     ood_means, ood_per_set = _ood_metrics(cfg, artifact, outcome, device)
     metrics.update(ood_means)
     details.update(ood_per_set)
+    corrupted_means, corrupted_lists = _corruption_metrics(cfg, artifact, outcome, device)
+    metrics.update(corrupted_means)
+    details.update(corrupted_lists)
     evaluated = time.perf_counter()
 
     history = [dict(row) for row in artifact.record["history"]] + outcome.history

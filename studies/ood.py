@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from calib.cli import add_common_args, guarded_main
+from calib._config import ConfigError
+from calib.cli import add_common_args, guarded_main, study_paths
+from calib.datasets import DEFAULT_OOD, OOD_SETS
 from calib.study_rows import METHOD_ROWS, print_row_tables, run_rows
 
 ROWS = ["Vanilla (CE)", "CE+TS", "TST", "V-TST", "MaC-Cal", "DFL", "ACLS", "LS", "FeDLaS-LS", "MbLS", "FeDLaS-MbLS"]
@@ -23,7 +25,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=list(METHOD_ROWS), metavar="ROW",
                         help=f"rows to run, from: {', '.join(METHOD_ROWS)}")
     args = parser.parse_args(argv)
-    trials, preset = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, ood=True)
+    def evaluation(dataset: str) -> dict:
+        names = DEFAULT_OOD.get(dataset, ())
+        if not names:
+            raise ConfigError(f"No OOD sets are defined for {dataset!r}; OOD sets exist for {', '.join(DEFAULT_OOD)}.")
+        for name in names:
+            if not args.download:
+                OOD_SETS.get(name).require(str(study_paths(args).data_root))
+        return {"ood_datasets": list(names)}
+
+    trials, preset = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, evaluation=evaluation)
     if trials.empty:
         return 1
     metrics = {"ood_auroc": "AUROC (mean)", "ood_fpr95": "FPR95 (mean)"}

@@ -17,9 +17,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as pads
 
-from calib.metrics import higher_is_better
 from calib.report import figures
-from calib.report.tables import format_mean_ci, is_fraction_metric, summarize
+from calib.report.tables import column_higher_is_better, format_mean_ci, is_fraction_metric, summarize
 from calib.store import read_history, read_trials
 
 __all__ = ["KNOWN_STUDIES", "build_report"]
@@ -35,6 +34,10 @@ KNOWN_STUDIES: dict[str, tuple[str, dict[str, str]]] = {
     "combine": ("studies/combine.py", SHORT),
     "mixup_alpha": ("studies/mixup_alpha.py", {"test_ece": "ECE", "test_accuracy": "Acc", "test_oece": "O-ECE",
                                                "test_uece": "U-ECE"}),
+    "ood": ("studies/ood.py", {"ood_auroc": "AUROC", "ood_fpr95": "FPR95", "test_accuracy": "Acc",
+                               "test_ece": "ECE"}),
+    "corruption": ("studies/corruption.py", {"corrupted_ece": "ECE (corrupted)",
+                                             "corrupted_accuracy": "Acc (corrupted)", "test_ece": "ECE clean"}),
     "decompose": ("studies/decompose.py", {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE",
                                            "test_accuracy": "Acc"}),
 }
@@ -56,7 +59,7 @@ def _best(table: pd.DataFrame, metric: str) -> int | None:
     means = table[f"{metric}_mean"].to_numpy(dtype=float)
     if not np.isfinite(means).any():
         return None
-    return int(np.nanargmax(means) if higher_is_better(metric.split("_", 1)[1]) else np.nanargmin(means))
+    return int(np.nanargmax(means) if column_higher_is_better(metric) else np.nanargmin(means))
 
 
 def _cells(table: pd.DataFrame, metrics: dict[str, str], spread: Spread) -> list[list[tuple[str, bool]]]:
@@ -126,6 +129,15 @@ def _study_figures(store: Path, study: str, dataset: str, trials: pd.DataFrame, 
             summarize(frame, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece", "family",
             out / f"{study}_{dataset}_alpha.png", xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
             title=f"Mixup α · {dataset}"))
+    elif study == "corruption":
+        long = pd.DataFrame([{"label": label, "severity": s + 1, "ece": v}
+                             for label, values in zip(trials["label"], trials["corrupted_ece_by_severity"], strict=True)
+                             if values is not None for s, v in enumerate(values)])
+        if not long.empty:
+            written.append(figures.plot_metric_against(
+                summarize(long, ["label", "severity"], ["ece"]), "severity", "ece", "label",
+                out / f"{study}_{dataset}_severity.png", xlabel="corruption severity",
+                ylabel="ECE (%), mean over corruptions", title=f"corruptions · {dataset}"))
     elif study == "ablation":
         written.append(figures.plot_bars(_ordered_summary(trials, SHORT), "label", "test_ece",
                                          out / f"{study}_{dataset}_bars.png", ylabel="test ECE (%)",

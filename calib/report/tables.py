@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from calib.metrics import METRICS
+from calib.metrics import METRICS, higher_is_better
 
-__all__ = ["format_mean_ci", "is_fraction_metric", "mean_ci", "summarize", "to_markdown"]
+__all__ = ["column_higher_is_better", "format_mean_ci", "is_fraction_metric", "mean_ci", "summarize", "to_markdown"]
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -53,9 +53,18 @@ def format_mean_ci(mean: float, ci: float, *, percent: bool = True) -> str:
     return f"{mean:.3f}" + (f" ± {ci:.3f}" if np.isfinite(ci) else "")
 
 
+def column_higher_is_better(column: str) -> bool:
+    """Direction of a metric column: ``test_ece`` → False, ``val_accuracy`` → True, ``ood_auroc`` → True."""
+    for prefix, higher in (("ood_auroc", True), ("ood_fpr95", False), ("corrupted_accuracy", True),
+                           ("corrupted_ece", False)):
+        if column.startswith(prefix):
+            return higher
+    return higher_is_better(column.split("_", 1)[-1])
+
+
 def is_fraction_metric(column: str) -> bool:
     """Whether a metric column (``test_ece``) is a fraction in [0, 1], shown in percent."""
-    if column in ("ood_auroc", "ood_fpr95") or column.startswith(("ood_auroc_", "ood_fpr95_")):
+    if column.startswith(("ood_auroc", "ood_fpr95", "corrupted_ece", "corrupted_accuracy")):
         return True
     name = column.split("_", 1)[-1]
     return name in METRICS and METRICS[name].bounds == (0.0, 1.0)

@@ -38,6 +38,15 @@ OOD = [
     ("ood_auroc_per_dataset", pa.list_(pa.float64()), "AUROC per OOD set, in the order of ood_datasets"),
     ("ood_fpr95_per_dataset", pa.list_(pa.float64()), "FPR95 per OOD set, in the order of ood_datasets"),
 ]
+CORRUPTED = [
+    ("corruptions", pa.list_(pa.string()), "corruptions the trial was evaluated under (empty: none)"),
+    ("corrupted_ece", pa.float64(), "ECE on the corrupted test sets, mean over corruptions and severities"),
+    ("corrupted_accuracy", pa.float64(), "accuracy on the corrupted test sets, mean over corruptions and severities"),
+    ("corrupted_ece_by_severity", pa.list_(pa.float64()), "ECE per severity 1..5, mean over corruptions (Fig. 5)"),
+    ("corrupted_accuracy_by_severity", pa.list_(pa.float64()), "accuracy per severity 1..5, mean over corruptions"),
+    ("corrupted_ece_all", pa.list_(pa.float64()), "ECE per (corruption, severity), corruption-major"),
+    ("corrupted_accuracy_all", pa.list_(pa.float64()), "accuracy per (corruption, severity), corruption-major"),
+]
 RUN = [
     ("label", pa.string(), "the study's name for this trial's variant (a table row), empty if none"),
     ("label_rank", pa.int64(), "position of the label in the study's table"),
@@ -112,7 +121,7 @@ def trial_columns() -> list[tuple[str, pa.DataType, str]]:
     return (IDENTITY + stage1
             + _section_columns("loss", [LOSSES.get(n).config for n in LOSSES.names()])
             + _section_columns("method", [METHODS.get(n).config for n in METHODS.names()])
-            + metrics + OOD + RUN)
+            + metrics + OOD + CORRUPTED + RUN)
 
 
 def trial_schema() -> pa.Schema:
