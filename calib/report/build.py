@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow.dataset as pads
 
 from calib.report import figures
+from calib.report.published import published_ece
 from calib.report.tables import column_higher_is_better, format_mean_ci, is_fraction_metric, summarize
 from calib.store import read_history, read_trials
 
@@ -68,26 +69,40 @@ def _cells(table: pd.DataFrame, metrics: dict[str, str], spread: Spread) -> list
              for m in metrics] for i, row in table.iterrows()]
 
 
-def markdown_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread) -> str:
-    header = ["row", "n", *metrics.values()]
+def _published_column(table: pd.DataFrame, dataset: str, archs: list[str]) -> list[str] | None:
+    """MaC-Cal Table 1's ECE per row when the table is on a published (dataset, architecture)."""
+    if len(archs) != 1:
+        return None
+    values = [published_ece(dataset, archs[0], str(label)) for label in table["label"]]
+    if all(v is None for v in values):
+        return None
+    return ["–" if v is None else f"{v:.2f}" for v in values]
+
+
+def markdown_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread,
+                   published: list[str] | None = None) -> str:
+    header = ["row", "n", *metrics.values()] + (["ECE (MaC-Cal Table 1)"] if published else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for (_, row), cells in zip(table.iterrows(), _cells(table, metrics, spread), strict=True):
-        shown = [f"**{text}**" if bold else text for text, bold in cells]
+    for i, ((_, row), cells) in enumerate(zip(table.iterrows(), _cells(table, metrics, spread), strict=True)):
+        shown = [f"**{text}**" if bold else text for text, bold in cells] + ([published[i]] if published else [])
         lines.append("| " + " | ".join([str(row["label"]), str(int(row["n"])), *shown]) + " |")
     return "\n".join(lines) + "\n"
 
 
-def latex_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread, caption: str) -> str:
+def latex_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread, caption: str,
+                published: list[str] | None = None) -> str:
     def escape(text: str) -> str:
         for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")):
             text = text.replace(char, repl)
         return text
 
     lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{escape(caption)}}}",
-             r"\begin{tabular}{l r " + "r " * len(metrics) + "}", r"\toprule",
-             " & ".join(["Method", "$n$", *(escape(v) for v in metrics.values())]) + r" \\", r"\midrule"]
-    for (_, row), cells in zip(table.iterrows(), _cells(table, metrics, spread), strict=True):
+             r"\begin{tabular}{l r " + "r " * (len(metrics) + bool(published)) + "}", r"\toprule",
+             " & ".join(["Method", "$n$", *(escape(v) for v in metrics.values())]
+                        + (["ECE (paper)"] if published else [])) + r" \\", r"\midrule"]
+    for i, ((_, row), cells) in enumerate(zip(table.iterrows(), _cells(table, metrics, spread), strict=True)):
         shown = [(rf"\textbf{{{t}}}" if bold else t).replace("±", r"$\pm$") for t, bold in cells]
+        shown += [published[i].replace("–", "--")] if published else []
         lines.append(" & ".join([escape(str(row["label"])), str(int(row["n"])), *shown]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
@@ -170,8 +185,9 @@ def build_report(
                        f"mean ± {'95% CI' if spread == 'ci' else 'std'} over seeds; fractions in percent")
             base = out / "tables" / f"{study}_{dataset}"
             base.parent.mkdir(parents=True, exist_ok=True)
-            for suffix, text in ((".md", f"{caption}\n\n" + markdown_table(table, metrics, spread)),
-                                 (".tex", latex_table(table, metrics, spread, caption))):
+            published = _published_column(table, str(dataset), sorted(set(group["arch"])))
+            for suffix, text in ((".md", f"{caption}\n\n" + markdown_table(table, metrics, spread, published)),
+                                 (".tex", latex_table(table, metrics, spread, caption, published))):
                 path = base.with_suffix(suffix)
                 path.write_text(text)
                 written.append(path)

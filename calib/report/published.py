@@ -1,0 +1,28 @@
+"""The seeds' published numbers (METHODS.md §9), shown beside ours when a table is on their setup.
+
+MaC-Cal Table 1: test ECE in percent (15 bins) per method, keyed by (dataset, architecture) in
+calib's registered names and by the row labels of ``calib.study_rows.METHOD_ROWS``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PUBLISHED_ECE", "published_ece"]
+
+_ROWS = ("Vanilla (CE)", "ACLS", "LS", "MbLS", "Mixup", "MIT", "FL", "FLSD-53", "DFL", "MMCE", "TST", "V-TST",
+         "MaC-Cal")
+# Columns of MaC-Cal Table 1 that calib's registered datasets and architectures cover.
+_TABLE1 = {
+    ("cifar10", "resnet50"): (4.11, 2.40, 3.96, 1.37, 1.74, 2.61, 2.34, 2.50, 2.21, 2.71, 4.26, 4.41, 0.92),
+    ("cifar10", "resnet110"): (4.06, 2.56, 3.45, 1.54, 4.27, 3.14, 2.09, 2.42, 2.08, 3.25, 4.11, 4.31, 1.25),
+    ("cifar100", "resnet50"): (14.36, 7.94, 4.28, 6.66, 4.82, 7.09, 5.56, 5.46, 3.01, 6.00, 11.01, 4.83, 2.90),
+    ("cifar100", "resnet110"): (17.85, 12.28, 4.40, 11.10, 5.40, 11.71, 7.80, 7.83, 4.69, 11.37, 16.82, 14.62,
+                                1.44),
+}
+PUBLISHED_ECE: dict[tuple[str, str], dict[str, float]] = {
+    key: dict(zip(_ROWS, values, strict=True)) for key, values in _TABLE1.items()
+}
+
+
+def published_ece(dataset: str, arch: str, row: str) -> float | None:
+    """MaC-Cal Table 1's ECE (percent) for ``row`` on (dataset, arch), or ``None`` if not published."""
+    return PUBLISHED_ECE.get((dataset, arch), {}).get(row)

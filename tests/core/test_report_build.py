@@ -1,0 +1,50 @@
+"""Report tables: bold best per column by the metric's direction, LaTeX escaping, the published column."""
+
+import pandas as pd
+
+from calib.report.build import _published_column, latex_table, markdown_table
+from calib.report.published import PUBLISHED_ECE, published_ece
+from calib.report.tables import column_higher_is_better
+
+
+def table() -> pd.DataFrame:
+    return pd.DataFrame({
+        "label": ["Vanilla (CE)", "CE+TS", "MaC-Cal"], "n": [3, 3, 3],
+        "test_ece_mean": [0.05, 0.02, 0.03], "test_ece_ci": [0.01, 0.01, 0.01], "test_ece_std": [0.005] * 3,
+        "test_accuracy_mean": [0.80, 0.80, 0.81], "test_accuracy_ci": [0.02] * 3, "test_accuracy_std": [0.01] * 3,
+    })
+
+
+def test_markdown_bolds_the_best_by_direction_and_shows_the_paper():
+    published = _published_column(table(), "cifar10", ["resnet110"])
+    assert published == ["4.06", "–", "1.25"]
+    text = markdown_table(table(), {"test_ece": "ECE", "test_accuracy": "Acc"}, "ci", published)
+    lines = text.splitlines()
+    assert lines[0] == "| row | n | ECE | Acc | ECE (MaC-Cal Table 1) |"
+    assert lines[3] == "| CE+TS | 3 | **2.00 ± 1.00** | 80.00 ± 2.00 | – |"
+    assert lines[4] == "| MaC-Cal | 3 | 3.00 ± 1.00 | **81.00 ± 2.00** | 1.25 |"
+    std = markdown_table(table(), {"test_ece": "ECE"}, "std")
+    assert "| Vanilla (CE) | 3 | 5.00 ± 0.50 |" in std
+
+
+def test_latex_escapes_and_bolds():
+    text = latex_table(table(), {"test_ece": "ECE"}, "ci", "a_b 95% CI", None)
+    assert r"\caption{a\_b 95\% CI}" in text
+    assert r"CE+TS & 3 & \textbf{2.00 $\pm$ 1.00} \\" in text
+
+
+def test_no_published_column_off_the_papers_setups():
+    assert _published_column(table(), "digits-noisy", ["small_cnn"]) is None
+    assert _published_column(table(), "cifar10", ["resnet110", "resnet50"]) is None
+
+
+def test_published_values_are_table1():
+    assert published_ece("cifar100", "resnet110", "MaC-Cal") == 1.44  # the headline 17.85 → 1.44
+    assert published_ece("cifar100", "resnet110", "Vanilla (CE)") == 17.85
+    assert len(PUBLISHED_ECE) == 4
+
+
+def test_directions():
+    assert column_higher_is_better("test_accuracy") and column_higher_is_better("ood_auroc")
+    assert not column_higher_is_better("test_ece") and not column_higher_is_better("ood_fpr95")
+    assert not column_higher_is_better("corrupted_ece_s3")
