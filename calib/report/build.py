@@ -125,6 +125,19 @@ def _pooled_bins(trials: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def cost_table(trials: pd.DataFrame) -> str:
+    """Markdown wall-time table per row (MaC-Cal Table 4): Stage I, the method, their sum, × the first row."""
+    frame = trials.assign(total=trials["stage1_train_seconds"] + trials["method_seconds"])
+    means = frame.groupby(["label_rank", "label"], sort=True)[["stage1_train_seconds", "method_seconds",
+                                                               "total"]].mean()
+    reference = means["total"].iloc[0]
+    lines = ["| row | Stage I (s) | method (s) | total (s) | × first row |", "|---|---|---|---|---|"]
+    for (_, label), row in means.iterrows():
+        lines.append(f"| {label} | {row['stage1_train_seconds']:.1f} | {row['method_seconds']:.2f} | "
+                     f"{row['total']:.1f} | {row['total'] / reference:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _study_figures(store: Path, study: str, dataset: str, trials: pd.DataFrame, out: Path) -> list[Path]:
     written = []
     if study == "sensitivity_gamma":
@@ -190,6 +203,11 @@ def build_report(
                                  (".tex", latex_table(table, metrics, spread, caption, published))):
                 path = base.with_suffix(suffix)
                 path.write_text(text)
+                written.append(path)
+            if study == "compare_methods":
+                path = out / "tables" / f"cost_{dataset}.md"
+                hosts = ", ".join(sorted(set(group["host"])))
+                path.write_text(f"wall seconds per method, mean over seeds · hosts {hosts}\n\n{cost_table(group)}")
                 written.append(path)
             bins = _pooled_bins(group)
             if not bins.empty:

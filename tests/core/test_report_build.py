@@ -48,3 +48,12 @@ def test_directions():
     assert column_higher_is_better("test_accuracy") and column_higher_is_better("ood_auroc")
     assert not column_higher_is_better("test_ece") and not column_higher_is_better("ood_fpr95")
     assert not column_higher_is_better("corrupted_ece_s3")
+
+
+def test_cost_table():
+    from calib.report.build import cost_table
+
+    trials = pd.DataFrame({"label_rank": [0, 0, 1], "label": ["CE", "CE", "MIT"],
+                           "stage1_train_seconds": [10.0, 12.0, 21.0], "method_seconds": [0.0, 0.0, 1.0]})
+    assert cost_table(trials).splitlines()[2:] == ["| CE | 11.0 | 0.00 | 11.0 | 1.00 |",
+                                                   "| MIT | 21.0 | 1.00 | 22.0 | 2.00 |"]
