@@ -9,11 +9,12 @@ converts lists to tuples, so a typo in a search-space file or on the command lin
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["ConfigError", "check", "field_types", "from_dict"]
+__all__ = ["ConfigError", "check", "field_types", "from_dict", "load_yaml"]
 
 C = TypeVar("C")
 
@@ -113,3 +114,16 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, prefix: str = "") -> C:
         raise
     except TypeError as err:  # a required field is missing
         raise ConfigError(f"{cls.__name__}: {err}") from None
+
+
+def load_yaml(path: str | os.PathLike, what: str) -> Any:
+    """The parsed YAML file ``path``; a missing file or invalid YAML is a :class:`ConfigError` naming it."""
+    import yaml
+
+    try:
+        with open(path) as fh:
+            return yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file not found: {os.fspath(path)!r}.") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{os.fspath(path)}: not valid YAML: {err}") from None

@@ -20,9 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import yaml
-
-from calib._config import ConfigError
+from calib._config import ConfigError, load_yaml
 from calib.config import parse_trial_config, set_dotted
 
 __all__ = ["MODES", "AblationStep", "Ladder", "load_ladder", "parse_ladder"]
@@ -121,11 +119,5 @@ def parse_ladder(data: Any, *, source: str = "<ladder>") -> Ladder:
 
 
 def load_ladder(path: str | os.PathLike) -> Ladder:
-    try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"Ladder file not found: {os.fspath(path)!r}.") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{os.fspath(path)}: not valid YAML: {err}") from None
-    return parse_ladder(data, source=os.fspath(path))
+    """Read and validate a ladder YAML file."""
+    return parse_ladder(load_yaml(path, "Ladder"), source=os.fspath(path))

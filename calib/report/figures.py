@@ -14,6 +14,15 @@ import pandas as pd
 __all__ = ["plot_bars", "plot_gamma_sensitivity", "plot_metric_against", "plot_reliability"]
 
 
+def _save(fig: plt.Figure, path: Path, *, dpi: int) -> Path:
+    """Save ``fig`` as PNG under a hidden temporary name, then rename it into place, and close it."""
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=dpi)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
 def plot_gamma_sensitivity(
     summary: pd.DataFrame,
     history: pd.DataFrame,
@@ -54,11 +63,7 @@ def plot_gamma_sensitivity(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return _save(fig, path, dpi=120)
 
 
 def plot_metric_against(
@@ -92,11 +97,7 @@ def plot_metric_against(
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return _save(fig, path, dpi=120)
 
 
 def plot_reliability(bins: pd.DataFrame, path: str | os.PathLike, *, title: str = "") -> Path:
@@ -134,11 +135,7 @@ def plot_reliability(bins: pd.DataFrame, path: str | os.PathLike, *, title: str 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return _save(fig, path, dpi=110)
 
 
 def plot_bars(summary: pd.DataFrame, label: str, metric: str, path: str | os.PathLike, *, ylabel: str,
@@ -156,8 +153,4 @@ def plot_bars(summary: pd.DataFrame, label: str, metric: str, path: str | os.Pat
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return _save(fig, path, dpi=120)

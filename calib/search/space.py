@@ -25,9 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from calib._config import ConfigError
+from calib._config import ConfigError, load_yaml
 
 __all__ = ["Distribution", "SearchSpace", "load_search_space", "parse_search_space"]
 
@@ -157,11 +155,4 @@ def parse_search_space(data: Any, *, source: str = "<search space>") -> SearchSp
 
 def load_search_space(path: str | os.PathLike) -> SearchSpace:
     """Read and validate a search-space YAML file."""
-    try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"Search space file not found: {os.fspath(path)!r}.") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{os.fspath(path)}: not valid YAML: {err}") from None
-    return parse_search_space(data, source=os.fspath(path))
+    return parse_search_space(load_yaml(path, "Search space"), source=os.fspath(path))
