@@ -92,7 +92,8 @@ def markdown_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread,
 def latex_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread, caption: str,
                 published: list[str] | None = None) -> str:
     def escape(text: str) -> str:
-        for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")):
+        for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
+                           ("±", r"$\pm$")):
             text = text.replace(char, repl)
         return text
 

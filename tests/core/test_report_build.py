@@ -28,8 +28,8 @@ def test_markdown_bolds_the_best_by_direction_and_shows_the_paper():
 
 
 def test_latex_escapes_and_bolds():
-    text = latex_table(table(), {"test_ece": "ECE"}, "ci", "a_b 95% CI", None)
-    assert r"\caption{a\_b 95\% CI}" in text
+    text = latex_table(table(), {"test_ece": "ECE"}, "ci", "a_b mean ± 95% CI", None)
+    assert r"\caption{a\_b mean $\pm$ 95\% CI}" in text
     assert r"CE+TS & 3 & \textbf{2.00 $\pm$ 1.00} \\" in text
 
 
