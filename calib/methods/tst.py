@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -39,6 +40,7 @@ __all__ = [
     "fit_tst",
     "latent_encoder",
     "make_optimizer",
+    "run_on_artifact",
     "run_tst",
     "train_stage_two_head",
 ]
@@ -247,12 +249,19 @@ def fit_tst(
                                 seed=seed, device=device)
 
 
+def run_on_artifact(fit: Callable[..., FittedStageTwoHead], params: TSTConfig, artifact: Stage1Artifact, *,
+                    seed: int, device: torch.device) -> MethodOutcome:
+    """``fit`` (:func:`fit_tst` or V-TST's) on the artifact's cached training features, with its cached
+    validation features for checkpointing; evaluated on val and test."""
+    train, val = artifact.splits["train"], artifact.splits["val"]
+    fitted = fit(params, train.features, train.labels, val.features, val.labels,
+                 num_classes=artifact.num_classes, seed=seed, device=device)
+    return MethodOutcome.from_predictor(fitted.predict, artifact, fitted.history)
+
+
 def run_tst(params: TSTConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device) -> MethodOutcome:
     """TST's Stage II on the artifact's cached training features; evaluated on val and test."""
-    train, val = artifact.splits["train"], artifact.splits["val"]
-    fitted = fit_tst(params, train.features, train.labels, val.features, val.labels,
-                     num_classes=artifact.num_classes, seed=seed, device=device)
-    return MethodOutcome.from_predictor(fitted.predict, artifact, fitted.history)
+    return run_on_artifact(fit_tst, params, artifact, seed=seed, device=device)
 
 
 METHODS.register("tst")(MethodSpec(TSTConfig, run_tst, "TST: new d→3Z→Z→C head retrained on frozen features"))

@@ -28,6 +28,7 @@ from calib.methods.tst import (
     StageTwoHead,
     TSTConfig,
     latent_encoder,
+    run_on_artifact,
     train_stage_two_head,
 )
 
@@ -130,10 +131,7 @@ def fit_vtst(
 
 def run_vtst(params: VTSTConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device) -> MethodOutcome:
     """V-TST's Stage II on the artifact's cached training features; evaluated on val and test."""
-    train, val = artifact.splits["train"], artifact.splits["val"]
-    fitted = fit_vtst(params, train.features, train.labels, val.features, val.labels,
-                      num_classes=artifact.num_classes, seed=seed, device=device)
-    return MethodOutcome.from_predictor(fitted.predict, artifact, fitted.history)
+    return run_on_artifact(fit_vtst, params, artifact, seed=seed, device=device)
 
 
 METHODS.register("vtst")(MethodSpec(VTSTConfig, run_vtst, "V-TST: TST with a Gaussian last hidden layer"))
