@@ -44,6 +44,7 @@ from torch.nn import functional as F
 from calib._config import check
 from calib.losses._base import LossSpec, Reduction
 from calib.losses._registry import LOSSES
+from calib.losses.mbls import margin_penalty
 
 __all__ = [
     "BidirectionalCalibrationGate",
@@ -292,8 +293,7 @@ class FeDLaSMbLS(_FeDLaSBase):
         log_probs = F.log_softmax(logits, dim=1)
         alpha = alpha.to(log_probs.dtype)
         ce = -log_probs.gather(1, targets.long().unsqueeze(1)).squeeze(1)
-        gaps = logits.max(dim=1, keepdim=True).values - logits
-        penalty = F.relu(gaps - self.margin).mean(dim=1).to(log_probs.dtype)
+        penalty = margin_penalty(logits, self.margin).to(log_probs.dtype)
         loss = ((1 - alpha) * ce).mean() + (alpha * penalty).mean()
         return self._reduce(loss, logits.shape[0])
 
