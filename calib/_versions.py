@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import socket
 import subprocess
@@ -24,7 +25,8 @@ def _git_commit() -> str | None:
 
 
 def run_environment() -> dict[str, str | None]:
-    """calib/torch/Python versions, the git commit of the calib checkout and the host name."""
+    """calib/torch/Python versions, the git commit of the calib checkout, the host name, and the
+    ``CUDA_VISIBLE_DEVICES`` this process saw (Ray sets it to the GPUs it assigned to the trial)."""
     import torch
 
     import calib
@@ -35,4 +37,5 @@ def run_environment() -> dict[str, str | None]:
         "git_commit": _git_commit(),
         "python_version": platform.python_version(),
         "host": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }

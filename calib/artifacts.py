@@ -32,7 +32,7 @@ from calib.datasets import load_dataset, load_ood
 from calib.datasets.corruptions import SEVERITIES, load_corrupted
 from calib.metrics import compute_all, softmax64
 from calib.models import CalibModel, create_model
-from calib.training import predict, train_stage1
+from calib.training import describe_device, predict, train_stage1
 
 __all__ = [
     "SPLITS",
@@ -42,6 +42,7 @@ __all__ = [
     "get_or_train_stage1",
     "ood_split",
     "stage1_dir",
+    "stage1_exists",
 ]
 
 SPLITS = ("train", "val", "test")
@@ -118,6 +119,11 @@ def stage1_dir(artifact_root: str | os.PathLike, stage1_id: str) -> Path:
     return Path(artifact_root) / "stage1" / stage1_id
 
 
+def stage1_exists(cfg: TrialConfig) -> bool:
+    """Whether the Stage-I artifact of ``cfg`` is stored (complete) already."""
+    return (stage1_dir(cfg.artifact_root, config_hash(stage1_identity(cfg))) / "record.json").exists()
+
+
 def _load(path: Path, stage1_id: str) -> Stage1Artifact:
     record = json.loads((path / "record.json").read_text())
     cache = torch.load(path / "cache.pt", map_location="cpu", weights_only=True)
@@ -155,7 +161,7 @@ def _train_and_write(
     device: torch.device,
     on_epoch: Callable[[dict[str, Any]], None] | None,
 ) -> None:
-    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
+    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download, cifar100_test_norm=cfg.cifar100_test_norm)
     trained = train_stage1(cfg, data, device, on_epoch=on_epoch)
     cache: dict[str, torch.Tensor] = {}
     metrics: dict[str, float] = {}
@@ -173,8 +179,9 @@ def _train_and_write(
         "history": trained.history,
         "metrics": metrics,
         "train_seconds": trained.train_seconds,
+        "images_per_second": trained.images_per_second,
         "checkpoint_epoch": trained.best_epoch,
-        "device": str(device),
+        "device": describe_device(device),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"

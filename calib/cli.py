@@ -35,6 +35,13 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str) -> None:
     parser.add_argument("--cpus-per-trial", type=float, default=None, help="CPUs per trial (default: the preset's)")
     parser.add_argument("--gpus-per-trial", type=float, default=None,
                         help="GPUs per trial, fractions allowed (default: the preset's)")
+    parser.add_argument("--cpus-per-cached-trial", type=float, default=None,
+                        help="CPUs of a trial whose Stage I is already trained (default: the preset's)")
+    parser.add_argument("--gpus-per-cached-trial", type=float, default=None,
+                        help="GPUs of a trial whose Stage I is already trained, fractions allowed "
+                             "(default: the preset's)")
+    parser.add_argument("--storage", default=None,
+                        help="Ray Tune's experiment storage, a path or s3:// URI (default: <store>/_ray)")
     parser.add_argument("--max-concurrent", type=int, default=None, help="cap on trials running at once")
     parser.add_argument("--epochs", type=int, default=None, help="Stage-I epochs (default: the preset's)")
     parser.add_argument("--stage2-epochs", type=int, default=None,
@@ -67,15 +74,28 @@ def preset_of(args: argparse.Namespace) -> Preset:
     return dataclasses.replace(preset, stage1=stage1, stage2=stage2)
 
 
+def _resource(args: argparse.Namespace, preset: Preset, name: str, fallback: float | None) -> float | None:
+    value = getattr(args, name)
+    value = getattr(preset, name) if value is None else value
+    value = fallback if value is None else value
+    flag = "--" + name.replace("_", "-")
+    if value is not None and name.startswith("cpus") and value <= 0:
+        raise ConfigError(f"`{flag}` must be > 0, got {value}.")
+    if value is not None and name.startswith("gpus") and value < 0:
+        raise ConfigError(f"`{flag}` must be >= 0, got {value}.")
+    return value
+
+
 def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOptions:
-    cpus = args.cpus_per_trial if args.cpus_per_trial is not None else preset.cpus_per_trial
-    gpus = args.gpus_per_trial if args.gpus_per_trial is not None else preset.gpus_per_trial
-    if cpus <= 0:
-        raise ConfigError(f"`--cpus-per-trial` must be > 0, got {cpus}.")
-    if gpus < 0:
-        raise ConfigError(f"`--gpus-per-trial` must be >= 0, got {gpus}.")
-    return ExecutionOptions(address=args.address, cpus_per_trial=cpus, gpus_per_trial=gpus,
-                            max_concurrent=args.max_concurrent)
+    """Ray address, resources (flags over the preset) and storage of a study run."""
+    cpus = _resource(args, preset, "cpus_per_trial", None)
+    gpus = _resource(args, preset, "gpus_per_trial", None)
+    return ExecutionOptions(
+        address=args.address, cpus_per_trial=cpus, gpus_per_trial=gpus,
+        cpus_per_cached_trial=_resource(args, preset, "cpus_per_cached_trial", cpus),
+        gpus_per_cached_trial=_resource(args, preset, "gpus_per_cached_trial", gpus),
+        max_concurrent=args.max_concurrent, storage=args.storage,
+    )
 
 
 def require_datasets(names: Sequence[str], data_root: Path, download: bool) -> None:

@@ -61,6 +61,11 @@ class Stage1Config:
         mit_alpha: α of MIT's Beta(α, α) (Mixup Inference in Training: two mixed forward passes whose
             outputs are decoupled; METHODS.md §4.9); ``None`` trains without MIT.
         checkpoint: the model kept: the "last" epoch (FOCAL-R's default) or the "best_val" accuracy.
+        scheduler_step: when the learning-rate schedule advances: at the "epoch_end" (PyTorch's
+            convention), or at the "epoch_start" as FOCAL-R's ``train.py`` does, which moves every decay
+            one epoch earlier (METHODS.md §7.2 pitfall).
+        amp: mixed precision on CUDA: "off", "bf16" or "fp16" autocast of the forward pass (fp16 with
+            a gradient scaler); the loss is computed in float32. Ignored on the CPU.
     """
 
     epochs: int = 350
@@ -75,6 +80,8 @@ class Stage1Config:
     mixup_alpha: float | None = None
     mit_alpha: float | None = None
     checkpoint: Literal["last", "best_val"] = "last"
+    scheduler_step: Literal["epoch_end", "epoch_start"] = "epoch_end"
+    amp: Literal["off", "bf16", "fp16"] = "off"
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "stage1.epochs", self.epochs, "be an integer >= 1")
@@ -124,7 +131,8 @@ class TrialConfig:
     download: bool = False
     device: str = "auto"
     num_bins: int = 15
-    num_workers: int = 0
+    num_workers: int | None = None
+    cifar100_test_norm: Literal["cifar", "focal_bug"] = "cifar"
     ood_datasets: tuple[str, ...] = ()
     corruptions: tuple[str, ...] = ()
     label: str = ""
@@ -210,7 +218,10 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     fields["method"] = _component(METHODS, data["method"], "method")
     cfg = from_dict(TrialConfig, fields)
     check(cfg.num_bins >= 1, "num_bins", cfg.num_bins, "be an integer >= 1")
-    check(cfg.num_workers >= 0, "num_workers", cfg.num_workers, "be an integer >= 0")
+    check(cfg.num_workers is None or cfg.num_workers >= 0, "num_workers", cfg.num_workers,
+          "be an integer >= 0, or null to size the DataLoader workers from the trial's CPUs")
+    check(cfg.cifar100_test_norm == "cifar" or cfg.dataset == "cifar100", "cifar100_test_norm",
+          cfg.cifar100_test_norm, "be 'cifar' unless the dataset is 'cifar100'")
     for name in cfg.corruptions:
         check(name in CORRUPTIONS, "corruptions", cfg.corruptions, f"name corruptions from {', '.join(CORRUPTIONS)}")
     if cfg.corruptions:
@@ -233,6 +244,7 @@ def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
         "seed": cfg.seed,
         "stage1": _plain(dataclasses.asdict(cfg.stage1)),
         "loss": cfg.loss.to_dict(),
+        "cifar100_test_norm": cfg.cifar100_test_norm,
     }
 
 

@@ -31,7 +31,9 @@ class Preset:
     device: str = "auto"
     cpus_per_trial: float = 1.0
     gpus_per_trial: float = 0.0
-    num_workers: int = 0
+    cpus_per_cached_trial: float | None = None
+    gpus_per_cached_trial: float | None = None
+    num_workers: int | None = None
 
 
 PRESETS.register("quick")(Preset(
@@ -57,7 +59,8 @@ PRESETS.register("paper")(Preset(
     device="auto",
     cpus_per_trial=4.0,
     gpus_per_trial=1.0,
-    num_workers=4,
+    cpus_per_cached_trial=2.0,
+    gpus_per_cached_trial=0.25,
 ))
 
 

@@ -29,7 +29,7 @@ from calib.metrics import (
     ood_fpr_at_95_tpr,
     reliability_bins,
 )
-from calib.training import resolve_device, seed_everything
+from calib.training import describe_device, resolve_device, seed_everything
 
 __all__ = ["TrialResult", "run_trial", "trial_id"]
 
@@ -57,6 +57,7 @@ class TrialResult:
     started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
     finished_at: dt.datetime | None = None
     device: str | None = None
+    stage1_device: str | None = None
     environment: dict[str, str | None] = field(default_factory=run_environment)
 
     @classmethod
@@ -168,8 +169,10 @@ def run_trial(
             "method_seconds": method_done - loaded,
             "eval_seconds": evaluated - method_done,
             "total_seconds": evaluated - start,
+            "stage1_images_per_second": float(artifact.record.get("images_per_second", 0.0)),
         },
+        stage1_device=str(artifact.record.get("device")),
         started_at=started_at,
         finished_at=dt.datetime.now(dt.timezone.utc),
-        device=str(device) if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})",
+        device=describe_device(device),
     )

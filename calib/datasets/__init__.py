@@ -26,11 +26,11 @@ DATASETS: Registry[DatasetInfo] = Registry("dataset")
 """Dataset name → :class:`DatasetInfo`. Defined before the modules below import it to register."""
 
 # Importing the modules runs their registrations; they import DATASETS from this package.
-from calib.datasets import cifar, digits  # noqa: E402,F401
+from calib.datasets import cifar, digits, tiny_imagenet  # noqa: E402,F401
 from calib.datasets.ood import DEFAULT_OOD, OOD_SETS, OODSet, load_ood  # noqa: E402
 
 
-def load_dataset(name: str, root: str, download: bool = False) -> DatasetSplits:
+def load_dataset(name: str, root: str, download: bool = False, *, cifar100_test_norm: str = "cifar") -> DatasetSplits:
     """Load the dataset registered under ``name`` from ``root``.
 
     Args:
@@ -39,8 +39,15 @@ def load_dataset(name: str, root: str, download: bool = False) -> DatasetSplits:
             Datasets bundled with an installed package (``digits``) ignore it.
         download: fetch missing files into ``root`` instead of raising
             :class:`DatasetNotFoundError`.
+        cifar100_test_norm: ``"focal_bug"`` normalises CIFAR-100's test split with the ImageNet
+            statistics, as FOCAL-R does (METHODS.md §7.2); other datasets accept only ``"cifar"``.
     """
-    return DATASETS.get(name).load(root, download)
+    info = DATASETS.get(name)
+    if cifar100_test_norm == "cifar":
+        return info.load(root, download)
+    if name != "cifar100":
+        raise ValueError(f"`cifar100_test_norm` applies to 'cifar100' only, got {cifar100_test_norm!r} for {name!r}.")
+    return info.load(root, download, test_norm=cifar100_test_norm)
 
 
 def require_dataset(name: str, root: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from calib._config import ConfigError
+from calib.artifacts import stage1_exists
 from calib.config import config_hash, parse_trial_config, set_dotted, stage1_identity
 from calib.metrics import higher_is_better
 from calib.search.space import SearchSpace
@@ -31,13 +32,30 @@ os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_
 
 @dataclass(frozen=True)
 class ExecutionOptions:
-    """Where and how trials run: Ray address, per-trial resources, concurrency."""
+    """Where and how trials run: Ray address, per-trial resources, concurrency, Tune's storage.
+
+    A trial that trains its Stage I requests ``cpus_per_trial`` / ``gpus_per_trial`` (whole GPUs on a
+    cluster); a trial whose Stage-I artifact another trial provides (Stage II, post-hoc, evaluation on
+    cached features) requests the lighter ``*_per_cached_trial`` share (fractions allowed, so several
+    share one GPU); ``None`` means the same as a Stage-I trial.
+    """
 
     address: str | None = None
     cpus_per_trial: float = 1.0
     gpus_per_trial: float = 0.0
+    cpus_per_cached_trial: float | None = None
+    gpus_per_cached_trial: float | None = None
     max_concurrent: int | None = None
+    storage: str | None = None
     verbose: bool = True
+
+    def resources(self, role: str) -> dict[str, float]:
+        """The Ray resource request of a ``"stage1"`` or a ``"cached"`` trial."""
+        if role == "stage1":
+            return {"CPU": self.cpus_per_trial, "GPU": self.gpus_per_trial}
+        cpus = self.cpus_per_trial if self.cpus_per_cached_trial is None else self.cpus_per_cached_trial
+        gpus = self.gpus_per_trial if self.gpus_per_cached_trial is None else self.gpus_per_cached_trial
+        return {"CPU": cpus, "GPU": gpus}
 
 
 @dataclass
@@ -63,13 +81,18 @@ def init_ray(address: str | None = None) -> None:
         ray.init(address=address, **common)
 
 
-def _execute(config: dict[str, Any], store: str, cpus: float) -> dict[str, float]:
-    """Run one trial and store it; a failure is stored as a ``failed`` row and re-raised for Tune."""
+def _execute(config: dict[str, Any], store: str) -> dict[str, float]:
+    """Run one trial and store it; a failure is stored as a ``failed`` row and re-raised for Tune.
+
+    Torch uses as many threads as the CPUs Ray assigned to the trial.
+    """
     import ray
     import torch
 
+    context = ray.get_runtime_context() if ray.is_initialized() else None
+    cpus = context.get_assigned_resources().get("CPU", 1.0) if context else 1.0
     torch.set_num_threads(max(1, int(cpus)))
-    node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    node_id = context.get_node_id() if context else None
     cfg = parse_trial_config(config)
     started = dt.datetime.now(dt.timezone.utc)
     try:
@@ -81,19 +104,49 @@ def _execute(config: dict[str, Any], store: str, cpus: float) -> dict[str, float
     return {**result.metrics, "calib_trial_id": result.trial_id}
 
 
-def _grid_trainable(tune_config: dict[str, Any], *, store: str, cpus: float) -> None:
+def _grid_trainable(tune_config: dict[str, Any], *, store: str) -> None:
     from ray import tune
 
-    tune.report(_execute(tune_config["trial"], store, cpus))
+    tune.report(_execute(tune_config["trial"]["config"], store))
 
 
-def _search_trainable(tune_config: dict[str, Any], *, base: dict[str, Any], store: str, cpus: float) -> None:
-    from ray import tune
-
+def _search_config(base: dict[str, Any], sampled: dict[str, Any]) -> dict[str, Any]:
     config = base
-    for key, value in tune_config.items():
+    for key, value in sampled.items():
         config = set_dotted(config, key, value)
-    tune.report(_execute(config, store, cpus))
+    return config
+
+
+def _search_trainable(tune_config: dict[str, Any], *, base: dict[str, Any], store: str) -> None:
+    from ray import tune
+
+    tune.report(_execute(_search_config(base, tune_config), store))
+
+
+def _placement(resources: dict[str, float]) -> Any:
+    from ray.tune import PlacementGroupFactory
+
+    return PlacementGroupFactory([{k: v for k, v in resources.items() if v > 0}])
+
+
+def assign_roles(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``{"config", "role"}`` per config, Stage-I trainers first: the first trial of every Stage-I
+    config whose artifact is not stored yet is a ``"stage1"`` trial, every other one ``"cached"``.
+
+    Trainers go first (round-robin over Stage-I configs, as :func:`_interleave_stage1`) so the light
+    trials mostly start once their artifact exists instead of waiting on its lock.
+    """
+    trainers, cached = [], []
+    seen: set[str] = set()
+    for config in _interleave_stage1(configs):
+        cfg = parse_trial_config(config)
+        key = config_hash(stage1_identity(cfg))
+        if key in seen or stage1_exists(cfg):
+            cached.append({"config": config, "role": "cached"})
+        else:
+            seen.add(key)
+            trainers.append({"config": config, "role": "stage1"})
+    return trainers + cached
 
 
 def _progress_callback(study: str, total: int, objective: str) -> Any:
@@ -155,7 +208,7 @@ def _run_config(store: Path, study: str, options: ExecutionOptions, callbacks: l
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return tune.RunConfig(
         name=f"{study}-{stamp}",
-        storage_path=str(store / "_ray"),
+        storage_path=options.storage or str(store / "_ray"),
         verbose=0,
         callbacks=callbacks,
         failure_config=tune.FailureConfig(max_failures=0),
@@ -187,13 +240,13 @@ def run_grid(
         return run
     init_ray(options.address)
     trainable = tune.with_resources(
-        tune.with_parameters(_grid_trainable, store=str(store), cpus=options.cpus_per_trial),
-        {"cpu": options.cpus_per_trial, "gpu": options.gpus_per_trial},
+        tune.with_parameters(_grid_trainable, store=str(store)),
+        lambda spec: _placement(options.resources(spec["trial"]["role"])),
     )
     callbacks = [_progress_callback(study, len(pending), objective)] if options.verbose else []
     tuner = tune.Tuner(
         trainable,
-        param_space={"trial": tune.grid_search(_interleave_stage1(pending))},
+        param_space={"trial": tune.grid_search(assign_roles(pending))},
         tune_config=tune.TuneConfig(max_concurrent_trials=options.max_concurrent, reuse_actors=True,
                                     trial_dirname_creator=_trial_dirname),
         run_config=_run_config(store, study, options, callbacks),
@@ -266,10 +319,12 @@ def run_search(
         sampler=_sampler(sampler, space, seed, multi),
     )
     max_concurrent = options.max_concurrent or max(1, int((os.cpu_count() or 1) // max(options.cpus_per_trial, 1)))
+    def resources(sampled: dict[str, Any]) -> Any:
+        cfg = parse_trial_config(_search_config(base, sampled))
+        return _placement(options.resources("cached" if stage1_exists(cfg) else "stage1"))
+
     trainable = tune.with_resources(
-        tune.with_parameters(_search_trainable, base=base, store=str(store), cpus=options.cpus_per_trial),
-        {"cpu": options.cpus_per_trial, "gpu": options.gpus_per_trial},
-    )
+        tune.with_parameters(_search_trainable, base=base, store=str(store)), resources)
     init_ray(options.address)
     callbacks = [_progress_callback(study, num_trials, objectives[0])] if options.verbose else []
     tuner = tune.Tuner(

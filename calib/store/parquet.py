@@ -54,6 +54,7 @@ def trial_row(result: TrialResult, *, node_id: str | None = None) -> dict[str, A
         "corruptions": list(cfg.corruptions),
         "status": result.status, "error": result.error, "stage1_cache_hit": result.stage1_cache_hit,
         "started_at": result.started_at, "finished_at": result.finished_at, "device": result.device,
+        "stage1_device": result.stage1_device, "cifar100_test_norm": cfg.cifar100_test_norm,
         "node_id": node_id, "config_json": json.dumps(cfg.to_dict(), sort_keys=True),
     }
     row.update(_flatten("stage1", dataclasses.asdict(cfg.stage1)))

@@ -30,6 +30,7 @@ IDENTITY = [
     ("seed", pa.int64(), "trial seed (Stage I and Stage II)"),
     ("loss", pa.string(), "registered Stage-I loss name"),
     ("stage1_id", pa.string(), "hash of the Stage-I config: the artifact directory name"),
+    ("cifar100_test_norm", pa.string(), "CIFAR-100 test normalisation: cifar, or focal_bug (FOCAL-R's ImageNet stats)"),
 ]
 OOD = [
     ("ood_datasets", pa.list_(pa.string()), "OOD sets the trial was evaluated against (empty: none)"),
@@ -62,6 +63,9 @@ RUN = [
     ("method_seconds", pa.float64(), "wall time of the method (Stage II / post-hoc)"),
     ("eval_seconds", pa.float64(), "wall time of the metric computation"),
     ("total_seconds", pa.float64(), "wall time of run_trial"),
+    ("stage1_images_per_second", pa.float64(),
+     "Stage-I training throughput (images/s, validation excluded) of whoever trained it"),
+    ("stage1_device", pa.string(), "device that trained Stage I (this trial's when stage1_cache_hit is false)"),
     ("started_at", pa.timestamp("ms", tz="UTC"), "trial start"),
     ("finished_at", pa.timestamp("ms", tz="UTC"), "trial end"),
     ("calib_version", pa.string(), "calib package version"),
@@ -69,7 +73,8 @@ RUN = [
     ("git_commit", pa.string(), "git commit of the calib checkout, null outside git"),
     ("python_version", pa.string(), "Python version"),
     ("host", pa.string(), "host name of the worker"),
-    ("device", pa.string(), "torch device the trial ran on"),
+    ("device", pa.string(), "torch device the trial ran on, with the GPU model on CUDA"),
+    ("cuda_visible_devices", pa.string(), "CUDA_VISIBLE_DEVICES the trial's process saw (Ray's GPU assignment)"),
     ("node_id", pa.string(), "Ray node id, null outside Ray"),
     ("config_json", pa.string(), "the full trial config as JSON (paths included)"),
 ]

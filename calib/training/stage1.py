@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from calib.datasets import DatasetSplits
 from calib.losses import LOSSES
 from calib.metrics import expected_calibration_error, softmax64
 from calib.models import CalibModel, create_model
-from calib.training.device import loader_kwargs, seed_everything
+from calib.training.device import autocast, configure_backend, loader_kwargs, seed_everything
 from calib.training.mixing import mit_coefficients, mit_decouple, mix
 
 __all__ = ["Stage1Training", "predict", "train_stage1"]
@@ -26,17 +27,22 @@ __all__ = ["Stage1Training", "predict", "train_stage1"]
 
 @dataclass
 class Stage1Training:
-    """A trained Stage-I model with its per-epoch history and training wall time."""
+    """A trained Stage-I model with its per-epoch history, training wall time and throughput.
+
+    ``images_per_second`` counts training images (each mixed image once) over the time spent in
+    training steps, validation excluded.
+    """
 
     model: CalibModel
     history: list[dict[str, Any]] = field(default_factory=list)
     train_seconds: float = 0.0
+    images_per_second: float = 0.0
     best_epoch: int = -1
 
 
 @torch.inference_mode()
 def predict(
-    model: CalibModel, dataset: Dataset, device: torch.device, *, batch_size: int = 512, num_workers: int = 0
+    model: CalibModel, dataset: Dataset, device: torch.device, *, batch_size: int = 512, num_workers: int | None = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Features, logits and labels of ``dataset`` in eval mode, as float32/int64 CPU tensors."""
     model.eval()
@@ -75,6 +81,7 @@ def train_stage1(
     """Train ``cfg.arch`` on ``data.train`` with ``cfg.loss`` under ``cfg.stage1``; seeded by ``cfg.seed``."""
     s1 = cfg.stage1
     seed_everything(cfg.seed)
+    configure_backend(device)
     model = create_model(cfg.arch, num_classes=data.num_classes, in_channels=data.input_shape[0]).to(device)
     loss_fn = LOSSES.get(cfg.loss.name).create(
         cfg.loss.params, num_classes=data.num_classes, reduction=s1.loss_reduction
@@ -90,39 +97,55 @@ def train_stage1(
         data.train, batch_size=s1.batch_size, shuffle=True, generator=generator,
         **loader_kwargs(device, cfg.num_workers),
     )
+    # fp16 needs loss scaling; bf16 has float32's range. A disabled scaler is a no-op (CPU, off, bf16).
+    scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and s1.amp == "fp16")
     result = Stage1Training(model=model)
     best_state: dict[str, torch.Tensor] | None = None
     best_val = -1.0
     start = time.perf_counter()
+    step_seconds, images = 0.0, 0
     for epoch in range(s1.epochs):
+        if s1.scheduler_step == "epoch_start":  # FOCAL-R: at epoch e the schedule is already at e + 1
+            with warnings.catch_warnings():  # stepping before the first optimizer step is the point here
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+                scheduler.step()
         model.train()
         loss_fn.train()
         lr = optimizer.param_groups[0]["lr"]
         total_loss, correct, confidence, seen = 0.0, 0, 0.0, 0
+        epoch_start = time.perf_counter()
         for x, y in loader:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             if s1.mixup_alpha is not None:
                 lam = float(mixup_rng.beta(s1.mixup_alpha, s1.mixup_alpha))
                 perm = torch.randperm(x.shape[0], generator=generator).to(device)
-                features = model.features(mix(x, x[perm], lam))
-                logits = model.head(features)
+                with autocast(device, s1.amp):
+                    features = model.features(mix(x, x[perm], lam))
+                    logits = model.head(features)
+                features, logits = features.float(), logits.float()
                 loss = _weighted_pair(loss_fn, lam, (logits, y, features), (logits, y[perm], features))
             elif s1.mit_alpha is not None:
                 lam1, lam2 = mit_coefficients(s1.mit_alpha, mixup_rng)
                 perm = torch.randperm(x.shape[0], generator=generator).to(device)
-                h1, h2 = model.features(mix(x, x[perm], lam1)), model.features(mix(x, x[perm], lam2))
-                logits, logits_b = mit_decouple(model.head(h1), model.head(h2), lam1, lam2)
-                features, features_b = mit_decouple(h1, h2, lam1, lam2)
+                with autocast(device, s1.amp):
+                    h1, h2 = model.features(mix(x, x[perm], lam1)), model.features(mix(x, x[perm], lam2))
+                    z1, z2 = model.head(h1), model.head(h2)
+                logits, logits_b = mit_decouple(z1.float(), z2.float(), lam1, lam2)
+                features, features_b = mit_decouple(h1.float(), h2.float(), lam1, lam2)
                 loss = _weighted_pair(loss_fn, 0.5, (logits, y, features), (logits_b, y[perm], features_b))
             else:
-                features = model.features(x)
-                logits = model.head(features)
+                with autocast(device, s1.amp):
+                    features = model.features(x)
+                    logits = model.head(features)
+                features, logits = features.float(), logits.float()
                 loss = loss_fn(logits, y, features)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            scaler.scale(loss).backward()
             if s1.grad_clip is not None:
+                scaler.unscale_(optimizer)
                 nn.utils.clip_grad_norm_(params, s1.grad_clip)
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
             with torch.no_grad():
                 probs = logits.detach().float().softmax(dim=1)
                 batch = y.shape[0]
@@ -130,7 +153,12 @@ def train_stage1(
                 correct += int((probs.argmax(1) == y).sum())  # against the unpermuted label, as BALCAL-R
                 confidence += float(probs.max(1).values.sum())
                 seen += batch
-        scheduler.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_seconds += time.perf_counter() - epoch_start
+        images += seen
+        if s1.scheduler_step == "epoch_end":
+            scheduler.step()
         _, val_logits, val_labels = predict(model, data.val, device, num_workers=cfg.num_workers)
         val_probs = softmax64(val_logits)
         val_acc = float((val_probs.argmax(1) == val_labels.numpy()).mean())
@@ -148,6 +176,7 @@ def train_stage1(
         if s1.checkpoint == "best_val" and val_acc > best_val:
             best_val, best_state, result.best_epoch = val_acc, copy.deepcopy(model.state_dict()), epoch
     result.train_seconds = time.perf_counter() - start
+    result.images_per_second = images / step_seconds if step_seconds > 0 else 0.0
     if best_state is not None:
         model.load_state_dict(best_state)
     else:

@@ -36,6 +36,12 @@ def test_svhn_test_split_in_torchvision_layout(tmp_path, monkeypatch):
     assert len(dataset) == 5 and image.shape == (3, 32, 32) and label == 0
     expected = (x[0, 0, 0, 0] / 255 - CIFAR_MEAN[0]) / CIFAR_STD[0]
     assert image[0, 0, 0].item() == pytest.approx(expected, abs=1e-6)
+    # X is (row, column, channel, sample): sample 3's tensor [channel, row, column] is X[row, column, channel, 3].
+    x[1, 2, 2, 3] = 255
+    scipy.io.savemat(tmp_path / "test_32x32.mat", {"X": x, "y": np.array([[10], [1], [2], [3], [4]])})
+    dataset = load_ood("svhn", str(tmp_path), False, "cifar100")
+    assert dataset[3][0][2, 1, 2].item() == pytest.approx((1.0 - CIFAR_MEAN[2]) / CIFAR_STD[2], abs=1e-6)  # 2.753731
+    assert [dataset[i][1] for i in range(len(dataset))] == [0] * 5  # every sample is OOD, whatever its digit
 
 
 def test_missing_svhn_names_the_file_and_the_flag(tmp_path):
