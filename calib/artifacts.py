@@ -9,13 +9,26 @@ Layout (DESIGN.md contract 3)::
 An artifact directory is written under a temporary name and renamed into place, so a reader sees a
 complete artifact or none. A file lock per ``stage1_id`` makes concurrent trials with the same
 Stage-I config wait for the first one instead of training again.
+
+With an object-store ``artifact_root`` (``s3://bucket/prefix``, for clusters), each node keeps a
+local copy under ``$CALIB_ARTIFACT_CACHE`` (default ``~/.cache/calib/artifacts``) and the bucket
+holds::
+
+    <artifact_root>/stage1/<stage1_id>/record.json          written last: the artifact exists once it does
+                                      /<writer>/model.pt    the files of the node that trained it
+                                      /<writer>/cache.pt    (and its cached OOD / corrupted splits)
+
+Nodes that find ``record.json`` download the files of the writer it names, so a reader never mixes
+the weights of one training with the features of another, even if two nodes raced to train.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -27,6 +40,7 @@ import torch
 from filelock import FileLock
 from torch.utils.data import ConcatDataset, Dataset
 
+from calib import storage
 from calib.config import TrialConfig, config_hash, stage1_identity
 from calib.datasets import load_dataset, load_ood
 from calib.datasets.corruptions import SEVERITIES, load_corrupted
@@ -59,12 +73,17 @@ class SplitCache:
 
 @dataclass
 class Stage1Artifact:
-    """A finished Stage I as later stages see it: cached splits, the record, and the model on demand."""
+    """A finished Stage I as later stages see it: cached splits, the record, and the model on demand.
+
+    ``path`` is the local directory; ``remote`` the object-store directory of the writer's files, or
+    ``None`` for a local artifact root.
+    """
 
     stage1_id: str
     path: Path
     splits: dict[str, SplitCache]
     record: dict[str, Any]
+    remote: str | None = None
 
     @property
     def num_classes(self) -> int:
@@ -87,22 +106,28 @@ class Stage1Artifact:
         return {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
 
 
-def _cached_split(artifact: Stage1Artifact, path: Path, make: Callable[[], Dataset], cfg: TrialConfig,
+def _cached_split(artifact: Stage1Artifact, name: str, make: Callable[[], Dataset], cfg: TrialConfig,
                   device: torch.device) -> SplitCache:
+    path = artifact.path / name
     with FileLock(str(path) + ".lock"):
         if not path.exists():
-            features, logits, labels = predict(artifact.load_model(device), make(), device,
-                                               num_workers=cfg.num_workers)
-            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-            torch.save({"features": features, "logits": logits, "labels": labels}, tmp)
-            os.replace(tmp, path)
+            if artifact.remote and storage.exists(storage.join(artifact.remote, name)):
+                storage.download(storage.join(artifact.remote, name), path)
+            else:
+                features, logits, labels = predict(artifact.load_model(device), make(), device,
+                                                   num_workers=cfg.num_workers)
+                tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+                torch.save({"features": features, "logits": logits, "labels": labels}, tmp)
+                os.replace(tmp, path)
+                if artifact.remote:
+                    storage.upload(path, storage.join(artifact.remote, name))
     cache = torch.load(path, map_location="cpu", weights_only=True)
     return SplitCache(cache["features"], cache["logits"], cache["labels"])
 
 
 def ood_split(artifact: Stage1Artifact, cfg: TrialConfig, name: str, device: torch.device) -> SplitCache:
     """Stage-I features and logits of the OOD set ``name``, computed once and cached in the artifact."""
-    return _cached_split(artifact, artifact.path / f"ood-{name}.pt",
+    return _cached_split(artifact, f"ood-{name}.pt",
                          lambda: load_ood(name, cfg.data_root, cfg.download, cfg.dataset), cfg, device)
 
 
@@ -110,25 +135,63 @@ def corrupted_split(artifact: Stage1Artifact, cfg: TrialConfig, corruption: str,
     """Stage-I features and logits of the test set under ``corruption``, severities 1..5 stacked in order
     (rows [(s−1)·N, s·N) are severity s), computed once and cached in the artifact."""
     return _cached_split(
-        artifact, artifact.path / f"corruption-{corruption}.pt",
+        artifact, f"corruption-{corruption}.pt",
         lambda: ConcatDataset([load_corrupted(cfg.data_root, cfg.dataset, corruption, s) for s in SEVERITIES]),
         cfg, device)
 
 
+def _local_root(artifact_root: str) -> Path:
+    if not storage.is_remote(artifact_root):
+        return Path(artifact_root)
+    cache = Path(os.environ.get("CALIB_ARTIFACT_CACHE", Path.home() / ".cache" / "calib" / "artifacts"))
+    return cache / hashlib.sha256(artifact_root.encode()).hexdigest()[:16]
+
+
 def stage1_dir(artifact_root: str | os.PathLike, stage1_id: str) -> Path:
-    return Path(artifact_root) / "stage1" / stage1_id
+    """The local directory of an artifact (a node-local copy when the root is an object store)."""
+    return _local_root(str(artifact_root)) / "stage1" / stage1_id
+
+
+def _remote_dir(artifact_root: str, stage1_id: str) -> str | None:
+    return storage.join(artifact_root, "stage1", stage1_id) if storage.is_remote(artifact_root) else None
 
 
 def stage1_exists(cfg: TrialConfig) -> bool:
-    """Whether the Stage-I artifact of ``cfg`` is stored (complete) already."""
-    return (stage1_dir(cfg.artifact_root, config_hash(stage1_identity(cfg))) / "record.json").exists()
+    """Whether the Stage-I artifact of ``cfg`` is stored (complete) already, here or in the object store."""
+    stage1_id = config_hash(stage1_identity(cfg))
+    if (stage1_dir(cfg.artifact_root, stage1_id) / "record.json").exists():
+        return True
+    remote = _remote_dir(cfg.artifact_root, stage1_id)
+    return remote is not None and storage.exists(storage.join(remote, "record.json"))
 
 
-def _load(path: Path, stage1_id: str) -> Stage1Artifact:
+def _load(path: Path, stage1_id: str, remote: str | None) -> Stage1Artifact:
     record = json.loads((path / "record.json").read_text())
     cache = torch.load(path / "cache.pt", map_location="cpu", weights_only=True)
     splits = {s: SplitCache(cache[f"{s}_features"], cache[f"{s}_logits"], cache[f"{s}_labels"]) for s in SPLITS}
-    return Stage1Artifact(stage1_id, path, splits, record)
+    return Stage1Artifact(stage1_id, path, splits, record,
+                          remote=storage.join(remote, record["writer"]) if remote else None)
+
+
+def _fetch(remote: str, final: Path) -> None:
+    """Download a published artifact into ``final`` (through a temporary directory and a rename)."""
+    tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
+    try:
+        storage.download(storage.join(remote, "record.json"), tmp / "record.json")
+        writer = json.loads((tmp / "record.json").read_text())["writer"]
+        for name in ("model.pt", "cache.pt"):
+            storage.download(storage.join(remote, writer, name), tmp / name)
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish(final: Path, remote: str) -> None:
+    """Upload a local artifact: the writer's files first, ``record.json`` last."""
+    writer = json.loads((final / "record.json").read_text())["writer"]
+    for name in ("model.pt", "cache.pt"):
+        storage.upload(final / name, storage.join(remote, writer, name))
+    storage.upload(final / "record.json", storage.join(remote, "record.json"))
 
 
 def get_or_train_stage1(
@@ -144,14 +207,20 @@ def get_or_train_stage1(
     identity = stage1_identity(cfg)
     stage1_id = config_hash(identity)
     final = stage1_dir(cfg.artifact_root, stage1_id)
+    remote = _remote_dir(cfg.artifact_root, stage1_id)
     final.parent.mkdir(parents=True, exist_ok=True)
     if (final / "record.json").exists():
-        return _load(final, stage1_id), True
+        return _load(final, stage1_id, remote), True
     with FileLock(str(final) + ".lock"):
         if (final / "record.json").exists():
-            return _load(final, stage1_id), True
+            return _load(final, stage1_id, remote), True
+        if remote is not None and storage.exists(storage.join(remote, "record.json")):
+            _fetch(remote, final)
+            return _load(final, stage1_id, remote), True
         _train_and_write(cfg, identity, final, device, on_epoch)
-    return _load(final, stage1_id), False
+        if remote is not None:
+            _publish(final, remote)
+    return _load(final, stage1_id, remote), False
 
 
 def _train_and_write(
@@ -183,6 +252,7 @@ def _train_and_write(
         "checkpoint_epoch": trained.best_epoch,
         "device": describe_device(device),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "writer": f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
     }
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
     tmp.mkdir()

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from calib import storage
 from calib._config import ConfigError
 from calib._registry import UnknownNameError
 from calib.config import Stage1Config
@@ -23,8 +24,9 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str) -> None:
     parser.add_argument("--preset", default="quick", choices=PRESETS.names(),
                         help="study setup: quick = offline CPU minutes; paper = the seeds' protocol on GPUs")
     parser.add_argument("--study", default=study, help="study name: the store partition (study=<name>)")
-    parser.add_argument("--store", default="results", help="result-store directory")
-    parser.add_argument("--artifacts", default=None, help="Stage-I artifact directory (default: <store>/artifacts)")
+    parser.add_argument("--store", default="results", help="result-store directory or s3:// URI")
+    parser.add_argument("--artifacts", default=None,
+                        help="Stage-I artifact directory or s3:// URI (default: <store>/artifacts)")
     parser.add_argument("--data-root", default="data", help="directory holding the datasets")
     parser.add_argument("--download", action="store_true", help="download missing datasets into --data-root")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the preset's)")
@@ -49,12 +51,17 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str) -> None:
 
 
 class StudyPaths:
-    """Absolute store, artifact and data paths (Ray Tune changes each trial's working directory)."""
+    """Absolute store, artifact and data locations (Ray Tune changes each trial's working directory).
+
+    ``store`` and ``artifacts`` are absolute paths or object-store URIs (``s3://...``); ``outputs`` is
+    the local directory for figures and reports: the store itself when it is local, else ``./results``.
+    """
 
     def __init__(self, store: str, artifacts: str | None, data_root: str) -> None:
-        self.store = Path(store).resolve()
-        self.artifacts = Path(artifacts).resolve() if artifacts else self.store / "artifacts"
+        self.store = storage.normalize(store)
+        self.artifacts = storage.normalize(artifacts) if artifacts else storage.join(self.store, "artifacts")
         self.data_root = Path(data_root).resolve()
+        self.outputs = Path("results").resolve() if storage.is_remote(self.store) else Path(self.store)
 
 
 def study_paths(args: argparse.Namespace) -> StudyPaths:

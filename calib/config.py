@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from calib import storage
 from calib._config import ConfigError, check, from_dict
 from calib._registry import Registry
 from calib.datasets import DATASETS, OOD_SETS
@@ -208,9 +209,13 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     validate_study_name(data["study"])
     DATASETS.get(data["dataset"])
     MODELS.get(data["arch"])
-    for key in ("data_root", "artifact_root"):
-        check(isinstance(data[key], str) and os.path.isabs(data[key]), key, data[key],
-              "be an absolute path (Ray Tune changes each trial's working directory)")
+    check(isinstance(data["data_root"], str) and os.path.isabs(data["data_root"]), "data_root", data["data_root"],
+          "be an absolute path (Ray Tune changes each trial's working directory)")
+    check(isinstance(data["artifact_root"], str) and (os.path.isabs(data["artifact_root"])
+                                                      or storage.is_remote(data["artifact_root"])),
+          "artifact_root", data["artifact_root"],
+          "be an absolute path or an object-store URI such as s3://bucket/prefix "
+          "(Ray Tune changes each trial's working directory)")
     fields: dict[str, Any] = {k: v for k, v in data.items() if k not in ("stage1", "loss", "method")}
     fields["stage1"] = from_dict(Stage1Config, data.get("stage1", {}), prefix="stage1.") \
         if not isinstance(data.get("stage1"), Stage1Config) else data["stage1"]

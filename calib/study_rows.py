@@ -82,7 +82,7 @@ def run_rows(
             loss = {**row.loss, **DATASET_LOSS_DEFAULTS.get(dataset, {}).get(row.loss["name"], {})}
             for seed in seeds:
                 config = base_config(preset, study=args.study, dataset=dataset, seed=seed, method=dict(row.method),
-                                     loss=loss, data_root=str(paths.data_root), artifact_root=str(paths.artifacts),
+                                     loss=loss, data_root=str(paths.data_root), artifact_root=paths.artifacts,
                                      download=args.download, device=args.device)
                 config["stage1"].update(row.stage1)
                 configs.append({**config, "label": label, "label_rank": rank, **extra[dataset]})

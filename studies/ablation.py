@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     for dataset in datasets:
         for seed in seeds:
             base = base_config(preset, study=args.study, dataset=dataset, seed=seed, method={"name": "vanilla"},
-                               data_root=str(paths.data_root), artifact_root=str(paths.artifacts),
+                               data_root=str(paths.data_root), artifact_root=paths.artifacts,
                                download=args.download, device=args.device)
             steps, skipped = ladder.steps(base, args.mode)
             for step in steps:

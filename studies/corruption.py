@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                          for row, d, eces in zip(trials["row"], trials["dataset"], trials["corrupted_ece_by_severity"],
                                                  strict=True) for s in SEVERITIES])
     for dataset, group in long.groupby("dataset"):
-        figure = study_paths(args).store / "figures" / f"{args.study}_{dataset}.png"
+        figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}.png"
         plot_metric_against(summarize(group, ["row", "severity"], ["ece"]), "severity", "ece", "row", figure,
                             xlabel="corruption severity", ylabel="ECE (%), mean over corruptions",
                             title=f"corruptions · {dataset} · {preset.arch}")

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     trials["family"] = trials["row"].astype(str).str.split(" α=").str[0]
     trials["alpha"] = trials["stage1_mixup_alpha"].fillna(trials["stage1_mit_alpha"])
     for dataset, group in trials.groupby("dataset", observed=True):
-        figure = study_paths(args).store / "figures" / f"{args.study}_{dataset}.png"
+        figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}.png"
         plot_metric_against(summarize(group, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece", "family",
                             figure, xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
                             title=f"Mixup α · {dataset} · {preset.arch}")

@@ -10,19 +10,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from calib.cli import guarded_main
+from calib.cli import StudyPaths, guarded_main
 from calib.report.build import build_report
 
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--store", default="results", help="result-store directory")
-    parser.add_argument("--out", default=None, help="report directory (default: <store>/report)")
+    parser.add_argument("--store", default="results", help="result-store directory or s3:// URI")
+    parser.add_argument("--out", default=None,
+                        help="report directory (default: <store>/report; ./results/report for a remote store)")
     parser.add_argument("--spread", default="ci", choices=["ci", "std"], help="± 95%% CI or ± std over seeds")
     args = parser.parse_args(argv)
-    store = Path(args.store).resolve()
-    out = Path(args.out).resolve() if args.out else store / "report"
+    paths = StudyPaths(args.store, None, ".")
+    store = paths.store
+    out = Path(args.out).resolve() if args.out else paths.outputs / "report"
     written = build_report(store, out, spread=args.spread)
     print(f"report: {out} ({sum(p.suffix == '.md' for p in written)} tables, "
           f"{sum(p.suffix == '.png' for p in written)} figures)")

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     require_datasets([dataset], paths.data_root, args.download)
     base = base_config(preset, study=study, dataset=dataset, seed=seed,
                        method={"name": space.base.get("method.name", "mac_cal")},
-                       data_root=str(paths.data_root), artifact_root=str(paths.artifacts),
+                       data_root=str(paths.data_root), artifact_root=paths.artifacts,
                        download=args.download, device=args.device)
     for key, value in space.base.items():
         base = set_dotted(base, key, value)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {row['trial_id']}  {scores} · test_ece {format_mean_ci(row['test_ece'], float('nan'))}% "
               f"· test_accuracy {format_mean_ci(row['test_accuracy'], float('nan'))}%  [{params}]")
     if len(trials) >= 2:
-        importances, files = importance_report(trials, space, args.objective[0], paths.store / "report", study)
+        importances, files = importance_report(trials, space, args.objective[0], paths.outputs / "report", study)
         print(f"\nfANOVA importance for {args.objective[0]}: "
               + ", ".join(f"{k} {v:.2f}" for k, v in importances.items()))
         print(f"importances and slice plot: {', '.join(str(f) for f in files)}")

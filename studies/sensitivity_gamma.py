@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     for dataset in datasets:
         for seed in seeds:
             common = {"preset": preset, "study": args.study, "dataset": dataset, "seed": seed,
-                      "data_root": str(paths.data_root), "artifact_root": str(paths.artifacts),
+                      "data_root": str(paths.data_root), "artifact_root": paths.artifacts,
                       "download": args.download, "device": args.device}
             configs.append({**base_config(method={"name": "vanilla"}, **common), "label": "vanilla", "label_rank": 0})
             configs += [{**base_config(method={"name": "mac_cal", "accuracy_weight": g}, **common),
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         print(to_markdown(table, ["method", "γ"], METRICS))
         v = summarize(vanilla, ["method"], ["test_ece"]) if not vanilla.empty else None
         mac_hist = history.merge(mac[["trial_id", "method_accuracy_weight"]], on="trial_id")
-        figure = paths.store / "figures" / f"{args.study}_{dataset}.png"
+        figure = paths.outputs / "figures" / f"{args.study}_{dataset}.png"
         plot_gamma_sensitivity(
             summarize(mac, ["method_accuracy_weight"], ["test_ece"]), mac_hist, figure,
             vanilla=None if v is None else (v["test_ece_mean"].iloc[0], v["test_ece_ci"].iloc[0]),
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"\nfigure: {figure}")
     print(f"\nstore: {paths.store} ({len(trials)} trials of this run; {run.skipped} were already there)")
-    print(f"load: python -c \"import pandas as pd; print(pd.read_parquet('{paths.store / 'trials'}'))\"")
+    print(f"load: python -c \"import pandas as pd; print(pd.read_parquet('{paths.store}/trials'))\"")
     return 0
 
 

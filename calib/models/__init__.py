@@ -14,11 +14,16 @@ from calib.models._base import CalibModel
 
 __all__ = [
     "MODELS",
+    "BasicBlock",
     "Bottleneck",
     "CalibModel",
     "CifarResNet",
+    "DenseBottleneck",
+    "DenseNet",
+    "DenseTransition",
     "ModelFactory",
     "SmallCNN",
+    "WideResNet",
     "create_model",
 ]
 
@@ -29,8 +34,10 @@ MODELS: Registry[ModelFactory] = Registry("architecture")
 """Architecture name → factory. Defined before the modules below import it to register."""
 
 # Importing the modules runs their registrations; they import MODELS from this package.
+from calib.models.densenet import DenseBottleneck, DenseNet, DenseTransition  # noqa: E402
 from calib.models.resnet import Bottleneck, CifarResNet  # noqa: E402
 from calib.models.small_cnn import SmallCNN  # noqa: E402
+from calib.models.wide_resnet import BasicBlock, WideResNet  # noqa: E402
 
 
 def create_model(name: str, num_classes: int, in_channels: int = 3) -> CalibModel:

@@ -6,6 +6,11 @@ A 3×3 stride-1 stem with 64 channels, BN, ReLU and no max-pool; four stages of 
 
 Note: FOCAL-R's "ResNet-110" is Bottleneck ×[3, 4, 26, 3], *not* He et al.'s CIFAR ResNet-110
 (3 stages × 18 BasicBlocks, widths 16/32/64, 64 features).
+
+``resnet50_tiny`` is FOCAL-R's Tiny-ImageNet ResNet-50 (``Net/resnet_tiny_imagenet.py``), for 64×64
+inputs: the same body, but average pooling to 2×2 (2048 · 4 = 8192 features) and He-normal
+convolution weights (normal with std sqrt(2 / (k² · out_channels)), i.e. ``kaiming_normal_`` with
+``mode="fan_out"``); BatchNorm and the head keep PyTorch's defaults, as there.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ __all__ = [
     "Bottleneck",
     "CifarResNet",
     "resnet50",
+    "resnet50_tiny",
     "resnet110",
 ]
 
@@ -70,13 +76,24 @@ class Bottleneck(nn.Module):
 class CifarResNet(CalibModel):
     """FOCAL-R CIFAR ResNet with Bottleneck blocks; ``blocks_per_stage`` gives the depth.
 
-    Features: global average pool of the last stage, 2048 values (adaptive pooling to 1×1, equal to
-    FOCAL-R's 4×4 average pool on 32×32 inputs and valid for other sizes).
+    Features: adaptive average pool of the last stage to ``pool_size × pool_size``, flattened, so
+    2048 · pool_size² values. ``pool_size=1`` (CIFAR) equals FOCAL-R's 4×4 average pool on 32×32
+    inputs; ``pool_size=2`` is its Tiny-ImageNet ``AdaptiveAvgPool2d(2)``. ``he_init=True`` draws the
+    convolution weights He-normal with fan-out (FOCAL-R's Tiny-ImageNet ResNets); otherwise PyTorch's
+    default initialisation (FOCAL-R's CIFAR ResNets).
     """
 
-    def __init__(self, blocks_per_stage: Sequence[int], num_classes: int, in_channels: int = 3) -> None:
+    def __init__(
+        self,
+        blocks_per_stage: Sequence[int],
+        num_classes: int,
+        in_channels: int = 3,
+        pool_size: int = 1,
+        he_init: bool = False,
+    ) -> None:
         check_positive_int("num_classes", num_classes)
         check_positive_int("in_channels", in_channels)
+        check_positive_int("pool_size", pool_size)
         if len(blocks_per_stage) != len(STAGE_WIDTHS):
             raise ValueError(
                 f"`blocks_per_stage` must have {len(STAGE_WIDTHS)} entries (one per stage), "
@@ -84,8 +101,9 @@ class CifarResNet(CalibModel):
             )
         for count in blocks_per_stage:
             check_positive_int("blocks_per_stage[i]", count)
-        super().__init__(num_features=STAGE_WIDTHS[-1] * Bottleneck.expansion, num_classes=num_classes)
+        super().__init__(num_features=STAGE_WIDTHS[-1] * Bottleneck.expansion * pool_size**2, num_classes=num_classes)
         self.blocks_per_stage = tuple(blocks_per_stage)
+        self.pool_size = pool_size
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, STEM_WIDTH, kernel_size=3, stride=1, padding=1, bias=False),
             nn.BatchNorm2d(STEM_WIDTH),
@@ -100,10 +118,14 @@ class CifarResNet(CalibModel):
                 in_planes = planes * Bottleneck.expansion
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.Sequential(*stages)
-        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.pool = nn.AdaptiveAvgPool2d(pool_size)
+        if he_init:
+            for module in self.modules():
+                if isinstance(module, nn.Conv2d):
+                    nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pooled features, shape (N, 2048)."""
+        """Pooled features, shape (N, 2048 · pool_size²), channel-major like FOCAL-R's ``view``."""
         return torch.flatten(self.pool(self.stages(self.stem(x))), 1)
 
 
@@ -117,3 +139,9 @@ def resnet110(num_classes: int, in_channels: int = 3) -> CifarResNet:
 def resnet50(num_classes: int, in_channels: int = 3) -> CifarResNet:
     """FOCAL-R CIFAR ResNet-50: Bottleneck ×[3, 4, 6, 3], 2048 features."""
     return CifarResNet([3, 4, 6, 3], num_classes=num_classes, in_channels=in_channels)
+
+
+@MODELS.register("resnet50_tiny")
+def resnet50_tiny(num_classes: int, in_channels: int = 3) -> CifarResNet:
+    """FOCAL-R Tiny-ImageNet ResNet-50 (64×64 inputs): Bottleneck ×[3, 4, 6, 3], 2×2 pool, 8192 features."""
+    return CifarResNet([3, 4, 6, 3], num_classes=num_classes, in_channels=in_channels, pool_size=2, he_init=True)

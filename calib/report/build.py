@@ -139,7 +139,7 @@ def cost_table(trials: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _study_figures(store: Path, study: str, dataset: str, trials: pd.DataFrame, out: Path) -> list[Path]:
+def _study_figures(store: str | os.PathLike, study: str, dataset: str, trials: pd.DataFrame, out: Path) -> list[Path]:
     written = []
     if study == "sensitivity_gamma":
         mac = trials[trials["method"] == "mac_cal"]
@@ -182,7 +182,7 @@ def build_report(
     log: Callable[[str], None] = print,
 ) -> list[Path]:
     """Write every table and figure the store supports into ``out``; returns the files written."""
-    store, out = Path(store), Path(out)
+    out = Path(out)
     trials = read_trials(store, filters=pads.field("status") == "ok")
     present = sorted(set(trials["study"].astype(str))) if not trials.empty else []
     written: list[Path] = []

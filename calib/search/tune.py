@@ -13,9 +13,9 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from calib import storage
 from calib._config import ConfigError
 from calib.artifacts import stage1_exists
 from calib.config import config_hash, parse_trial_config, set_dotted, stage1_identity
@@ -202,13 +202,13 @@ def _trial_dirname(trial: Any) -> str:
     return trial.trial_id
 
 
-def _run_config(store: Path, study: str, options: ExecutionOptions, callbacks: list) -> Any:
+def _run_config(store: str, study: str, options: ExecutionOptions, callbacks: list) -> Any:
     from ray import tune
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return tune.RunConfig(
         name=f"{study}-{stamp}",
-        storage_path=options.storage or str(store / "_ray"),
+        storage_path=options.storage or storage.join(store, "_ray"),
         verbose=0,
         callbacks=callbacks,
         failure_config=tune.FailureConfig(max_failures=0),
@@ -226,7 +226,7 @@ def run_grid(
     """Run every config (validated first) through Ray Tune, skipping those already stored as ok."""
     from ray import tune
 
-    store = Path(store).resolve()
+    store = storage.normalize(store)
     start = time.perf_counter()
     for config in configs:
         parse_trial_config(config)
@@ -240,7 +240,7 @@ def run_grid(
         return run
     init_ray(options.address)
     trainable = tune.with_resources(
-        tune.with_parameters(_grid_trainable, store=str(store)),
+        tune.with_parameters(_grid_trainable, store=store),
         lambda spec: _placement(options.resources(spec["trial"]["role"])),
     )
     callbacks = [_progress_callback(study, len(pending), objective)] if options.verbose else []
@@ -302,7 +302,7 @@ def run_search(
         if not name.startswith("val_"):
             raise ConfigError(f"Search objectives must be validation metrics (val_*), got {name!r}.")
         higher_is_better(name.removeprefix("val_"))
-    store = Path(store).resolve()
+    store = storage.normalize(store)
     start = time.perf_counter()
     # Validate the base config with every parameter at its first value, before Ray starts.
     probe = dict(base)
@@ -324,7 +324,7 @@ def run_search(
         return _placement(options.resources("cached" if stage1_exists(cfg) else "stage1"))
 
     trainable = tune.with_resources(
-        tune.with_parameters(_search_trainable, base=base, store=str(store)), resources)
+        tune.with_parameters(_search_trainable, base=base, store=store), resources)
     init_ray(options.address)
     callbacks = [_progress_callback(study, num_trials, objectives[0])] if options.verbose else []
     tuner = tune.Tuner(

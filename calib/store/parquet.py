@@ -5,8 +5,10 @@ Layout (hive-partitioned by study)::
     <store>/trials/study=<study>/<trial_id>.parquet    one row: the trial
     <store>/history/study=<study>/<trial_id>.parquet   one row per (stage, epoch)
 
-Each file is written to a hidden temporary name in the same directory, flushed, and renamed into
-place, so a reader never sees a partial file (pyarrow and pandas skip names starting with "." or "_").
+``<store>`` is a local directory or an object-store URI (``s3://bucket/prefix``, see
+:mod:`calib.storage`). A local file is written to a hidden temporary name in the same directory,
+flushed, and renamed into place, so a reader never sees a partial file (pyarrow and pandas skip names
+starting with "." or "_"); an object appears only once its upload completes.
 The history file is written before the trial file: a trial exists in the store once its trial file
 does. A trial whose status is ``ok`` is never rewritten; a ``failed`` one is replaced by its re-run.
 """
@@ -24,8 +26,10 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from calib import storage
 from calib.config import validate_study_name
 from calib.store.schema import history_schema, trial_schema
 from calib.trial import TrialResult
@@ -71,7 +75,13 @@ def _table(rows: Sequence[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist([{name: r.get(name) for name in schema.names} for r in rows], schema=schema)
 
 
-def _atomic_write(table: pa.Table, path: Path) -> None:
+def _atomic_write(table: pa.Table, location: str) -> None:
+    if storage.is_remote(location):
+        fs, path = storage.filesystem(location)
+        with fs.open_output_stream(path) as out:
+            pq.write_table(table, out)
+        return
+    path = Path(location)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
     try:
@@ -84,16 +94,16 @@ def _atomic_write(table: pa.Table, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _trial_path(store: Path, kind: str, study: str, trial_id: str) -> Path:
-    return store / kind / f"study={validate_study_name(study)}" / f"{trial_id}.parquet"
+def _trial_path(store: str, kind: str, study: str, trial_id: str) -> str:
+    return storage.join(store, kind, f"study={validate_study_name(study)}", f"{trial_id}.parquet")
 
 
-def write_result(store: str | os.PathLike, result: TrialResult, *, node_id: str | None = None) -> Path:
+def write_result(store: str | os.PathLike, result: TrialResult, *, node_id: str | None = None) -> str:
     """Write ``result`` into ``store`` (history first, then the trial row); returns the trial file.
 
     A trial already stored as ``ok`` is left untouched: the existing file is returned.
     """
-    store = Path(store)
+    store = storage.normalize(store)
     study = result.config.study
     path = _trial_path(store, "trials", study, result.trial_id)
     if result.trial_id in completed_trial_ids(store, study, trial_ids=[result.trial_id]):
@@ -105,13 +115,13 @@ def write_result(store: str | os.PathLike, result: TrialResult, *, node_id: str 
     return path
 
 
-def _read(store: Path, kind: str, schema: pa.Schema, study: str | Iterable[str] | None,
+def _read(store: str | os.PathLike, kind: str, schema: pa.Schema, study: str | Iterable[str] | None,
           filters: Any, columns: list[str] | None) -> pd.DataFrame:
-    root = store / kind
+    fs, root = storage.filesystem(storage.join(storage.normalize(store), kind))
     full = schema.append(pa.field("study", pa.string()))
-    if not root.exists():
+    if fs.get_file_info(root).type == pafs.FileType.NotFound:
         return full.empty_table().to_pandas() if columns is None else full.empty_table().select(columns).to_pandas()
-    dataset = pads.dataset(root, format="parquet", partitioning="hive", schema=full)
+    dataset = pads.dataset(root, filesystem=fs, format="parquet", partitioning="hive", schema=full)
     expression = pads.field("study").isin([study] if isinstance(study, str) else list(study)) \
         if study is not None else None
     if filters is not None:
@@ -131,7 +141,7 @@ def read_trials(
     >>> import pyarrow.dataset as ds                                            # doctest: +SKIP
     >>> read_trials("results", study="sensitivity_gamma", filters=ds.field("status") == "ok")
     """
-    return _read(Path(store), "trials", trial_schema(), study, filters, columns)
+    return _read(store, "trials", trial_schema(), study, filters, columns)
 
 
 def read_history(
@@ -142,7 +152,7 @@ def read_history(
     columns: list[str] | None = None,
 ) -> pd.DataFrame:
     """The ``history`` table (one row per trial, stage and epoch) as a DataFrame."""
-    return _read(Path(store), "history", history_schema(), study, filters, columns)
+    return _read(store, "history", history_schema(), study, filters, columns)
 
 
 def read_finished(store: str | os.PathLike, study: str, trial_ids: Iterable[str]) -> pd.DataFrame:

@@ -69,4 +69,4 @@ def test_unknown_name_lists_valid_names() -> None:
 
 
 def test_registered_names() -> None:
-    assert {"small_cnn", "resnet50", "resnet110"} <= set(MODELS.names())
+    assert {"small_cnn", "resnet50", "resnet110", "resnet50_tiny", "wrn26_10", "densenet121"} <= set(MODELS.names())

@@ -1,6 +1,7 @@
 """The Parquet store: typed schema, atomic one-file-per-trial writes, ok trials never rewritten."""
 
 import datetime as dt
+from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
@@ -50,7 +51,7 @@ def test_round_trip_with_pandas(results, tmp_path):
 
 
 def test_every_file_has_the_full_schema(results, tmp_path):
-    path = write_result(tmp_path, results[0])
+    path = Path(write_result(tmp_path, results[0]))
     assert [(f.name, f.type) for f in pq.read_schema(path)] == [(f.name, f.type) for f in trial_schema()]
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]
 
@@ -68,7 +69,7 @@ def test_reader_filters(results, tmp_path):
 
 
 def test_ok_trial_is_never_rewritten(results, tmp_path):
-    path = write_result(tmp_path, results[0])
+    path = Path(write_result(tmp_path, results[0]))
     stamp = path.stat().st_mtime_ns
     write_result(tmp_path, results[0])
     assert path.stat().st_mtime_ns == stamp

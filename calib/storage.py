@@ -1,0 +1,70 @@
+"""Where the result store and the Stage-I artifacts live: a local directory or an object-store URI.
+
+A location is a plain string: an absolute local path, or a URI that pyarrow's file systems open
+(``s3://bucket/prefix``; credentials, region and ``AWS_ENDPOINT_URL`` come from the usual AWS
+environment). Local writes go to a temporary name and are renamed into place; an object-store PUT is
+atomic by itself, so remote files are written under their final name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+__all__ = ["download", "exists", "filesystem", "is_remote", "join", "normalize", "upload"]
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    """True for a URI with a scheme other than ``file://`` (``s3://...``)."""
+    text = str(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def normalize(location: str | os.PathLike) -> str:
+    """A remote URI without its trailing slash, or the absolute form of a local path."""
+    text = str(location)
+    if is_remote(text):
+        return text.rstrip("/")
+    return str(Path(text.removeprefix("file://")).expanduser().resolve())
+
+
+def join(location: str, *parts: str) -> str:
+    """``location/part/...`` for URIs and paths alike."""
+    return "/".join([location.rstrip("/"), *parts])
+
+
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow file system of ``location`` and the path inside it."""
+    if is_remote(location):
+        return pafs.FileSystem.from_uri(location)
+    return pafs.LocalFileSystem(), normalize(location)
+
+
+def exists(location: str) -> bool:
+    """Whether a file or directory exists at ``location``."""
+    fs, path = filesystem(location)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def upload(local: Path, location: str) -> None:
+    """Copy the local file ``local`` to the remote ``location`` (one atomic PUT)."""
+    fs, path = filesystem(location)
+    with open(local, "rb") as source, fs.open_output_stream(path) as target:
+        shutil.copyfileobj(source, target, length=16 << 20)
+
+
+def download(location: str, local: Path) -> None:
+    """Copy the remote file ``location`` to ``local``, through a temporary name in the same directory."""
+    fs, path = filesystem(location)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with fs.open_input_stream(path) as source, open(tmp, "wb") as target:
+            shutil.copyfileobj(source, target, length=16 << 20)
+        os.replace(tmp, local)
+    finally:
+        tmp.unlink(missing_ok=True)
