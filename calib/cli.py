@@ -13,10 +13,20 @@ from calib._config import ConfigError
 from calib._registry import UnknownNameError
 from calib.config import Stage1Config
 from calib.datasets import DATASETS, DatasetNotFoundError
+from calib.models import MODELS
 from calib.presets import PRESETS, Preset
 from calib.search.tune import ExecutionOptions
 
-__all__ = ["StudyPaths", "add_common_args", "execution_options", "guarded_main", "require_datasets", "study_paths"]
+__all__ = [
+    "StudyPaths",
+    "add_common_args",
+    "execution_options",
+    "guarded_main",
+    "preset_of",
+    "require_datasets",
+    "study_paths",
+    "study_setups",
+]
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, study: str) -> None:
@@ -31,6 +41,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str) -> None:
     parser.add_argument("--download", action="store_true", help="download missing datasets into --data-root")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the preset's)")
     parser.add_argument("--datasets", nargs="+", default=None, help="datasets (default: the preset's)")
+    parser.add_argument("--archs", nargs="+", default=None,
+                        help="architectures, applied to every dataset (default: the preset's per dataset)")
     parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: the preset's)")
     parser.add_argument("--address", default=None,
                         help="Ray cluster to join ('auto' or host:port); default: start local Ray")
@@ -71,14 +83,29 @@ def study_paths(args: argparse.Namespace) -> StudyPaths:
 def preset_of(args: argparse.Namespace) -> Preset:
     """The chosen preset with ``--epochs`` / ``--stage2-epochs`` applied."""
     preset = PRESETS.get(args.preset)
-    stage1, stage2 = dict(preset.stage1), dict(preset.stage2)
-    if args.epochs is not None:
-        stage1["epochs"] = args.epochs
-        # Milestones past the last epoch never fire; drop them so a shortened run stays valid.
-        stage1["milestones"] = [m for m in stage1.get("milestones", Stage1Config.milestones) if m < args.epochs]
+    stage2 = dict(preset.stage2)
     if args.stage2_epochs is not None:
         stage2["epochs"] = args.stage2_epochs
-    return dataclasses.replace(preset, stage1=stage1, stage2=stage2)
+    if args.epochs is None:
+        return dataclasses.replace(preset, stage2=stage2)
+
+    def shortened(stage1: dict) -> dict:
+        # Milestones past the last epoch never fire; drop them so a shortened run stays valid.
+        milestones = [m for m in stage1.get("milestones", Stage1Config.milestones) if m < args.epochs]
+        return {**stage1, "epochs": args.epochs, "milestones": milestones}
+
+    return dataclasses.replace(
+        preset, stage1=shortened(preset.stage1), stage2=stage2,
+        dataset_stage1={d: shortened(preset.stage1_for(d)) for d in preset.dataset_stage1})
+
+
+def study_setups(args: argparse.Namespace, preset: Preset) -> list[tuple[str, str]]:
+    """The (dataset, architecture) pairs of a study run; unknown names fail before anything runs."""
+    setups = preset.setups(args.datasets, args.archs)
+    for dataset, arch in setups:
+        DATASETS.get(dataset)
+        MODELS.get(arch)
+    return setups
 
 
 def _resource(args: argparse.Namespace, preset: Preset, name: str, fallback: float | None) -> float | None:

@@ -7,6 +7,7 @@ method's config dataclass); studies vary them explicitly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +25,14 @@ class Preset:
     name: str
     description: str
     datasets: tuple[str, ...]
-    arch: str
+    archs: tuple[str, ...]
     seeds: tuple[int, ...]
     stage1: dict[str, Any] = field(default_factory=dict)
     stage2: dict[str, Any] = field(default_factory=dict)
+    dataset_archs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Architectures of a dataset that does not take ``archs`` (Tiny-ImageNet's own ResNet-50)."""
+    dataset_stage1: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Stage-I changes for one dataset (Tiny-ImageNet's 100-epoch schedule), over ``stage1``."""
     device: str = "auto"
     cpus_per_trial: float = 1.0
     gpus_per_trial: float = 0.0
@@ -35,12 +40,22 @@ class Preset:
     gpus_per_cached_trial: float | None = None
     num_workers: int | None = None
 
+    def setups(self, datasets: Sequence[str] | None = None, archs: Sequence[str] | None = None
+               ) -> list[tuple[str, str]]:
+        """(dataset, architecture) pairs a study runs: explicit ``archs`` apply to every dataset."""
+        return [(dataset, arch) for dataset in (datasets or self.datasets)
+                for arch in (archs or self.dataset_archs.get(dataset, self.archs))]
+
+    def stage1_for(self, dataset: str) -> dict[str, Any]:
+        """The Stage-I settings of ``dataset``: ``stage1`` with ``dataset_stage1[dataset]`` over it."""
+        return {**self.stage1, **self.dataset_stage1.get(dataset, {})}
+
 
 PRESETS.register("quick")(Preset(
     name="quick",
     description="digits with Gaussian input noise (σ=0.3), small CNN, 60 + 40 epochs, CPU, 5 seeds",
     datasets=("digits-noisy",),
-    arch="small_cnn",
+    archs=("small_cnn",),
     seeds=(1, 2, 3, 4, 5),
     stage1={"epochs": 60, "batch_size": 64, "milestones": [30, 45], "loss_reduction": "mean"},
     stage2={},
@@ -49,12 +64,16 @@ PRESETS.register("quick")(Preset(
 
 PRESETS.register("paper")(Preset(
     name="paper",
-    description="CIFAR-10/100, ResNet-110 (FOCAL-R), 350 epochs (×0.1 at 150, 250), batch 128, clip 2, sum "
-                "reduction; Stage II 40 epochs at lr 0.1; one GPU per trial (METHODS.md §7.2)",
-    datasets=("cifar10", "cifar100"),
-    arch="resnet110",
+    description="MaC-Cal Table 1's setups: CIFAR-10/100 × ResNet-50, ResNet-110 (FOCAL-R), WRN-26-10, DenseNet-121 "
+                "(350 epochs, ×0.1 at 150 and 250) and Tiny-ImageNet × ResNet-50 (100 epochs, ×0.1 at 40 and 60); "
+                "batch 128, clip 2, sum reduction; Stage II 40 epochs at lr 0.1; one GPU per Stage-I trial, "
+                "a quarter GPU per trial on a trained Stage I (METHODS.md §7.2-7.3)",
+    datasets=("cifar10", "cifar100", "tiny-imagenet"),
+    archs=("resnet50", "resnet110", "wrn26_10", "densenet121"),
+    dataset_archs={"tiny-imagenet": ("resnet50_tiny",)},
     seeds=(1,),
-    stage1={},  # the Stage1Config defaults are the paper's protocol
+    stage1={},  # the Stage1Config defaults are the paper's CIFAR protocol
+    dataset_stage1={"tiny-imagenet": {"epochs": 100, "milestones": [40, 60]}},
     stage2={},
     device="auto",
     cpus_per_trial=4.0,
@@ -71,13 +90,15 @@ def base_config(
     dataset: str,
     seed: int,
     method: dict[str, Any],
+    arch: str | None = None,
     data_root: str,
     artifact_root: str,
     download: bool = False,
     device: str | None = None,
     loss: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A plain trial-config dict for ``preset``; ``method`` is ``{"name": ..., **params}``.
+    """A plain trial-config dict for ``preset``; ``method`` is ``{"name": ..., **params}``; ``arch``
+    defaults to the dataset's first architecture.
 
     The preset's Stage-II settings apply to two-stage methods only (those with an ``epochs`` field).
     """
@@ -85,8 +106,8 @@ def base_config(
         "study": study,
         "seed": seed,
         "dataset": dataset,
-        "arch": preset.arch,
-        "stage1": dict(preset.stage1),
+        "arch": arch or preset.setups([dataset])[0][1],
+        "stage1": preset.stage1_for(dataset),
         "loss": dict(loss or {"name": "cross_entropy"}),
         "method": dict(method),
         "data_root": data_root,

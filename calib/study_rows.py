@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from calib.cli import execution_options, preset_of, require_datasets, study_paths
+from calib.cli import execution_options, preset_of, require_datasets, study_paths, study_setups
 from calib.presets import base_config
 from calib.report import summarize, to_markdown
 from calib.search import run_grid
@@ -65,41 +65,43 @@ def run_rows(
     rows: Mapping[str, Row],
     *,
     evaluation: Callable[[str], dict[str, Any]] | None = None,
-) -> tuple[pd.DataFrame, Any]:
-    """Run every (dataset, row, seed) trial; returns this run's ok trials with a ``row`` column
-    (ordered categorical) and the preset used. ``evaluation(dataset)`` adds evaluation keys to every
+) -> pd.DataFrame:
+    """Run every (dataset, architecture, row, seed) trial; returns this run's ok trials with a ``row``
+    column (ordered categorical). ``evaluation(dataset)`` adds evaluation keys to every
     trial of that dataset (``ood_datasets``, ``corruptions``); it runs before any trial starts, so it
     is also where a study checks or prepares its evaluation data."""
     preset = preset_of(args)
     paths = study_paths(args)
-    datasets = args.datasets or list(preset.datasets)
+    setups = study_setups(args, preset)
+    datasets = list(dict.fromkeys(dataset for dataset, _ in setups))
     seeds = args.seeds or list(preset.seeds)
     require_datasets(datasets, paths.data_root, args.download)
     extra = {d: evaluation(d) if evaluation else {} for d in datasets}
     configs = []
-    for dataset in datasets:
+    for dataset, arch in setups:
         for rank, (label, row) in enumerate(rows.items()):
             loss = {**row.loss, **DATASET_LOSS_DEFAULTS.get(dataset, {}).get(row.loss["name"], {})}
             for seed in seeds:
-                config = base_config(preset, study=args.study, dataset=dataset, seed=seed, method=dict(row.method),
+                config = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,
+                                     method=dict(row.method),
                                      loss=loss, data_root=str(paths.data_root), artifact_root=paths.artifacts,
                                      download=args.download, device=args.device)
                 config["stage1"].update(row.stage1)
                 configs.append({**config, "label": label, "label_rank": rank, **extra[dataset]})
     print(f"[{args.study}] preset {preset.name}: {preset.description}")
-    print(f"[{args.study}] {len(rows)} rows · datasets {datasets} · seeds {seeds} · store {paths.store}")
+    print(f"[{args.study}] {len(rows)} rows · setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} "
+          f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
     trials = read_finished(paths.store, args.study, run.trial_ids)
     trials["row"] = pd.Categorical(trials["label"], categories=list(rows), ordered=True)
     print(f"\n[{args.study}] store: {paths.store} ({len(trials)} ok trials of this run; "
           f"{run.skipped} were already there; {run.failed} failed)")
-    return trials, preset
+    return trials
 
 
-def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, arch: str,
-                     by: tuple[str, ...] = ("row",)) -> None:
-    """One Markdown table per dataset: mean ± 95% CI over seeds of ``metrics`` (fractions in percent)."""
-    for dataset, group in trials.groupby("dataset", observed=True):
+def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, by: tuple[str, ...] = ("row",)) -> None:
+    """One Markdown table per (dataset, architecture): mean ± 95% CI over seeds of ``metrics`` (in percent)."""
+    for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds "
               "(percent; NLL in nats and Brier as they are)\n")
         print(to_markdown(summarize(group, list(by), list(metrics)), list(by), metrics))

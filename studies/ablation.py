@@ -16,7 +16,15 @@ from pathlib import Path
 import pandas as pd
 
 from calib.ablation import MODES, load_ladder
-from calib.cli import add_common_args, execution_options, guarded_main, preset_of, require_datasets, study_paths
+from calib.cli import (
+    add_common_args,
+    execution_options,
+    guarded_main,
+    preset_of,
+    require_datasets,
+    study_paths,
+    study_setups,
+)
 from calib.presets import base_config, with_preset_stage2
 from calib.report import summarize, to_markdown
 from calib.search import run_grid
@@ -36,14 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     ladder = load_ladder(args.ladder)
     preset = preset_of(args)
     paths = study_paths(args)
-    datasets = args.datasets or list(preset.datasets)
+    setups = study_setups(args, preset)
     seeds = args.seeds or list(preset.seeds)
-    require_datasets(datasets, paths.data_root, args.download)
+    require_datasets(list(dict.fromkeys(d for d, _ in setups)), paths.data_root, args.download)
 
     configs, order = [], []
-    for dataset in datasets:
+    for dataset, arch in setups:
         for seed in seeds:
-            base = base_config(preset, study=args.study, dataset=dataset, seed=seed, method={"name": "vanilla"},
+            base = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,
+                               method={"name": "vanilla"},
                                data_root=str(paths.data_root), artifact_root=paths.artifacts,
                                download=args.download, device=args.device)
             steps, skipped = ladder.steps(base, args.mode)
@@ -63,13 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{args.study}] no finished trial in the store: see the errors above")
         return 1
     trials["step"] = pd.Categorical(trials["label"], categories=order, ordered=True)
-    for dataset, group in trials.groupby("dataset", observed=True):
+    for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         table = summarize(group, ["step"], list(METRICS))
         reference = table["test_ece_mean"].shift(1) if args.mode == "incremental" else table["test_ece_mean"].iloc[0]
         delta = 100 * (table["test_ece_mean"] - reference)
         table["step"] = [f"{s} (Δ ECE {d:+.2f})" if pd.notna(d) and i > 0 else str(s)
                          for i, (s, d) in enumerate(zip(table["step"], delta, strict=True))]
-        print(f"\n{dataset} · {preset.arch} · test split · mean ± 95% CI over seeds (percent)\n")
+        print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds (percent)\n")
         print(to_markdown(table, ["step"], METRICS))
     print(f"\nstore: {paths.store} ({len(trials)} trials of this run; {run.skipped} were already there)")
     return 0

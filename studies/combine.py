@@ -42,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--losses", nargs="+", default=list(STAGE1), choices=list(STAGE1), metavar="LOSS",
                         help=f"Stage-I rows, from: {', '.join(STAGE1)}")
     args = parser.parse_args(argv)
-    trials, preset = run_rows(args, rows(args.losses))
+    trials = run_rows(args, rows(args.losses))
     if trials.empty:
         return 1
-    print_row_tables(trials, METRICS, arch=preset.arch)
+    print_row_tables(trials, METRICS)
     return 0
 
 

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=list(METHOD_ROWS), metavar="ROW",
                         help=f"rows to run, from: {', '.join(METHOD_ROWS)}")
     args = parser.parse_args(argv)
-    trials, preset = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods},
+    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods},
                               evaluation=evaluation_for(args))
     if trials.empty:
         return 1
@@ -61,16 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     for i, severity in enumerate(SEVERITIES):
         trials[f"corrupted_ece_s{severity}"] = trials["corrupted_ece_by_severity"].map(lambda v, i=i: v[i])
         metrics[f"corrupted_ece_s{severity}"] = f"ECE s{severity}"
-    print_row_tables(trials, {**metrics, "corrupted_accuracy": "Acc (all)", "test_ece": "ECE clean"},
-                     arch=preset.arch)
-    long = pd.DataFrame([{"row": row, "dataset": d, "severity": s, "ece": eces[s - 1]}
-                         for row, d, eces in zip(trials["row"], trials["dataset"], trials["corrupted_ece_by_severity"],
-                                                 strict=True) for s in SEVERITIES])
-    for dataset, group in long.groupby("dataset"):
-        figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}.png"
+    print_row_tables(trials, {**metrics, "corrupted_accuracy": "Acc (all)", "test_ece": "ECE clean"})
+    long = pd.DataFrame([{"row": row, "dataset": d, "arch": a, "severity": s, "ece": eces[s - 1]}
+                         for row, d, a, eces in zip(trials["row"], trials["dataset"], trials["arch"],
+                                                    trials["corrupted_ece_by_severity"], strict=True)
+                         for s in SEVERITIES])
+    for (dataset, arch), group in long.groupby(["dataset", "arch"]):
+        figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}_{arch}.png"
         plot_metric_against(summarize(group, ["row", "severity"], ["ece"]), "severity", "ece", "row", figure,
                             xlabel="corruption severity", ylabel="ECE (%), mean over corruptions",
-                            title=f"corruptions · {dataset} · {preset.arch}")
+                            title=f"corruptions · {dataset} · {arch}")
         print(f"figure: {figure}")
     return 0
 

@@ -19,15 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common_args(parser, study="compare_methods")
     args = parser.parse_args(argv)
-    trials, preset = run_rows(args, METHOD_ROWS)
+    trials = run_rows(args, METHOD_ROWS)
     if trials.empty:
         return 1
     trials["method_total_seconds"] = trials["stage1_train_seconds"] + trials["method_seconds"]
-    for dataset, group in trials.groupby("dataset", observed=True):
+    for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         means = group.groupby("row", observed=True)[
             ["stage1_train_seconds", "method_seconds", "method_total_seconds"]].mean()
         vanilla = means["method_total_seconds"].iloc[0]
-        print(f"\n{dataset} · {preset.arch} · wall seconds, mean over seeds · hosts {sorted(set(group['host']))}\n")
+        print(f"\n{dataset} · {arch} · wall seconds, mean over seeds · hosts {sorted(set(group['host']))}\n")
         print("| method | Stage I (s) | method (s) | total (s) | × vanilla |\n|---|---|---|---|---|")
         for row, r in means.iterrows():
             print(f"| {row} | {r['stage1_train_seconds']:.1f} | {r['method_seconds']:.2f} | "

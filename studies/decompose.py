@@ -28,10 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common_args(parser, study="decompose")
     args = parser.parse_args(argv)
-    trials, preset = run_rows(args, ROWS)
+    trials = run_rows(args, ROWS)
     if trials.empty:
         return 1
-    print_row_tables(trials, METRICS, arch=preset.arch)
+    print_row_tables(trials, METRICS)
     return 0
 
 

@@ -32,17 +32,17 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(parser, study="mixup_alpha")
     parser.add_argument("--alphas", type=float, nargs="+", default=list(DEFAULT_ALPHAS), help="Beta(α, α) values")
     args = parser.parse_args(argv)
-    trials, preset = run_rows(args, rows(args.alphas))
+    trials = run_rows(args, rows(args.alphas))
     if trials.empty:
         return 1
-    print_row_tables(trials, METRICS, arch=preset.arch)
+    print_row_tables(trials, METRICS)
     trials["family"] = trials["row"].astype(str).str.split(" α=").str[0]
     trials["alpha"] = trials["stage1_mixup_alpha"].fillna(trials["stage1_mit_alpha"])
-    for dataset, group in trials.groupby("dataset", observed=True):
-        figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}.png"
+    for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
+        figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}_{arch}.png"
         plot_metric_against(summarize(group, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece", "family",
                             figure, xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
-                            title=f"Mixup α · {dataset} · {preset.arch}")
+                            title=f"Mixup α · {dataset} · {arch}")
         print(f"figure: {figure}")
     return 0
 

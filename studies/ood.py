@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                 OOD_SETS.get(name).require(str(study_paths(args).data_root))
         return {"ood_datasets": list(names)}
 
-    trials, preset = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, evaluation=evaluation)
+    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, evaluation=evaluation)
     if trials.empty:
         return 1
     metrics = {"ood_auroc": "AUROC (mean)", "ood_fpr95": "FPR95 (mean)"}
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, name in enumerate(names):
         trials[f"ood_auroc_{name}"] = trials["ood_auroc_per_dataset"].map(lambda values, i=i: values[i])
         metrics[f"ood_auroc_{name}"] = f"AUROC {name}"
-    print_row_tables(trials, {**metrics, "test_accuracy": "Acc", "test_ece": "ECE"}, arch=preset.arch)
+    print_row_tables(trials, {**metrics, "test_accuracy": "Acc", "test_ece": "ECE"})
     return 0
 
 

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from calib.cli import add_common_args, execution_options, guarded_main, preset_of, require_datasets, study_paths
+from calib.cli import (
+    add_common_args,
+    execution_options,
+    guarded_main,
+    preset_of,
+    require_datasets,
+    study_paths,
+    study_setups,
+)
 from calib.config import set_dotted
 from calib.metrics import higher_is_better
 from calib.presets import base_config
@@ -48,17 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     study = args.study or f"search_{Path(args.space).stem}"
     preset = preset_of(args)
     paths = study_paths(args)
-    dataset = (args.datasets or list(preset.datasets))[0]
+    dataset, arch = study_setups(args, preset)[0]
     seed = (args.seeds or list(preset.seeds))[0]
     require_datasets([dataset], paths.data_root, args.download)
-    base = base_config(preset, study=study, dataset=dataset, seed=seed,
+    base = base_config(preset, study=study, dataset=dataset, arch=arch, seed=seed,
                        method={"name": space.base.get("method.name", "mac_cal")},
                        data_root=str(paths.data_root), artifact_root=paths.artifacts,
                        download=args.download, device=args.device)
     for key, value in space.base.items():
         base = set_dotted(base, key, value)
     print(f"[{study}] {args.num_trials} trials · sampler {args.sampler} · objective {args.objective} · "
-          f"{dataset} seed {seed} · store {paths.store}")
+          f"{dataset}/{arch} seed {seed} · store {paths.store}")
     run = run_search(base, space, store=paths.store, study=study, num_trials=args.num_trials,
                      objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
                      options=execution_options(args, preset))

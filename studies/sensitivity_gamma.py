@@ -12,7 +12,15 @@ import argparse
 import pandas as pd
 import pyarrow.dataset as pads
 
-from calib.cli import add_common_args, execution_options, guarded_main, preset_of, require_datasets, study_paths
+from calib.cli import (
+    add_common_args,
+    execution_options,
+    guarded_main,
+    preset_of,
+    require_datasets,
+    study_paths,
+    study_setups,
+)
 from calib.presets import base_config
 from calib.report import summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
@@ -31,14 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     preset = preset_of(args)
     paths = study_paths(args)
-    datasets = args.datasets or list(preset.datasets)
+    setups = study_setups(args, preset)
     seeds = args.seeds or list(preset.seeds)
-    require_datasets(datasets, paths.data_root, args.download)
+    require_datasets(list(dict.fromkeys(d for d, _ in setups)), paths.data_root, args.download)
 
     configs = []
-    for dataset in datasets:
+    for dataset, arch in setups:
         for seed in seeds:
-            common = {"preset": preset, "study": args.study, "dataset": dataset, "seed": seed,
+            common = {"preset": preset, "study": args.study, "dataset": dataset, "arch": arch, "seed": seed,
                       "data_root": str(paths.data_root), "artifact_root": paths.artifacts,
                       "download": args.download, "device": args.device}
             configs.append({**base_config(method={"name": "vanilla"}, **common), "label": "vanilla", "label_rank": 0})
@@ -46,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                          "label": f"MaC-Cal γ={g:g}", "label_rank": rank}
                         for rank, g in enumerate(sorted(args.gammas), start=1)]
     print(f"[{args.study}] preset {preset.name}: {preset.description}")
-    print(f"[{args.study}] datasets {datasets} · seeds {seeds} · γ {args.gammas} · store {paths.store}")
+    print(f"[{args.study}] setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} · γ {args.gammas} "
+          f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
 
     trials = read_finished(paths.store, args.study, run.trial_ids)
@@ -55,22 +64,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     in_run = pads.field("trial_id").isin(list(trials["trial_id"]))
     history = read_history(paths.store, study=args.study, filters=in_run & (pads.field("stage") == "stage2"))
-    for dataset, by_dataset in trials.groupby("dataset", observed=True):
+    for (dataset, arch), by_dataset in trials.groupby(["dataset", "arch"], observed=True):
         vanilla = by_dataset[by_dataset["method"] == "vanilla"]
         mac = by_dataset[by_dataset["method"] == "mac_cal"]
         parts = [summarize(vanilla, ["method"], list(METRICS)).assign(γ="–")] if not vanilla.empty else []
         parts.append(summarize(mac, ["method", "method_accuracy_weight"], list(METRICS))
                      .rename(columns={"method_accuracy_weight": "γ"}))
         table = pd.concat(parts, ignore_index=True)
-        print(f"\n{dataset} · {preset.arch} · mean ± 95% CI over {len(seeds)} seeds (test split)\n")
+        print(f"\n{dataset} · {arch} · mean ± 95% CI over {len(seeds)} seeds (test split)\n")
         print(to_markdown(table, ["method", "γ"], METRICS))
         v = summarize(vanilla, ["method"], ["test_ece"]) if not vanilla.empty else None
         mac_hist = history.merge(mac[["trial_id", "method_accuracy_weight"]], on="trial_id")
-        figure = paths.outputs / "figures" / f"{args.study}_{dataset}.png"
+        figure = paths.outputs / "figures" / f"{args.study}_{dataset}_{arch}.png"
         plot_gamma_sensitivity(
             summarize(mac, ["method_accuracy_weight"], ["test_ece"]), mac_hist, figure,
             vanilla=None if v is None else (v["test_ece_mean"].iloc[0], v["test_ece_ci"].iloc[0]),
-            title=f"MaC-Cal γ sensitivity · {dataset} · {preset.arch}",
+            title=f"MaC-Cal γ sensitivity · {dataset} · {arch}",
         )
         print(f"\nfigure: {figure}")
     print(f"\nstore: {paths.store} ({len(trials)} trials of this run; {run.skipped} were already there)")

@@ -1,7 +1,7 @@
 """The report: every table and figure regenerated from whatever the store holds.
 
 Tables (Markdown and LaTeX, mean ± 95% CI or ± std over seeds, the best mean of each metric in bold)
-go to ``<out>/tables/<study>_<dataset>.{md,tex}``; figures (reliability diagrams with per-bin counts,
+go to ``<out>/tables/<study>_<dataset>_<arch>.{md,tex}``; figures (reliability diagrams with per-bin counts,
 and each study's own figure) to ``<out>/figures/``. Rows are the studies' labels in their order.
 Tables depend only on the stored rows, so regenerating them from the same store gives the same bytes.
 """
@@ -139,8 +139,11 @@ def cost_table(trials: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _study_figures(store: str | os.PathLike, study: str, dataset: str, trials: pd.DataFrame, out: Path) -> list[Path]:
+def _study_figures(store: str | os.PathLike, study: str, dataset: str, arch: str, trials: pd.DataFrame,
+                   out: Path) -> list[Path]:
+    """The study's own figure for one (dataset, architecture)."""
     written = []
+    setup, name = f"{dataset}_{arch}", f"{dataset} · {arch}"
     if study == "sensitivity_gamma":
         mac = trials[trials["method"] == "mac_cal"]
         vanilla = summarize(trials[trials["method"] == "vanilla"], ["method"], ["test_ece"])
@@ -148,16 +151,16 @@ def _study_figures(store: str | os.PathLike, study: str, dataset: str, trials: p
                                & (pads.field("stage") == "stage2"))
         history = history.merge(mac[["trial_id", "method_accuracy_weight"]], on="trial_id")
         written.append(figures.plot_gamma_sensitivity(
-            summarize(mac, ["method_accuracy_weight"], ["test_ece"]), history, out / f"{study}_{dataset}_gamma.png",
+            summarize(mac, ["method_accuracy_weight"], ["test_ece"]), history, out / f"{study}_{setup}_gamma.png",
             vanilla=None if vanilla.empty else (vanilla["test_ece_mean"].iloc[0], vanilla["test_ece_ci"].iloc[0]),
-            title=f"γ sensitivity · {dataset}"))
+            title=f"γ sensitivity · {name}"))
     elif study == "mixup_alpha":
         frame = trials.assign(family=trials["label"].str.split(" α=").str[0],
                               alpha=trials["stage1_mixup_alpha"].fillna(trials["stage1_mit_alpha"]))
         written.append(figures.plot_metric_against(
             summarize(frame, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece", "family",
-            out / f"{study}_{dataset}_alpha.png", xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
-            title=f"Mixup α · {dataset}"))
+            out / f"{study}_{setup}_alpha.png", xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
+            title=f"Mixup α · {name}"))
     elif study == "corruption":
         long = pd.DataFrame([{"label": label, "severity": s + 1, "ece": v}
                              for label, values in zip(trials["label"], trials["corrupted_ece_by_severity"], strict=True)
@@ -165,12 +168,12 @@ def _study_figures(store: str | os.PathLike, study: str, dataset: str, trials: p
         if not long.empty:
             written.append(figures.plot_metric_against(
                 summarize(long, ["label", "severity"], ["ece"]), "severity", "ece", "label",
-                out / f"{study}_{dataset}_severity.png", xlabel="corruption severity",
-                ylabel="ECE (%), mean over corruptions", title=f"corruptions · {dataset}"))
+                out / f"{study}_{setup}_severity.png", xlabel="corruption severity",
+                ylabel="ECE (%), mean over corruptions", title=f"corruptions · {name}"))
     elif study == "ablation":
         written.append(figures.plot_bars(_ordered_summary(trials, SHORT), "label", "test_ece",
-                                         out / f"{study}_{dataset}_bars.png", ylabel="test ECE (%)",
-                                         title=f"ablation · {dataset}"))
+                                         out / f"{study}_{setup}_bars.png", ylabel="test ECE (%)",
+                                         title=f"ablation · {name}"))
     return written
 
 
@@ -192,28 +195,30 @@ def build_report(
         if rows.empty:
             log(f"skipped {study}: not in the store (run: python {script} --store {store})")
             continue
-        for dataset, group in rows.groupby("dataset", observed=True, sort=True):
+        for (dataset, arch), group in rows.groupby(["dataset", "arch"], observed=True, sort=True):
             group = _labelled(group)
             table = _ordered_summary(group, metrics)
-            caption = (f"{study} · {dataset} · {', '.join(sorted(set(group['arch'])))} · test split · "
+            setup = f"{dataset}_{arch}"
+            caption = (f"{study} · {dataset} · {arch} · test split · "
                        f"mean ± {'95% CI' if spread == 'ci' else 'std'} over seeds; fractions in percent")
-            base = out / "tables" / f"{study}_{dataset}"
+            base = out / "tables" / f"{study}_{setup}"
             base.parent.mkdir(parents=True, exist_ok=True)
-            published = _published_column(table, str(dataset), sorted(set(group["arch"])))
+            published = _published_column(table, str(dataset), [str(arch)])
             for suffix, text in ((".md", f"{caption}\n\n" + markdown_table(table, metrics, spread, published)),
                                  (".tex", latex_table(table, metrics, spread, caption, published))):
                 path = base.with_suffix(suffix)
                 path.write_text(text)
                 written.append(path)
             if study == "compare_methods":
-                path = out / "tables" / f"cost_{dataset}.md"
+                path = out / "tables" / f"cost_{setup}.md"
                 hosts = ", ".join(sorted(set(group["host"])))
                 path.write_text(f"wall seconds per method, mean over seeds · hosts {hosts}\n\n{cost_table(group)}")
                 written.append(path)
             bins = _pooled_bins(group)
             if not bins.empty:
-                written.append(figures.plot_reliability(bins, out / "figures" / f"{study}_{dataset}_reliability.png",
-                                                        title=f"{study} · {dataset} (test, pooled over seeds)"))
-            written += _study_figures(store, study, dataset, group, out / "figures")
-            log(f"{study} · {dataset}: {len(table)} rows, {len(group)} trials")
+                written.append(figures.plot_reliability(
+                    bins, out / "figures" / f"{study}_{setup}_reliability.png",
+                    title=f"{study} · {dataset} · {arch} (test, pooled over seeds)"))
+            written += _study_figures(store, study, str(dataset), str(arch), group, out / "figures")
+            log(f"{study} · {dataset} · {arch}: {len(table)} rows, {len(group)} trials")
     return written

@@ -41,7 +41,10 @@ def test_no_published_column_off_the_papers_setups():
 def test_published_values_are_table1():
     assert published_ece("cifar100", "resnet110", "MaC-Cal") == 1.44  # the headline 17.85 → 1.44
     assert published_ece("cifar100", "resnet110", "Vanilla (CE)") == 17.85
-    assert len(PUBLISHED_ECE) == 4
+    assert len(PUBLISHED_ECE) == 9  # every column of Table 1
+    assert published_ece("cifar10", "densenet121", "MaC-Cal") == 1.05
+    assert published_ece("tiny-imagenet", "resnet50_tiny", "MbLS") == 10.17
+    assert published_ece("cifar100", "wrn26_10", "V-TST") == 4.39
 
 
 def test_directions():

@@ -104,4 +104,4 @@ def test_study_writes_store_artifacts_and_tune_state_to_s3(s3, tmp_path):
     assert trials["stage1_cache_hit"].sum() == 1
     assert any(k.endswith("/record.json") for k in keys("calib/artifacts/stage1/"))
     assert keys("calib/_ray/"), "Ray Tune's experiment state goes to --storage"
-    assert (tmp_path / "results" / "figures" / "sensitivity_gamma_digits-noisy.png").exists()
+    assert (tmp_path / "results" / "figures" / "sensitivity_gamma_digits-noisy_small_cnn.png").exists()

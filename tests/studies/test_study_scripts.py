@@ -38,7 +38,7 @@ def test_gamma_study_trains_stage1_once_per_seed_and_resumes(tmp_path):
     first = run_script("sensitivity_gamma.py", *args)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "| mac_cal | 0.9 | 2 |" in first.stdout and "| vanilla | – | 2 |" in first.stdout
-    assert (store / "figures" / "sensitivity_gamma_digits-noisy.png").read_bytes()[:4] == b"\x89PNG"
+    assert (store / "figures" / "sensitivity_gamma_digits-noisy_small_cnn.png").read_bytes()[:4] == b"\x89PNG"
 
     df = pd.read_parquet(store / "trials")
     assert len(df) == 2 * (1 + 3) and df["trial_id"].is_unique and (df["status"] == "ok").all()
@@ -169,7 +169,7 @@ def test_row_studies_run_into_the_store(tmp_path):
     mixup = run_script("mixup_alpha.py", "--store", str(store), "--seeds", "1", "--alphas", "0.2", "1.0", *TINY)
     assert mixup.returncode == 0, mixup.stderr[-3000:]
     assert "| Mixup+MaC-Cal α=0.2 | 1 |" in mixup.stdout
-    assert (store / "figures" / "mixup_alpha_digits-noisy.png").exists()
+    assert (store / "figures" / "mixup_alpha_digits-noisy_small_cnn.png").exists()
     df = pd.read_parquet(store / "trials")
     by_study = df.groupby(df["study"].astype(str)).size().to_dict()
     assert by_study == {"combine": 4, "decompose": 7, "mixup_alpha": 6}
@@ -205,15 +205,17 @@ def test_report_regenerates_tables_byte_for_byte(tmp_path):
     assert f"skipped combine: not in the store (run: python studies/combine.py --store {store})" in first.stdout
     report = store / "report"
     tables = {p.name: p.read_bytes() for p in sorted((report / "tables").iterdir())}
-    assert set(tables) == {"ablation_digits-noisy.md", "ablation_digits-noisy.tex",
-                           "sensitivity_gamma_digits-noisy.md", "sensitivity_gamma_digits-noisy.tex"}
-    md = tables["sensitivity_gamma_digits-noisy.md"].decode()
+    assert set(tables) == {"ablation_digits-noisy_small_cnn.md", "ablation_digits-noisy_small_cnn.tex",
+                           "sensitivity_gamma_digits-noisy_small_cnn.md",
+                           "sensitivity_gamma_digits-noisy_small_cnn.tex"}
+    md = tables["sensitivity_gamma_digits-noisy_small_cnn.md"].decode()
     assert [line.split(" | ")[0] for line in md.splitlines()[4:]] == ["| vanilla", "| MaC-Cal γ=0.9", "| MaC-Cal γ=1"]
     assert md.count("**") == 2 * 4, "one bold best per metric column"
-    assert r"\textbf{" in tables["ablation_digits-noisy.tex"].decode()
+    assert r"\textbf{" in tables["ablation_digits-noisy_small_cnn.tex"].decode()
     figures = sorted(p.name for p in (report / "figures").iterdir())
-    assert figures == ["ablation_digits-noisy_bars.png", "ablation_digits-noisy_reliability.png",
-                       "sensitivity_gamma_digits-noisy_gamma.png", "sensitivity_gamma_digits-noisy_reliability.png"]
+    setup = "digits-noisy_small_cnn"
+    assert figures == [f"ablation_{setup}_bars.png", f"ablation_{setup}_reliability.png",
+                       f"sensitivity_gamma_{setup}_gamma.png", f"sensitivity_gamma_{setup}_reliability.png"]
 
     import shutil
 
@@ -242,6 +244,6 @@ def test_corruption_study_generates_digits_c(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| row | n | ECE s1 | ECE s2 | ECE s3 | ECE s4 | ECE s5 | Acc (all) | ECE clean |" in out.stdout
     assert len(list((data / "digits-C").glob("*.npy"))) == 11
-    assert (store / "figures" / "corruption_digits-noisy.png").exists()
+    assert (store / "figures" / "corruption_digits-noisy_small_cnn.png").exists()
     df = pd.read_parquet(store / "trials")
     assert df["corrupted_ece_by_severity"].map(len).eq(5).all()

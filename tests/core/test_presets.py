@@ -1,0 +1,71 @@
+"""The presets: the paper preset is MaC-Cal Table 1's grid with the seeds' protocols (METHODS.md §7.2-7.3)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from calib._config import ConfigError
+from calib._registry import UnknownNameError
+from calib.cli import add_common_args, execution_options, preset_of, study_setups
+from calib.config import parse_trial_config
+from calib.presets import PRESETS, base_config
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_common_args(parser, study="t")
+    return parser.parse_args(list(argv))
+
+
+PAPER_SETUPS = [(d, a) for d in ("cifar10", "cifar100") for a in ("resnet50", "resnet110", "wrn26_10", "densenet121")]
+
+
+def test_paper_preset_is_table1s_grid():
+    assert PRESETS.get("paper").setups() == [*PAPER_SETUPS, ("tiny-imagenet", "resnet50_tiny")]
+    assert PRESETS.get("quick").setups() == [("digits-noisy", "small_cnn")]
+
+
+@pytest.mark.parametrize("dataset, arch", [*PAPER_SETUPS, ("tiny-imagenet", "resnet50_tiny")])
+def test_paper_configs_follow_the_protocol(dataset, arch, tmp_path):
+    preset = PRESETS.get("paper")
+    cfg = parse_trial_config(base_config(preset, study="t", dataset=dataset, arch=arch, seed=1,
+                                         method={"name": "mac_cal"}, data_root=str(tmp_path),
+                                         artifact_root=str(tmp_path / "a")))
+    s1 = cfg.stage1
+    assert (s1.lr, s1.momentum, s1.weight_decay, s1.batch_size, s1.grad_clip, s1.loss_reduction) == \
+        (0.1, 0.9, 5e-4, 128, 2.0, "sum")
+    if dataset == "tiny-imagenet":
+        assert (s1.epochs, s1.milestones) == (100, (40, 60))  # §7.3
+    else:
+        assert (s1.epochs, s1.milestones) == (350, (150, 250))  # §7.2
+    assert (cfg.method.params.epochs, cfg.method.params.lr) == (40, 0.1)  # Stage II
+    assert cfg.arch == arch and cfg.num_workers is None  # workers sized from the trial's CPUs
+
+
+def test_explicit_archs_apply_to_every_dataset():
+    preset = preset_of(parse("--preset", "paper", "--datasets", "cifar10", "tiny-imagenet", "--archs", "resnet110"))
+    assert study_setups(parse("--preset", "paper", "--datasets", "cifar10", "tiny-imagenet", "--archs", "resnet110"),
+                        preset) == [("cifar10", "resnet110"), ("tiny-imagenet", "resnet110")]
+    with pytest.raises(UnknownNameError, match="resnet51"):
+        study_setups(parse("--archs", "resnet51"), PRESETS.get("quick"))
+
+
+def test_epochs_flag_shortens_every_dataset_schedule():
+    preset = preset_of(parse("--preset", "paper", "--epochs", "50"))
+    assert preset.stage1_for("cifar10") == {"epochs": 50, "milestones": []}
+    assert preset.stage1_for("tiny-imagenet") == {"epochs": 50, "milestones": [40]}
+
+
+def test_resources_whole_gpus_for_stage1_and_shares_for_the_rest():
+    paper = execution_options(parse("--preset", "paper"), preset_of(parse("--preset", "paper")))
+    assert paper.resources("stage1") == {"CPU": 4.0, "GPU": 1.0}
+    assert paper.resources("cached") == {"CPU": 2.0, "GPU": 0.25}
+    args = parse("--preset", "paper", "--gpus-per-cached-trial", "0.5", "--cpus-per-trial", "8")
+    custom = execution_options(args, preset_of(args))
+    assert custom.resources("stage1") == {"CPU": 8.0, "GPU": 1.0} and custom.resources("cached")["GPU"] == 0.5
+    quick = execution_options(parse(), preset_of(parse()))
+    assert quick.resources("stage1") == quick.resources("cached") == {"CPU": 1.0, "GPU": 0.0}
+    with pytest.raises(ConfigError, match="--gpus-per-cached-trial"):
+        execution_options(parse("--gpus-per-cached-trial", "-1"), preset_of(parse()))
