@@ -9,6 +9,8 @@ converts lists to tuples, so a typo in a search-space file or on the command lin
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import os
 import types
 from collections.abc import Mapping
@@ -23,10 +25,10 @@ class ConfigError(ValueError):
     """A config value is unknown, of the wrong type or out of range; the message names key and value."""
 
 
-def check(condition: bool, key: str, value: Any, rule: str) -> None:
-    """Raise :class:`ConfigError` ``"`key` must <rule>, got key=value."`` unless ``condition``."""
+def check(condition: bool, key: str, value: Any, rule: str, hint: str = "") -> None:
+    """Raise :class:`ConfigError` ``"`key` must <rule>, got key=value. <hint>"`` unless ``condition``."""
     if not condition:
-        raise ConfigError(f"`{key}` must {rule}, got {key}={value!r}.")
+        raise ConfigError(f"`{key}` must {rule}, got {key}={value!r}." + (f" {hint}" if hint else ""))
 
 
 def field_types(cls: type) -> dict[str, Any]:
@@ -79,6 +81,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"`{key}` must be a number, got {key}={value!r}.")
+        if not math.isfinite(value):
+            raise ConfigError(f"`{key}` must be a finite number, got {key}={value!r}.")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -95,13 +99,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def from_dict(cls: type[C], data: Mapping[str, Any], *, prefix: str = "") -> C:
     """Build ``cls`` from ``data``; unknown keys, wrong types and bad ranges raise :class:`ConfigError`."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"`{prefix.rstrip('.') or cls.__name__}` must be a mapping of {cls.__name__} fields, "
+                          f"got {data!r}.")
     types_ = field_types(cls)
-    unknown = sorted(set(data) - set(types_))
+    unknown = sorted(set(data) - set(types_), key=str)
     if unknown:
+        close = [prefix + c for k in unknown for c in difflib.get_close_matches(str(k), types_, n=1)]
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        valid = f"Valid keys: {', '.join(prefix + k for k in types_)}." if types_ else f"{cls.__name__} has no keys."
         raise ConfigError(
             f"Unknown key{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(repr(prefix + k) for k in unknown)} for {cls.__name__}. "
-            f"Valid keys: {', '.join(prefix + k for k in types_)}."
+            f"{', '.join(repr(f'{prefix}{k}') for k in unknown)} for {cls.__name__}. {valid}{hint}"
         )
     kwargs = {k: _coerce(v, types_[k], prefix + k) for k, v in data.items()}
     try:
@@ -117,7 +126,11 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, prefix: str = "") -> C:
 
 
 def load_yaml(path: str | os.PathLike, what: str) -> Any:
-    """The parsed YAML file ``path``; a missing file or invalid YAML is a :class:`ConfigError` naming it."""
+    """The parsed YAML file ``path``; a missing file or invalid YAML is a :class:`ConfigError` naming it.
+
+    ``what`` names the kind of file in messages ("Search space", "Ladder"); a YAML syntax error becomes
+    one line: the file, where the parser stopped and what it expected.
+    """
     import yaml
 
     try:
@@ -125,5 +138,16 @@ def load_yaml(path: str | os.PathLike, what: str) -> Any:
             return yaml.safe_load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{what} file not found: {os.fspath(path)!r}.") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} file expected, got the directory {os.fspath(path)!r}.") from None
+    except OSError as err:
+        raise ConfigError(f"{what} file {os.fspath(path)!r} cannot be read: {err.strerror or err}.") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{os.fspath(path)}: not a text (UTF-8) file: {err.reason} at byte {err.start}; "
+                          f"a {what.lower()} file is YAML text.") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{os.fspath(path)}: not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{os.fspath(path)}: not valid YAML: {problem}{where}. Fix the syntax there (indentation, "
+                          f"a missing `:` or an unclosed quote or bracket).") from None

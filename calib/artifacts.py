@@ -199,10 +199,13 @@ def get_or_train_stage1(
     device: torch.device,
     *,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> tuple[Stage1Artifact, bool]:
     """The Stage-I artifact of ``cfg``, trained now only if no trial has stored it yet.
 
     Returns ``(artifact, cache_hit)``; ``cache_hit`` is False exactly when this call trained Stage I.
+    ``on_checkpoint`` / ``resume`` are passed to :func:`calib.training.train_stage1` when it trains.
     """
     identity = stage1_identity(cfg)
     stage1_id = config_hash(identity)
@@ -217,7 +220,7 @@ def get_or_train_stage1(
         if remote is not None and storage.exists(storage.join(remote, "record.json")):
             _fetch(remote, final)
             return _load(final, stage1_id, remote), True
-        _train_and_write(cfg, identity, final, device, on_epoch)
+        _train_and_write(cfg, identity, final, device, on_epoch, on_checkpoint, resume)
         if remote is not None:
             _publish(final, remote)
     return _load(final, stage1_id, remote), False
@@ -229,9 +232,11 @@ def _train_and_write(
     final: Path,
     device: torch.device,
     on_epoch: Callable[[dict[str, Any]], None] | None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None,
+    resume: dict[str, Any] | None,
 ) -> None:
     data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download, cifar100_test_norm=cfg.cifar100_test_norm)
-    trained = train_stage1(cfg, data, device, on_epoch=on_epoch)
+    trained = train_stage1(cfg, data, device, on_epoch=on_epoch, on_checkpoint=on_checkpoint, resume=resume)
     cache: dict[str, torch.Tensor] = {}
     metrics: dict[str, float] = {}
     for split, dataset in (("train", data.train_eval), ("val", data.val), ("test", data.test)):
@@ -250,6 +255,7 @@ def _train_and_write(
         "train_seconds": trained.train_seconds,
         "images_per_second": trained.images_per_second,
         "checkpoint_epoch": trained.best_epoch,
+        "resumed_from_epoch": None if resume is None else int(resume["epoch"]),
         "device": describe_device(device),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "writer": f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",

@@ -54,6 +54,10 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str) -> None:
     parser.add_argument("--gpus-per-cached-trial", type=float, default=None,
                         help="GPUs of a trial whose Stage I is already trained, fractions allowed "
                              "(default: the preset's)")
+    parser.add_argument("--max-failures", type=int, default=0,
+                        help="retries of a failed trial; a trial training Stage I resumes from its last checkpoint")
+    parser.add_argument("--checkpoint-every", type=int, default=None,
+                        help="Stage-I epochs between checkpoints (default: the preset's)")
     parser.add_argument("--storage", default=None,
                         help="Ray Tune's experiment storage, a path or s3:// URI (default: <store>/_ray)")
     parser.add_argument("--max-concurrent", type=int, default=None, help="cap on trials running at once")
@@ -121,7 +125,11 @@ def _resource(args: argparse.Namespace, preset: Preset, name: str, fallback: flo
 
 
 def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOptions:
-    """Ray address, resources (flags over the preset) and storage of a study run."""
+    """Ray address, resources (flags over the preset), retries and storage of a study run."""
+    if args.max_failures < 0:
+        raise ConfigError(f"`--max-failures` must be >= 0 (retries of a failed trial), got {args.max_failures}.")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ConfigError(f"`--checkpoint-every` must be >= 1 (Stage-I epochs), got {args.checkpoint_every}.")
     cpus = _resource(args, preset, "cpus_per_trial", None)
     gpus = _resource(args, preset, "gpus_per_trial", None)
     return ExecutionOptions(
@@ -129,6 +137,8 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         cpus_per_cached_trial=_resource(args, preset, "cpus_per_cached_trial", cpus),
         gpus_per_cached_trial=_resource(args, preset, "gpus_per_cached_trial", gpus),
         max_concurrent=args.max_concurrent, storage=args.storage,
+        max_failures=args.max_failures,
+        checkpoint_every=preset.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every,
     )
 
 

@@ -85,7 +85,8 @@ class Stage1Config:
     amp: Literal["off", "bf16", "fp16"] = "off"
 
     def __post_init__(self) -> None:
-        check(self.epochs >= 1, "stage1.epochs", self.epochs, "be an integer >= 1")
+        check(self.epochs >= 1, "stage1.epochs", self.epochs, "be an integer >= 1",
+              "It is the number of Stage-I training epochs, which a study's --epochs sets.")
         check(self.batch_size >= 1, "stage1.batch_size", self.batch_size, "be an integer >= 1")
         check(self.lr > 0, "stage1.lr", self.lr, "be > 0")
         check(0 <= self.momentum < 1, "stage1.momentum", self.momentum, "be in [0, 1)")
@@ -102,7 +103,10 @@ class Stage1Config:
         check(self.mit_alpha is None or self.mit_alpha > 0, "stage1.mit_alpha", self.mit_alpha,
               "be > 0, or null to train without MIT")
         if self.mixup_alpha is not None and self.mit_alpha is not None:
-            raise ConfigError("`stage1.mixup_alpha` and `stage1.mit_alpha` exclude each other: pick Mixup or MIT.")
+            raise ConfigError(
+                "`stage1.mixup_alpha` and `stage1.mit_alpha` exclude each other: pick Mixup or MIT and set the "
+                f"other to null, got stage1.mixup_alpha={self.mixup_alpha!r}, stage1.mit_alpha={self.mit_alpha!r}."
+            )
 
 
 @dataclass(frozen=True)
@@ -197,10 +201,17 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     """Validate a plain trial-config dict; any bad key or value raises ``ConfigError``/``KeyError``."""
     if isinstance(data, TrialConfig):
         return data
-    unknown = sorted(set(data) - _TOP_LEVEL)
+    import difflib
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"A trial config must be a mapping of trial config keys, got {data!r}.")
+    unknown = sorted(set(data) - _TOP_LEVEL, key=str)
     if unknown:
+        close = [c for k in unknown for c in difflib.get_close_matches(str(k), _TOP_LEVEL, n=1)]
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise ConfigError(
             f"Unknown trial config key(s) {', '.join(map(repr, unknown))}. Valid keys: {', '.join(sorted(_TOP_LEVEL))}."
+            f"{hint}"
         )
     missing = sorted(k for k in ("study", "seed", "dataset", "arch", "method", "data_root", "artifact_root")
                      if k not in data)
@@ -222,6 +233,7 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     fields["loss"] = _component(LOSSES, data.get("loss", "cross_entropy"), "loss")
     fields["method"] = _component(METHODS, data["method"], "method")
     cfg = from_dict(TrialConfig, fields)
+    check(cfg.seed >= 0, "seed", cfg.seed, "be an integer >= 0 (it seeds torch and numpy)")
     check(cfg.num_bins >= 1, "num_bins", cfg.num_bins, "be an integer >= 1")
     check(cfg.num_workers is None or cfg.num_workers >= 0, "num_workers", cfg.num_workers,
           "be an integer >= 0, or null to size the DataLoader workers from the trial's CPUs")
@@ -236,8 +248,8 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
         compatible = OOD_SETS.get(name).compatible
         check(cfg.dataset in compatible, "ood_datasets", cfg.ood_datasets,
               f"hold OOD sets in the input format of {cfg.dataset!r}; {name!r} fits {', '.join(compatible)}")
-    check(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device,
-          "be 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    check(cfg.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", cfg.device) is not None, "device",
+          cfg.device, "be 'auto', 'cpu', 'cuda' or 'cuda:N' (N a GPU index)")
     return cfg
 
 

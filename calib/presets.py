@@ -39,6 +39,8 @@ class Preset:
     cpus_per_cached_trial: float | None = None
     gpus_per_cached_trial: float | None = None
     num_workers: int | None = None
+    checkpoint_every: int = 1
+    """Stage-I epochs between the checkpoints a retried trial resumes from."""
 
     def setups(self, datasets: Sequence[str] | None = None, archs: Sequence[str] | None = None
                ) -> list[tuple[str, str]]:
@@ -80,6 +82,7 @@ PRESETS.register("paper")(Preset(
     gpus_per_trial=1.0,
     cpus_per_cached_trial=2.0,
     gpus_per_cached_trial=0.25,
+    checkpoint_every=10,
 ))
 
 

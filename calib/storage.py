@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-__all__ = ["download", "exists", "filesystem", "is_remote", "join", "normalize", "upload"]
+__all__ = ["check_writable", "download", "exists", "filesystem", "is_remote", "join", "normalize", "upload"]
 
 
 def is_remote(location: str | os.PathLike) -> bool:
@@ -68,3 +68,36 @@ def download(location: str, local: Path) -> None:
         os.replace(tmp, local)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_writable(location: str) -> None:
+    """Raise ``ConfigError`` unless files can be written under ``location``; leaves nothing behind.
+
+    Locally a probe file is written (creating missing directories) and removed with the directories it
+    created; remotely a probe object is put and deleted.
+    """
+    from calib._config import ConfigError
+
+    probe_name = f".calib-write-probe-{uuid.uuid4().hex}"
+    try:
+        if is_remote(location):
+            fs, path = filesystem(location)
+            with fs.open_output_stream(f"{path}/{probe_name}") as out:
+                out.write(b"probe")
+            fs.delete_file(f"{path}/{probe_name}")
+            return
+        root = Path(normalize(location))
+        created = [p for p in (root, *root.parents) if not p.exists()]
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / probe_name).write_bytes(b"probe")
+            (root / probe_name).unlink()
+        finally:
+            for directory in created:  # deepest first
+                if directory.exists():
+                    directory.rmdir()
+    except OSError as err:
+        raise ConfigError(
+            f"The result store {location} is not writable ({err.strerror or err}). Pass --store a directory "
+            f"you can write to (it is created if missing), or an s3:// URI your credentials can write."
+        ) from None

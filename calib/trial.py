@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from calib import progress
 from calib._versions import run_environment
 from calib.artifacts import corrupted_split, get_or_train_stage1, ood_split
 from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity, trial_identity
@@ -58,17 +59,22 @@ class TrialResult:
     finished_at: dt.datetime | None = None
     device: str | None = None
     stage1_device: str | None = None
+    stage1_resumed_from_epoch: int | None = None
+    failed_stage: str | None = None
+    failed_epoch: int | None = None
     environment: dict[str, str | None] = field(default_factory=run_environment)
 
     @classmethod
     def failed(cls, config: TrialConfig, error: BaseException, started_at: dt.datetime) -> TrialResult:
-        """A ``failed`` result carrying the exception and its traceback's last frames."""
+        """A ``failed`` result carrying the exception, its traceback's last frames, and the (stage, epoch)
+        the trial had reached (:mod:`calib.training.progress`)."""
         text = "".join(traceback.format_exception_only(type(error), error)).strip()
         frames = "".join(traceback.format_tb(error.__traceback__)[-3:])
+        stage, epoch = progress.last() or (None, None)
         return cls(
             config=config, trial_id=trial_id(config), stage1_id=config_hash(stage1_identity(config)),
             status="failed", error=f"{text}\n{frames}", started_at=started_at,
-            finished_at=dt.datetime.now(dt.timezone.utc),
+            finished_at=dt.datetime.now(dt.timezone.utc), failed_stage=stage, failed_epoch=epoch,
         )
 
 
@@ -119,19 +125,26 @@ def run_trial(
     config: dict[str, Any] | TrialConfig,
     *,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> TrialResult:
     """Validate ``config``, get (or train) its Stage-I artifact, run its method, evaluate val and test.
 
-    ``on_epoch`` receives every Stage-I history row while Stage I trains (progress reporting).
+    ``on_epoch`` receives every Stage-I history row while Stage I trains (progress reporting);
+    ``on_checkpoint`` the Stage-I training state after every epoch, which ``resume`` continues from
+    (see :func:`calib.training.train_stage1`). Both apply only when this trial trains Stage I.
     """
+    progress.reset()
     cfg = parse_trial_config(config)
     started_at = dt.datetime.now(dt.timezone.utc)
     start = time.perf_counter()
     device = resolve_device(cfg.device)
-    artifact, cache_hit = get_or_train_stage1(cfg, device, on_epoch=on_epoch)
+    artifact, cache_hit = get_or_train_stage1(cfg, device, on_epoch=on_epoch, on_checkpoint=on_checkpoint,
+                                              resume=resume)
     loaded = time.perf_counter()
 
     seed_everything(cfg.seed)
+    progress.record("stage2", 0)  # the method's own loop refines the epoch
     outcome = METHODS.get(cfg.method.name)(cfg.method.params, artifact, seed=cfg.seed, device=device)
     method_done = time.perf_counter()
 
@@ -172,6 +185,7 @@ def run_trial(
             "stage1_images_per_second": float(artifact.record.get("images_per_second", 0.0)),
         },
         stage1_device=str(artifact.record.get("device")),
+        stage1_resumed_from_epoch=None if cache_hit else artifact.record.get("resumed_from_epoch"),
         started_at=started_at,
         finished_at=dt.datetime.now(dt.timezone.utc),
         device=describe_device(device),

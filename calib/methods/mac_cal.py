@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch.nn import functional as F
 
+from calib import progress
 from calib._config import ConfigError, check
 from calib.methods._base import MethodOutcome, MethodSpec
 from calib.methods._registry import METHODS
@@ -88,15 +89,20 @@ class MacCalConfig:
     inference_weights: Literal["expected", "full", "last_mask"] = "expected"
 
     def __post_init__(self) -> None:
-        check(self.epochs >= 1, "epochs", self.epochs, "be an integer >= 1")
+        check(self.epochs >= 1, "epochs", self.epochs, "be an integer >= 1",
+              "It is T, the number of Stage-II epochs, which a study's --stage2-epochs sets.")
         check(self.lr > 0, "lr", self.lr, "be > 0")
         check(0 <= self.momentum < 1, "momentum", self.momentum, "be in [0, 1)")
         check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "be >= 0")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "be an integer >= 1")
         check(self.bottleneck_width >= 1, "bottleneck_width", self.bottleneck_width, "be an integer >= 1")
         check(0 < self.retention_init <= 1, "retention_init", self.retention_init, "be in (0, 1] (it is q_0)")
-        check(0 < self.retention_min <= self.retention_init, "retention_min", self.retention_min,
-              f"be in (0, retention_init={self.retention_init}]")
+        if self.adaptive_retention == "none":  # q_t stays q_0: the floor q_min is never used
+            check(0 < self.retention_min <= 1, "retention_min", self.retention_min, "be in (0, 1] (it is q_min)")
+        else:
+            check(0 < self.retention_min <= self.retention_init, "retention_min", self.retention_min,
+                  f"be in (0, retention_init] = (0, {self.retention_init}] (it is q_min, the floor of q_t, "
+                  f"which starts at q_0 = retention_init)")
         check(self.accuracy_weight > 0, "accuracy_weight", self.accuracy_weight, "be > 0 (it is γ)")
         check(self.clip_init >= 0, "clip_init", self.clip_init, "be >= 0 (it is θ_0)")
         check(self.clip_decay >= 0, "clip_decay", self.clip_decay, "be >= 0 (it is β)")
@@ -218,6 +224,7 @@ def fit_mac_cal(
     q = params.retention_init
     fitted = FittedMacCal(head, params, None, q)
     for epoch in range(params.epochs):
+        progress.record("stage2", epoch)
         head.train()
         masks = sample_weight_masks(head, q, generator) if params.masked_forward else None
         scale = fitted._train_scale(q) if params.masked_forward else 1.0

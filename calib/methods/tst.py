@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from calib import progress
 from calib._config import check
 from calib.methods._base import MethodOutcome, MethodSpec
 from calib.methods._registry import METHODS
@@ -73,7 +74,8 @@ class TSTConfig:
     checkpoint: Literal["last", "best_val_loss"] = "last"
 
     def __post_init__(self) -> None:
-        check(self.epochs >= 1, "epochs", self.epochs, "be an integer >= 1")
+        check(self.epochs >= 1, "epochs", self.epochs, "be an integer >= 1",
+              "It is the number of Stage-II epochs, which a study's --stage2-epochs sets.")
         check(self.optimizer in ("sgd", "adam"), "optimizer", self.optimizer, "be one of 'sgd', 'adam'")
         check(self.lr > 0, "lr", self.lr, "be > 0")
         check(0 <= self.momentum < 1, "momentum", self.momentum, "be in [0, 1)")
@@ -201,6 +203,7 @@ def train_stage_two_head(
     best_loss, best_state = math.inf, None
     n = features.shape[0]
     for epoch in range(params.epochs):
+        progress.record("stage2", epoch)
         head.train()
         sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss·B, correct, confidence, summed on device
         for idx in torch.randperm(n, generator=generator).split(params.batch_size):

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from calib import progress
 from calib._config import check
 from calib.methods._base import MethodOutcome, MethodSpec
 from calib.methods._registry import METHODS
@@ -173,6 +174,7 @@ class SMART(PostHocCalibrator):
         self.loss_history, self.best_epoch, self.best_loss = [], None, math.inf
         best_state, epochs_without_improvement = None, 0
         for epoch in range(self.max_epochs):
+            progress.record("stage2", epoch)
             loss = self.fit_loss(z, correct)
             value = loss.item()
             if not math.isfinite(value):

@@ -16,18 +16,29 @@ Distributions: ``uniform`` (low, high), ``loguniform`` (low > 0, high), ``int`` 
 optional ``log``, optional ``step``), ``categorical`` (choices), ``grid`` (values: every value is
 run; with an Optuna sampler a grid parameter is sampled as categorical, with ``--sampler grid`` the
 whole space must be grid/categorical and is enumerated).
+
+Parsing also checks every parameter against the trial config it addresses, before anything runs: the
+key must be a field of that config section, and each end of a range and every choice must be a valid
+value there (``method.retention_init`` with ``high: 1.5`` is an error naming the file, the parameter
+and the allowed range). ``method.*`` keys address the method that ``base`` names (``method.name`` or
+``method: {name: ...}``), else :data:`DEFAULT_METHOD`, as ``studies/search.py`` does.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from calib._config import ConfigError, load_yaml
+from calib._config import ConfigError, _coerce, field_types, from_dict, load_yaml
+from calib._registry import UnknownNameError
 
-__all__ = ["Distribution", "SearchSpace", "load_search_space", "parse_search_space"]
+__all__ = ["DEFAULT_METHOD", "Distribution", "SearchSpace", "load_search_space", "parse_search_space"]
+
+DEFAULT_METHOD = "mac_cal"
+"""The method a space's ``method.*`` keys address when its ``base`` names none (``studies/search.py``'s)."""
 
 _REQUIRED = {
     "uniform": {"low", "high"},
@@ -46,6 +57,19 @@ class Distribution:
     key: str
     kind: str
     spec: dict[str, Any]
+
+    def probe_values(self) -> list[tuple[str, Any]]:
+        """``(where, value)`` for every value a sampler can reach at the edge: both ends of a range
+        (an int range's top is the last step), every choice of a categorical or grid."""
+        s = self.spec
+        if self.kind in ("categorical", "grid"):
+            name = "choice" if self.kind == "categorical" else "value"
+            return [(f"{name} {v!r}", v) for v in s["choices" if self.kind == "categorical" else "values"]]
+        high = s["high"]
+        if self.kind == "int":
+            step = int(s.get("step", 1))
+            high = s["low"] + (s["high"] - s["low"]) // step * step
+        return [(f"low={s['low']!r}", s["low"]), (f"high={high!r}", high)]
 
     def to_optuna(self) -> Any:
         import optuna.distributions as od
@@ -88,6 +112,20 @@ class SearchSpace:
     def optuna_space(self) -> dict[str, Any]:
         return {k: d.to_optuna() for k, d in self.parameters.items()}
 
+    def probes(self) -> list[tuple[str | None, str, dict[str, Any]]]:
+        """Assignments of every parameter (dotted key -> value) that reach each end of every range and
+        every choice: first all parameters at their first value (low, first choice), then one
+        assignment per other value of one parameter, the others at their first. Each comes as
+        ``(parameter, where, assignment)``; the first has parameter ``None``.
+
+        A trial config validated with each of these (``parse_trial_config``) shows, before anything
+        runs, that no sampled value is out of range."""
+        first = {k: d.probe_values()[0][1] for k, d in self.parameters.items()}
+        out: list[tuple[str | None, str, dict[str, Any]]] = [(None, "every parameter at its first value", first)]
+        for key, dist in self.parameters.items():
+            out += [(key, where, {**first, key: value}) for where, value in dist.probe_values()[1:]]
+        return out
+
     def is_finite(self) -> bool:
         return all(d.kind in ("grid", "categorical") for d in self.parameters.values())
 
@@ -100,9 +138,90 @@ class SearchSpace:
         return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
 
 
-def _check_number(source: str, key: str, name: str, value: Any) -> None:
+def _check_number(source: str, key: str, name: str, value: Any, *, integer: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{source}: parameter `{key}`: `{name}` must be a number, got {name}={value!r}.")
+    if not math.isfinite(value):
+        raise ConfigError(f"{source}: parameter `{key}`: `{name}` must be a finite number, got {name}={value!r}.")
+    if integer and not isinstance(value, int):
+        raise ConfigError(f"{source}: parameter `{key}` (int): `{name}` must be an integer, got {name}={value!r}.")
+
+
+def _section_of(config: dict[str, Any], section: str, registry: Any) -> tuple[type, dict[str, Any]]:
+    data = config.get(section)
+    if isinstance(data, str):
+        data = {"name": data}
+    if not isinstance(data, dict) or "name" not in data:
+        raise ConfigError(f"`{section}` must be a mapping with a `name` key, got {section}={data!r}.")
+    params = dict(data)
+    name = params.pop("name")
+    return registry.get(name).config, params
+
+
+def _check_config(config: dict[str, Any]) -> None:
+    """The parts of a trial config a search space sets: known keys, types and ranges of each section.
+
+    Placement and the dataset-dependent checks of :func:`calib.config.parse_trial_config` are left to
+    the study, which validates its complete trial configs before Ray starts."""
+    from calib.config import Stage1Config, TrialConfig
+    from calib.datasets import DATASETS
+    from calib.losses import LOSSES
+    from calib.methods import METHODS
+    from calib.models import MODELS
+
+    top = field_types(TrialConfig)
+    unknown = sorted(set(config) - set(top), key=str)
+    if unknown:
+        import difflib
+
+        close = [c for k in unknown for c in difflib.get_close_matches(str(k), top, n=1)]
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise ConfigError(f"Unknown trial config key(s) {', '.join(map(repr, unknown))}. "
+                          f"Valid keys: {', '.join(sorted(top))}.{hint}")
+    from_dict(Stage1Config, config.get("stage1", {}), prefix="stage1.")
+    for section, registry in (("loss", LOSSES), ("method", METHODS)):
+        cls, params = _section_of(config, section, registry)
+        from_dict(cls, params, prefix=f"{section}.")
+    for key, value in config.items():
+        if key not in ("stage1", "loss", "method"):
+            value = _coerce(value, top[key], key)
+            if key == "dataset":
+                DATASETS.get(value)
+            elif key == "arch":
+                MODELS.get(value)
+            elif key == "seed" and value < 0:
+                raise ConfigError(f"`seed` must be an integer >= 0, got seed={value!r}.")
+            elif key == "num_bins" and value < 1:
+                raise ConfigError(f"`num_bins` must be an integer >= 1, got num_bins={value!r}.")
+
+
+def _check_against_config(space: SearchSpace, source: str) -> None:
+    """Every probe of ``space`` (:meth:`SearchSpace.probes`) over its ``base`` is a valid config."""
+    from calib.config import set_dotted
+
+    config: dict[str, Any] = {"stage1": {}, "loss": {"name": "cross_entropy"}, "method": {"name": DEFAULT_METHOD}}
+    try:
+        for key, value in space.base.items():
+            if not isinstance(key, str) or not key:
+                raise ConfigError(f"`base` keys must be dotted trial-config keys, got {key!r}.")
+            config = set_dotted(config, key, value)
+        _check_config(config)
+    except (ConfigError, UnknownNameError) as err:
+        raise ConfigError(f"{source}: `base`: {err}") from None
+    for parameter, where, assignment in space.probes():
+        probe = config
+        try:
+            for key, value in assignment.items():
+                probe = set_dotted(probe, key, value)
+            _check_config(probe)
+        except (ConfigError, UnknownNameError) as err:
+            if parameter is None:  # blame the parameter the message names, if any
+                named = [k for k in space.parameters if f"`{k}`" in str(err) or f"'{k}'" in str(err)]
+                if len(named) == 1:
+                    parameter, where = named[0], space.parameters[named[0]].probe_values()[0][0]
+            what = f"parameter `{parameter}` ({space.parameters[parameter].kind}, at {where})" \
+                if parameter is not None else f"with {where}"
+            raise ConfigError(f"{source}: {what}: {err}") from None
 
 
 def parse_search_space(data: Any, *, source: str = "<search space>") -> SearchSpace:
@@ -117,6 +236,9 @@ def parse_search_space(data: Any, *, source: str = "<search space>") -> SearchSp
         raise ConfigError(f"{source}: `parameters` must be a non-empty mapping of dotted keys to distributions.")
     parsed = {}
     for key, spec in params.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"{source}: parameter names must be dotted trial-config keys such as "
+                              f"`method.accuracy_weight`, got {key!r}.")
         if not isinstance(spec, dict) or "distribution" not in spec:
             raise ConfigError(f"{source}: parameter `{key}` must be a mapping with a `distribution` key, got {spec!r}.")
         spec = dict(spec)
@@ -135,22 +257,37 @@ def parse_search_space(data: Any, *, source: str = "<search space>") -> SearchSp
                 f"missing {sorted(missing)}, unexpected {sorted(extra)}."
             )
         if kind in ("uniform", "loguniform", "int"):
-            _check_number(source, key, "low", spec["low"])
-            _check_number(source, key, "high", spec["high"])
+            _check_number(source, key, "low", spec["low"], integer=kind == "int")
+            _check_number(source, key, "high", spec["high"], integer=kind == "int")
             if not spec["low"] < spec["high"]:
                 raise ConfigError(f"{source}: parameter `{key}`: `low < high` must hold, got low={spec['low']}, "
                                   f"high={spec['high']}.")
             if kind == "loguniform" and spec["low"] <= 0:
                 raise ConfigError(f"{source}: parameter `{key}`: loguniform needs low > 0, got low={spec['low']}.")
+            if kind == "int":
+                step, log = spec.get("step", 1), spec.get("log", False)
+                if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+                    raise ConfigError(f"{source}: parameter `{key}` (int): `step` must be an integer >= 1, "
+                                      f"got step={step!r}.")
+                if not isinstance(log, bool):
+                    raise ConfigError(f"{source}: parameter `{key}` (int): `log` must be true or false, "
+                                      f"got log={log!r}.")
+                if log and (spec["low"] < 1 or step != 1):
+                    raise ConfigError(f"{source}: parameter `{key}` (int, log: true): a log scale needs low >= 1 "
+                                      f"and no `step`, got low={spec['low']}, step={step}.")
         else:
-            values = spec.get("values", spec.get("choices"))
+            name = "values" if kind == "grid" else "choices"
+            values = spec[name]
             if not isinstance(values, list) or not values:
-                raise ConfigError(f"{source}: parameter `{key}` ({kind}) needs a non-empty list, got {values!r}.")
+                raise ConfigError(f"{source}: parameter `{key}` ({kind}) needs a non-empty list of {name}, "
+                                  f"got {name}={values!r}.")
         parsed[key] = Distribution(key, kind, spec)
     base = data.get("base") or {}
     if not isinstance(base, dict):
         raise ConfigError(f"{source}: `base` must be a mapping of dotted keys to values, got {base!r}.")
-    return SearchSpace(parsed, base, str(data.get("description", "")))
+    space = SearchSpace(parsed, base, str(data.get("description", "")))
+    _check_against_config(space, source)
+    return space
 
 
 def load_search_space(path: str | os.PathLike) -> SearchSpace:

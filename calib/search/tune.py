@@ -10,9 +10,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import socket
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from calib import storage
@@ -22,12 +25,15 @@ from calib.config import config_hash, parse_trial_config, set_dotted, stage1_ide
 from calib.metrics import higher_is_better
 from calib.search.space import SearchSpace
 from calib.store import completed_trial_ids, write_result
+from calib.store.manifest import check_manifest, manifest_of, record_manifest
 from calib.trial import TrialResult, run_trial, trial_id
 
 __all__ = ["ExecutionOptions", "StudyRun", "init_ray", "run_grid", "run_search"]
 
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "60")
+# Stage-I checkpoints are reported mid-trial without the search objective, which exists only at the end.
+os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,9 @@ class ExecutionOptions:
     cluster); a trial whose Stage-I artifact another trial provides (Stage II, post-hoc, evaluation on
     cached features) requests the lighter ``*_per_cached_trial`` share (fractions allowed, so several
     share one GPU); ``None`` means the same as a Stage-I trial.
+
+    A failed trial is retried up to ``max_failures`` times; a retry of a trial that was training
+    Stage I resumes from its last checkpoint, taken every ``checkpoint_every`` Stage-I epochs.
     """
 
     address: str | None = None
@@ -47,6 +56,8 @@ class ExecutionOptions:
     gpus_per_cached_trial: float | None = None
     max_concurrent: int | None = None
     storage: str | None = None
+    max_failures: int = 0
+    checkpoint_every: int = 1
     verbose: bool = True
 
     def resources(self, role: str) -> dict[str, float]:
@@ -68,20 +79,76 @@ class StudyRun:
     seconds: float = 0.0
 
 
+def check_address(address: str | None) -> None:
+    """Fail fast with a ``ConfigError`` on an ``--address`` that is malformed or where nothing listens
+    (Ray itself would retry for minutes). ``None`` (local Ray) and ``"auto"`` pass; ``"auto"`` is
+    checked when Ray connects."""
+    if address is None or address == "auto":
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"`--address` must be 'auto', HOST:PORT or ray://HOST:PORT of a running Ray cluster (the head's GCS "
+            f"port, 6379 by default), got --address={address!r}. Leave it out to start Ray on this machine."
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise ConfigError(
+            f"Nothing answers at --address={address!r} ({err.strerror or err}): no Ray cluster listens there. "
+            f"Start one (`ray start --head`, or `ray up cluster.yaml`), pass the head's address, or leave "
+            f"--address out to start Ray on this machine."
+        ) from None
+
+
 def init_ray(address: str | None = None) -> None:
-    """Start local Ray on this machine's CPUs, or join the cluster at ``address`` ("auto" or host:port)."""
+    """Start local Ray on this machine's CPUs, or join the cluster at ``address`` ("auto" or host:port).
+
+    A cluster that cannot be reached raises ``ConfigError``.
+    """
     import ray
 
     if ray.is_initialized():
         return
+    check_address(address)
     common = {"logging_level": logging.WARNING, "log_to_driver": False, "include_dashboard": False}
     if address is None:
         ray.init(num_cpus=os.cpu_count(), **common)
-    else:
+        return
+    try:
         ray.init(address=address, **common)
+    except ConnectionError as err:
+        raise ConfigError(
+            f"Could not connect to a Ray cluster with --address={address!r}: {err} Start one (`ray start "
+            f"--head`, or `ray up cluster.yaml`), or leave --address out to start Ray on this machine."
+        ) from None
 
 
-def _execute(config: dict[str, Any], store: str) -> dict[str, float]:
+STAGE1_CHECKPOINT = "stage1.pt"
+
+
+def _checkpointing(every: int) -> tuple[dict[str, Any] | None, Any]:
+    """The Stage-I state of this trial's last Tune checkpoint (a retry), and the callback that reports
+    a new checkpoint every ``every`` epochs."""
+    import torch
+    from ray import tune
+
+    resume = None
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            resume = torch.load(Path(folder) / STAGE1_CHECKPOINT, map_location="cpu", weights_only=True)
+
+    def on_checkpoint(state: dict[str, Any]) -> None:
+        if (state["epoch"] + 1) % every == 0:
+            with tempfile.TemporaryDirectory() as folder:
+                torch.save(state, Path(folder) / STAGE1_CHECKPOINT)
+                tune.report({"stage1_epoch": state["epoch"]}, checkpoint=tune.Checkpoint.from_directory(folder))
+
+    return resume, on_checkpoint
+
+
+def _execute(config: dict[str, Any], store: str, checkpoint_every: int) -> dict[str, float]:
     """Run one trial and store it; a failure is stored as a ``failed`` row and re-raised for Tune.
 
     Torch uses as many threads as the CPUs Ray assigned to the trial.
@@ -96,7 +163,8 @@ def _execute(config: dict[str, Any], store: str) -> dict[str, float]:
     cfg = parse_trial_config(config)
     started = dt.datetime.now(dt.timezone.utc)
     try:
-        result = run_trial(cfg)
+        resume, on_checkpoint = _checkpointing(checkpoint_every)
+        result = run_trial(cfg, on_checkpoint=on_checkpoint, resume=resume)
     except Exception as err:
         write_result(store, TrialResult.failed(cfg, err, started), node_id=node_id)
         raise
@@ -104,10 +172,10 @@ def _execute(config: dict[str, Any], store: str) -> dict[str, float]:
     return {**result.metrics, "calib_trial_id": result.trial_id}
 
 
-def _grid_trainable(tune_config: dict[str, Any], *, store: str) -> None:
+def _grid_trainable(tune_config: dict[str, Any], *, store: str, checkpoint_every: int) -> None:
     from ray import tune
 
-    tune.report(_execute(tune_config["trial"]["config"], store))
+    tune.report(_execute(tune_config["trial"]["config"], store, checkpoint_every))
 
 
 def _search_config(base: dict[str, Any], sampled: dict[str, Any]) -> dict[str, Any]:
@@ -117,10 +185,11 @@ def _search_config(base: dict[str, Any], sampled: dict[str, Any]) -> dict[str, A
     return config
 
 
-def _search_trainable(tune_config: dict[str, Any], *, base: dict[str, Any], store: str) -> None:
+def _search_trainable(tune_config: dict[str, Any], *, base: dict[str, Any], store: str,
+                      checkpoint_every: int) -> None:
     from ray import tune
 
-    tune.report(_execute(_search_config(base, tune_config), store))
+    tune.report(_execute(_search_config(base, tune_config), store, checkpoint_every))
 
 
 def _placement(resources: dict[str, float]) -> Any:
@@ -211,7 +280,8 @@ def _run_config(store: str, study: str, options: ExecutionOptions, callbacks: li
         storage_path=options.storage or storage.join(store, "_ray"),
         verbose=0,
         callbacks=callbacks,
-        failure_config=tune.FailureConfig(max_failures=0),
+        failure_config=tune.FailureConfig(max_failures=options.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
     )
 
 
@@ -228,9 +298,12 @@ def run_grid(
 
     store = storage.normalize(store)
     start = time.perf_counter()
-    for config in configs:
-        parse_trial_config(config)
-    ids = [trial_id(c) for c in configs]
+    parsed = [parse_trial_config(config) for config in configs]
+    manifest = manifest_of(parsed)
+    check_address(options.address)
+    storage.check_writable(store)
+    check_manifest(store, study, manifest)
+    ids = [trial_id(c) for c in parsed]
     done = completed_trial_ids(store, study, trial_ids=ids)
     pending = [c for c, i in zip(configs, ids, strict=True) if i not in done]
     run = StudyRun(trial_ids=ids, skipped=len(configs) - len(pending))
@@ -239,8 +312,9 @@ def run_grid(
     if not pending:
         return run
     init_ray(options.address)
+    record_manifest(store, study, manifest)
     trainable = tune.with_resources(
-        tune.with_parameters(_grid_trainable, store=store),
+        tune.with_parameters(_grid_trainable, store=store, checkpoint_every=options.checkpoint_every),
         lambda spec: _placement(options.resources(spec["trial"]["role"])),
     )
     callbacks = [_progress_callback(study, len(pending), objective)] if options.verbose else []
@@ -309,10 +383,23 @@ def run_search(
     for key, dist in space.parameters.items():
         first = dist.spec.get("low", (dist.spec.get("values") or dist.spec.get("choices") or [None])[0])
         probe = set_dotted(probe, key, first)
-    parse_trial_config(probe)
+    manifest = manifest_of([parse_trial_config(probe)],
+                           space={"parameters": {k: d.spec for k, d in space.parameters.items()},
+                                  "base": space.base})
+    manifest["constant"] = {k: v for k, v in manifest["constant"].items() if k not in space.parameters}
+    check_address(options.address)
+    storage.check_writable(store)
+    check_manifest(store, study, manifest)
     modes = ["max" if higher_is_better(o.removeprefix("val_")) else "min" for o in objectives]
     multi = len(objectives) > 1
-    searcher = OptunaSearch(
+    class FinalResultOptunaSearch(OptunaSearch):
+        """OptunaSearch that skips a trial's Stage-I checkpoint reports: the objective exists only at the end."""
+
+        def on_trial_result(self, trial_id: str, result: dict) -> None:
+            if all(name in result for name in objectives):
+                super().on_trial_result(trial_id, result)
+
+    searcher = FinalResultOptunaSearch(
         space=space.optuna_space(),
         metric=list(objectives) if multi else objectives[0],
         mode=modes if multi else modes[0],
@@ -324,8 +411,10 @@ def run_search(
         return _placement(options.resources("cached" if stage1_exists(cfg) else "stage1"))
 
     trainable = tune.with_resources(
-        tune.with_parameters(_search_trainable, base=base, store=store), resources)
+        tune.with_parameters(_search_trainable, base=base, store=store,
+                              checkpoint_every=options.checkpoint_every), resources)
     init_ray(options.address)
+    record_manifest(store, study, manifest)
     callbacks = [_progress_callback(study, num_trials, objectives[0])] if options.verbose else []
     tuner = tune.Tuner(
         trainable,

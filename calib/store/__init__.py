@@ -1,6 +1,7 @@
 """The Parquet result store: ``trials`` and ``history`` tables, one file per trial, hive-partitioned by study."""
 
 from calib.store.parquet import (
+    StoreWarning,
     completed_trial_ids,
     read_finished,
     read_history,
@@ -13,6 +14,7 @@ from calib.store.schema import HISTORY_COLUMNS, history_schema, trial_columns, t
 
 __all__ = [
     "HISTORY_COLUMNS",
+    "StoreWarning",
     "completed_trial_ids",
     "history_schema",
     "read_finished",

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from calib import progress
 from calib.config import TrialConfig
 from calib.datasets import DatasetSplits
 from calib.losses import LOSSES
@@ -77,8 +78,15 @@ def train_stage1(
     device: torch.device,
     *,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> Stage1Training:
-    """Train ``cfg.arch`` on ``data.train`` with ``cfg.loss`` under ``cfg.stage1``; seeded by ``cfg.seed``."""
+    """Train ``cfg.arch`` on ``data.train`` with ``cfg.loss`` under ``cfg.stage1``; seeded by ``cfg.seed``.
+
+    ``on_checkpoint(state)`` receives, after every epoch, everything needed to continue the run
+    (weights, optimiser, schedule, scaler, loss state, the data-order and Mixup generators, history,
+    best-so-far); ``resume=state`` continues from it and gives the same model as an uninterrupted run.
+    """
     s1 = cfg.stage1
     seed_everything(cfg.seed)
     configure_backend(device)
@@ -103,8 +111,21 @@ def train_stage1(
     best_state: dict[str, torch.Tensor] | None = None
     best_val = -1.0
     start = time.perf_counter()
-    step_seconds, images = 0.0, 0
-    for epoch in range(s1.epochs):
+    step_seconds, images, first_epoch = 0.0, 0, 0
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        loss_fn.load_state_dict(resume["loss_fn"])
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+        scaler.load_state_dict(resume["scaler"])
+        generator.set_state(resume["generator"])
+        mixup_rng.bit_generator.state = resume["mixup_rng"]
+        torch.set_rng_state(resume["torch_rng"])
+        result.history = list(resume["history"])
+        best_state, best_val, result.best_epoch = resume["best_state"], resume["best_val"], resume["best_epoch"]
+        step_seconds, images, first_epoch = resume["step_seconds"], resume["images"], resume["epoch"] + 1
+    for epoch in range(first_epoch, s1.epochs):
+        progress.record("stage1", epoch)
         if s1.scheduler_step == "epoch_start":  # FOCAL-R: at epoch e the schedule is already at e + 1
             with warnings.catch_warnings():  # stepping before the first optimizer step is the point here
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
@@ -159,11 +180,15 @@ def train_stage1(
                 ])
                 seen += batch
         total_loss, correct, confidence_sum = sums.tolist()  # waits for the device
+        if not np.isfinite(total_loss):
+            raise FloatingPointError(f"Stage-I training loss became {total_loss / seen} at epoch {epoch}.")
         step_seconds += time.perf_counter() - epoch_start
         images += seen
         if s1.scheduler_step == "epoch_end":
             scheduler.step()
         _, val_logits, val_labels = predict(model, data.val, device, num_workers=cfg.num_workers)
+        if not torch.isfinite(val_logits).all():
+            raise FloatingPointError(f"Stage-I validation logits became non-finite at epoch {epoch}.")
         val_probs = softmax64(val_logits)
         val_acc = float((val_probs.argmax(1) == val_labels.numpy()).mean())
         row = {
@@ -175,10 +200,17 @@ def train_stage1(
         result.history.append(row)
         if on_epoch is not None:
             on_epoch(row)
-        if not np.isfinite(row["train_loss"]):
-            raise FloatingPointError(f"Stage-I training loss became {row['train_loss']} at epoch {epoch}.")
         if s1.checkpoint == "best_val" and val_acc > best_val:
             best_val, best_state, result.best_epoch = val_acc, copy.deepcopy(model.state_dict()), epoch
+        if on_checkpoint is not None:
+            on_checkpoint({
+                "epoch": epoch, "model": model.state_dict(), "loss_fn": loss_fn.state_dict(),
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict(), "generator": generator.get_state(),
+                "mixup_rng": mixup_rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                "history": result.history, "best_state": best_state, "best_val": best_val,
+                "best_epoch": result.best_epoch, "step_seconds": step_seconds, "images": images,
+            })
     result.train_seconds = time.perf_counter() - start
     result.images_per_second = images / step_seconds if step_seconds > 0 else 0.0
     if best_state is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import io
 import warnings
 
 import pytest
@@ -96,3 +98,22 @@ def test_stage1_trainers_get_whole_gpus_and_the_rest_share(make_config, tmp_path
     # Once seed 1's artifact is stored, all its trials are light.
     get_or_train_stage1(parse_trial_config(configs[0]), torch.device("cpu"))
     assert [r["role"] for r in assign_roles(configs)] == ["stage1"] + ["cached"] * 5
+
+
+@pytest.mark.parametrize("stage1", [{}, {"mixup_alpha": 1.0}, {"checkpoint": "best_val"}])
+def test_resuming_from_a_checkpoint_gives_the_uninterrupted_model(make_config, stage1):
+    cfg = parse_trial_config(make_config(epochs=4, milestones=[2], **stage1))
+    data = load_dataset(cfg.dataset, cfg.data_root)
+    cpu = torch.device("cpu")
+    states = []
+    whole = train_stage1(cfg, data, cpu, on_checkpoint=lambda state: states.append(copy.deepcopy(state)))
+    assert [s["epoch"] for s in states] == [0, 1, 2, 3]
+    # Serialise as a Tune checkpoint would, then continue after epoch 1 in a fresh process state.
+    buffer = io.BytesIO()
+    torch.save(states[1], buffer)
+    buffer.seek(0)
+    torch.manual_seed(12345)  # the global RNG is part of the checkpoint, not of the process
+    resumed = train_stage1(cfg, data, cpu, resume=torch.load(buffer, weights_only=True))
+    assert resumed.history == whole.history and resumed.best_epoch == whole.best_epoch
+    for name, tensor in whole.model.state_dict().items():
+        assert torch.equal(tensor, resumed.model.state_dict()[name]), name

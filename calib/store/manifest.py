@@ -1,0 +1,108 @@
+"""A study's fixed config, recorded on its first run so that a changed re-run is refused.
+
+``<store>/manifests/study=<study>.json`` holds the settings every trial of the study shares: each
+dotted config key (``stage1.epochs``, ``method.clip_init``...) whose value is the same in all the
+run's trials, except the axes that only select trials (``seed``, ``dataset``, ``arch``), plus, for
+an Optuna search, the search space. A later run may add seeds, datasets, architectures or rows;
+a key that is constant in both runs with different values (``stage1.epochs: 60 → 2``) or another
+search space makes the trials incomparable, and the run is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from calib import storage
+from calib._config import ConfigError
+from calib.config import TrialConfig, trial_identity, validate_study_name
+
+__all__ = ["StudyChangedError", "check_manifest", "manifest_of", "record_manifest"]
+
+SELECTING_KEYS = ("seed", "dataset", "arch", "study")
+
+
+class StudyChangedError(ConfigError):
+    """A re-run of a study whose fixed config or search space differs from the stored one."""
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def manifest_of(configs: Iterable[TrialConfig], space: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The fixed config of a run: dotted keys with one value across all ``configs`` (selecting axes
+    excluded), and the search space of a search."""
+    constant: dict[str, Any] | None = None
+    for cfg in configs:
+        flat = {k: v for k, v in _flatten(trial_identity(cfg)).items() if k not in SELECTING_KEYS}
+        if constant is None:
+            constant = flat
+        else:
+            constant = {k: v for k, v in constant.items() if k in flat and flat[k] == v}
+    # Through JSON, as stored: tuples become lists, so equal configs compare equal.
+    return json.loads(json.dumps({"constant": constant or {}, "space": space}))
+
+
+def _location(store: str, study: str) -> str:
+    return storage.join(store, "manifests", f"study={validate_study_name(study)}.json")
+
+
+def _load(store: str, study: str) -> dict[str, Any] | None:
+    location = _location(store, study)
+    if not storage.exists(location):
+        return None
+    fs, path = storage.filesystem(location)
+    with fs.open_input_stream(path) as stream:
+        return json.loads(stream.read())
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def check_manifest(store: str | os.PathLike, study: str, manifest: Mapping[str, Any]) -> None:
+    """Raise :class:`StudyChangedError` if ``study`` exists in ``store`` with another fixed config."""
+    stored = _load(storage.normalize(store), study)
+    if stored is None:
+        return
+    old, new = stored["constant"], manifest["constant"]
+    changes = [f"{key}: {_show(old[key])} → {_show(new[key])}" for key in sorted(old.keys() & new.keys())
+               if old[key] != new[key]]
+    if stored.get("space") != manifest.get("space"):
+        changes.append("the search space (parameters, ranges or fixed keys) differs from the stored one")
+    if changes:
+        raise StudyChangedError(
+            f"Study {study!r} is already in the store {storage.normalize(store)} with another fixed config, so the "
+            f"new trials would not be comparable with the stored ones. Changed: {'; '.join(changes)}. Re-run with "
+            f"the original settings to resume or extend it, or start a new study in the same store with "
+            f"--study NEW_NAME."
+        )
+
+
+def record_manifest(store: str | os.PathLike, study: str, manifest: Mapping[str, Any]) -> None:
+    """Store ``manifest`` for ``study`` unless one is there already (the first run's stays)."""
+    store = storage.normalize(store)
+    if _load(store, study) is not None:
+        return
+    location = _location(store, study)
+    text = json.dumps(manifest, sort_keys=True, indent=1)
+    if storage.is_remote(location):
+        fs, path = storage.filesystem(location)
+        with fs.open_output_stream(path) as out:
+            out.write(text.encode())
+        return
+    path = Path(location)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
