@@ -11,7 +11,6 @@ import boto3
 import pyarrow.dataset as pads
 import pytest
 import torch
-from moto.server import ThreadedMotoServer
 
 from calib import storage
 from calib.artifacts import get_or_train_stage1, ood_split, stage1_exists
@@ -20,26 +19,10 @@ from calib.store import read_history, read_trials, write_result
 from calib.trial import run_trial
 
 ROOT = Path(__file__).resolve().parents[2]
-BUCKET = "calib-test"
 
 
-@pytest.fixture
-def s3(monkeypatch):
-    """An S3-compatible server on 127.0.0.1 with an empty bucket; the AWS environment points at it."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    yield env
-    server.stop()
-
-
-def keys(prefix: str) -> list[str]:
-    listing = boto3.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=prefix)
+def keys(bucket: str, prefix: str) -> list[str]:
+    listing = boto3.client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix)
     return sorted(item["Key"] for item in listing.get("Contents", []))
 
 
@@ -51,12 +34,13 @@ def test_locations():
 
 
 def test_store_round_trip_on_s3(s3, make_config):
-    store = f"s3://{BUCKET}/results"
+    bucket, _ = s3
+    store = f"s3://{bucket}/results"
     assert read_trials(store).empty  # nothing there yet: an empty table with every column
     result = run_trial(make_config(method={"name": "vanilla"}))
     location = write_result(store, result)
     assert location == f"{store}/trials/study=test/{result.trial_id}.parquet"
-    assert keys("results/") == [f"results/history/study=test/{result.trial_id}.parquet",
+    assert keys(bucket, "results/") == [f"results/history/study=test/{result.trial_id}.parquet",
                                 f"results/trials/study=test/{result.trial_id}.parquet"]
     trials = read_trials(store, study="test", filters=pads.field("status") == "ok")
     assert list(trials["trial_id"]) == [result.trial_id]
@@ -65,7 +49,8 @@ def test_store_round_trip_on_s3(s3, make_config):
 
 
 def test_artifacts_are_published_once_and_fetched_by_other_nodes(s3, make_config, tmp_path, monkeypatch):
-    config = {**make_config(method={"name": "vanilla"}), "artifact_root": f"s3://{BUCKET}/artifacts"}
+    bucket, _ = s3
+    config = {**make_config(method={"name": "vanilla"}), "artifact_root": f"s3://{bucket}/artifacts"}
     cfg = parse_trial_config(config)
     stage1_id = config_hash(stage1_identity(cfg))
     cpu = torch.device("cpu")
@@ -75,11 +60,11 @@ def test_artifacts_are_published_once_and_fetched_by_other_nodes(s3, make_config
     trained, hit = get_or_train_stage1(cfg, cpu)
     assert not hit and stage1_exists(cfg)
     writer = trained.record["writer"]
-    assert keys("artifacts/") == sorted([f"artifacts/stage1/{stage1_id}/record.json",
+    assert keys(bucket, "artifacts/") == sorted([f"artifacts/stage1/{stage1_id}/record.json",
                                          f"artifacts/stage1/{stage1_id}/{writer}/model.pt",
                                          f"artifacts/stage1/{stage1_id}/{writer}/cache.pt"])
     computed = ood_split(trained, cfg, "natural-patches", cpu)
-    assert f"artifacts/stage1/{stage1_id}/{writer}/ood-natural-patches.pt" in keys("artifacts/")
+    assert f"artifacts/stage1/{stage1_id}/{writer}/ood-natural-patches.pt" in keys(bucket, "artifacts/")
 
     # A second node (another local cache) finds the record, downloads the writer's files and trains nothing.
     monkeypatch.setenv("CALIB_ARTIFACT_CACHE", str(tmp_path / "node-b"))
@@ -92,16 +77,17 @@ def test_artifacts_are_published_once_and_fetched_by_other_nodes(s3, make_config
 
 @pytest.mark.ray
 def test_study_writes_store_artifacts_and_tune_state_to_s3(s3, tmp_path):
-    store = f"s3://{BUCKET}/calib"
+    bucket, aws = s3
+    store = f"s3://{bucket}/calib"
     command = [sys.executable, str(ROOT / "studies" / "sensitivity_gamma.py"), "--store", store,
                "--storage", f"{store}/_ray", "--seeds", "1", "--gammas", "0.9", "--epochs", "2",
                "--stage2-epochs", "2", "--data-root", str(tmp_path / "data")]
-    env = {**os.environ, **s3, "CALIB_ARTIFACT_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, **aws, "CALIB_ARTIFACT_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     trials = read_trials(store, study="sensitivity_gamma")
     assert sorted(trials["method"]) == ["mac_cal", "vanilla"] and (trials["status"] == "ok").all()
     assert trials["stage1_cache_hit"].sum() == 1
-    assert any(k.endswith("/record.json") for k in keys("calib/artifacts/stage1/"))
-    assert keys("calib/_ray/"), "Ray Tune's experiment state goes to --storage"
+    assert any(k.endswith("/record.json") for k in keys(bucket, "calib/artifacts/stage1/"))
+    assert keys(bucket, "calib/_ray/"), "Ray Tune's experiment state goes to --storage"
     assert (tmp_path / "results" / "figures" / "sensitivity_gamma_digits-noisy_small_cnn.png").exists()

@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-from moto.server import ThreadedMotoServer
 from trial_fixtures import tiny_config
 
 from calib.store import (
@@ -30,7 +29,6 @@ from calib.store import (
 )
 from calib.trial import TrialResult, run_trial
 
-BUCKET = "calib-test-corrupt"  # moto keeps its buckets across servers in one process: not test_object_store's
 FOREIGN = "0123456789abcdef"  # a trial id no result has: the name of the planted files
 
 
@@ -260,36 +258,22 @@ def test_bad_column_or_filter_is_still_an_error(store: Path):
         read_trials(store, filters=pads.field("nope") == 1)
 
 
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch):
-    """An S3-compatible server on 127.0.0.1 with an empty bucket; the AWS environment points at it."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    yield env
-    server.stop()
-
-
 def test_bad_files_on_s3(s3, results: list[TrialResult], expected: tuple[pd.DataFrame, pd.DataFrame]):
+    bucket, _ = s3
     prefix = f"results-{uuid.uuid4().hex}"
-    store = f"s3://{BUCKET}/{prefix}"
+    store = f"s3://{bucket}/{prefix}"
     client = boto3.client("s3")
     for r in results:
         write_result(store, r)
     mac = results[1]
     for kind in ("trials", "history"):
-        ok = client.get_object(Bucket=BUCKET, Key=f"{prefix}/{kind}/study=test/{mac.trial_id}.parquet")["Body"].read()
+        ok = client.get_object(Bucket=bucket, Key=f"{prefix}/{kind}/study=test/{mac.trial_id}.parquet")["Body"].read()
         planted = {f"{prefix}/{kind}/study=test/{FOREIGN}.parquet": ok[: len(ok) // 2],
                    f"{prefix}/{kind}/study=test/notes.txt": b"notes",
                    f"{prefix}/{kind}/study=test/{'e' * 16}.parquet": parquet_bytes(
                        pa.table({"trial_id": ["e" * 16], "seed": ["x"]}))}
         for key, data in planted.items():
-            client.put_object(Bucket=BUCKET, Key=key, Body=data)
+            client.put_object(Bucket=bucket, Key=key, Body=data)
     reasons = {f"{FOREIGN}.parquet": "corrupt or not a Parquet file", "notes.txt": "not a Parquet file of the store",
                f"{'e' * 16}.parquet": "column 'seed' is string, the store has int64"}
     paths = {kind: {f"{store}/{kind}/study=test/{name}": reason for name, reason in reasons.items()}
