@@ -59,6 +59,7 @@ class Ladder:
     baseline: Change
     components: tuple[Change, ...]
     description: str = ""
+    source: str = "<ladder>"
 
     def _config(self, base: dict[str, Any], chosen: list[Change]) -> dict[str, Any]:
         config = self.baseline.apply(base)
@@ -66,8 +67,22 @@ class Ladder:
             config = change.apply(config)
         return config
 
+    def check(self, base: dict[str, Any]) -> None:
+        """Every incremental step (the baseline, then each component added to the row above: the ladder as
+        written) must be a valid config over ``base``; the first that is not raises ``ConfigError`` naming
+        the step. Other modes may then skip combinations the ladder never wrote (leave-one-out of a
+        component the others build on), never an unknown name or an out-of-range value of a component."""
+        for i in range(len(self.components) + 1):
+            label = self.components[i - 1].name if i else self.baseline.name
+            try:
+                parse_trial_config(self._config(base, list(self.components[:i])))
+            except (ConfigError, KeyError) as err:
+                raise ConfigError(f"{self.source}: ladder step {label!r} is not a valid config: {err}") from None
+
     def steps(self, base: dict[str, Any], mode: Mode = "incremental") -> tuple[list[AblationStep], list[str]]:
-        """Valid steps of ``mode`` applied to ``base``, and a note for each step whose config is invalid."""
+        """Valid steps of ``mode`` applied to ``base``, and a note for each step whose config is invalid.
+
+        The ladder's own incremental steps must all be valid (:meth:`check`), in every mode."""
         candidates: list[tuple[str, list[Change]]]
         comps = list(self.components)
         if mode == "incremental":
@@ -83,6 +98,7 @@ class Ladder:
             ]
         else:
             raise ConfigError(f"`mode` must be one of {', '.join(MODES)}, got mode={mode!r}.")
+        self.check(base)
         steps, skipped = [], []
         for label, chosen in candidates:
             try:
@@ -98,6 +114,10 @@ class Ladder:
 def _change(entry: Any, where: str) -> Change:
     if not isinstance(entry, dict) or set(entry) != {"name", "set"} or not isinstance(entry["set"], dict):
         raise ConfigError(f"{where} must be a mapping with exactly the keys `name` and `set`, got {entry!r}.")
+    bad = [k for k in entry["set"] if not isinstance(k, str) or not k]
+    if bad:
+        raise ConfigError(f"{where}: `set` keys must be dotted trial-config keys such as `method.head`, "
+                          f"got {bad[0]!r}.")
     return Change(str(entry["name"]), dict(entry["set"]))
 
 
@@ -115,7 +135,8 @@ def parse_ladder(data: Any, *, source: str = "<ladder>") -> Ladder:
     names = [c.name for c in parsed]
     if len(set(names)) != len(names):
         raise ConfigError(f"{source}: component names must be unique, got {names}.")
-    return Ladder(_change(data["baseline"], f"{source}: `baseline`"), parsed, str(data.get("description", "")))
+    return Ladder(_change(data["baseline"], f"{source}: `baseline`"), parsed, str(data.get("description", "")),
+                  source)
 
 
 def load_ladder(path: str | os.PathLike) -> Ladder:

@@ -85,7 +85,12 @@ def study_paths(args: argparse.Namespace) -> StudyPaths:
 
 
 def preset_of(args: argparse.Namespace) -> Preset:
-    """The chosen preset with ``--epochs`` / ``--stage2-epochs`` applied."""
+    """The chosen preset with ``--epochs`` / ``--stage2-epochs`` applied; either < 1 is a ``ConfigError``
+    (also in a study none of whose methods has a Stage II)."""
+    for flag, value, what in (("--epochs", args.epochs, "Stage-I training epochs"),
+                              ("--stage2-epochs", args.stage2_epochs, "Stage-II epochs of two-stage methods")):
+        if value is not None and value < 1:
+            raise ConfigError(f"`{flag}` must be an integer >= 1 (the {what}), got {flag}={value}.")
     preset = PRESETS.get(args.preset)
     stage2 = dict(preset.stage2)
     if args.stage2_epochs is not None:

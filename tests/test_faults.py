@@ -3,12 +3,15 @@ drivers, concurrent studies, changed configs, corrupt store files and bad input.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pandas as pd
 import pytest
@@ -220,7 +223,264 @@ def test_a_changed_search_space_is_refused(tmp_path):
     assert again.returncode == 2 and "search space" in again.stderr and "--study NEW_NAME" in again.stderr
 
 
+# ---------------------------------------------------------------------------------- corrupt store files
+# (every kind of bad file, locally and on S3, is in tests/store/test_store_corrupt.py)
+
+
+@pytest.mark.ray
+def test_corrupt_and_foreign_files_are_skipped_with_a_warning_and_rerun(tmp_path):
+    store = tmp_path / "results"
+    args = ["--store", str(store), "--seeds", "1", "--gammas", "0.9", *TINY]
+    assert study("sensitivity_gamma.py", *args).returncode == 0
+    files = trial_files(store, "sensitivity_gamma")
+    truncated = files[0]
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    foreign = store / "trials" / "study=sensitivity_gamma" / "notes.txt"
+    foreign.write_text("not a trial")
+
+    report = subprocess.run([sys.executable, str(ROOT / "studies" / "report.py"), "--store", str(store)],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert f"skipped {truncated}" in report.stderr and f"skipped {foreign}" in report.stderr
+
+    rerun = study("sensitivity_gamma.py", *args)
+    assert rerun.returncode == 0 and "2 trials: 1 already in the store, 1 to run" in rerun.stdout
+    trials = pd.read_parquet(truncated)  # rewritten whole by the re-run
+    assert trials["status"].tolist() == ["ok"]
+
+
 # ---------------------------------------------------------------------------------- bad input
+# Each case is a study command line as a user types it. A few run as real subprocesses; the rest call the
+# study's ``main(argv)`` in this process (the same function, wrapped by ``calib.cli.guarded_main``), with
+# Ray's start replaced by a failure so a mistakenly accepted input fails fast instead of training.
+
+SHORT = ["--epochs", "2", "--stage2-epochs", "2"]  # a mistakenly accepted input must not run long
+
+MAC_CAL = "base: {method.name: mac_cal}\nparameters:\n"
+SPACES = {
+    "q0_low_0": MAC_CAL + "  method.retention_init: {distribution: uniform, low: 0, high: 1.0}\n",
+    "q0_high_1.5": MAC_CAL + "  method.retention_init: {distribution: uniform, low: 0.5, high: 1.5}\n",
+    "gamma_low_negative": MAC_CAL + "  method.accuracy_weight: {distribution: uniform, low: -0.5, high: 1.0}\n",
+    "theta0_choice_negative": MAC_CAL + "  method.clip_init: {distribution: categorical, choices: [0.05, -0.1]}\n",
+    "width_low_0": MAC_CAL + "  method.bottleneck_width: {distribution: int, low: 0, high: 64}\n",
+    "stage2_epochs_negative": MAC_CAL + "  method.epochs: {distribution: int, low: -1, high: 5}\n",
+    "mixup_alpha_0": "base: {method: {name: vanilla}}\nparameters:\n"
+                     "  stage1.mixup_alpha: {distribution: uniform, low: 0.0, high: 1.0}\n",
+    "stage1_epochs_0": "base: {method: {name: vanilla}, stage1.epochs: 0}\nparameters:\n"
+                       "  stage1.mixup_alpha: {distribution: uniform, low: 0.1, high: 1.0}\n",
+    "gaussian": MAC_CAL + "  method.accuracy_weight: {distribution: gaussian, mean: 0.9, std: 0.05}\n",
+    "malformed": "base: {method.name: mac_cal\nparameters:\n"
+                 "  method.accuracy_weight: {distribution: uniform, low: 0.8, high: 1.0}\n",
+    "not_a_field": MAC_CAL + "  method.acuracy_weight: {distribution: uniform, low: 0.8, high: 1.0}\n",
+    "no_choices": MAC_CAL + "  stage1.mixup_alpha: {distribution: categorical, choices: []}\n",
+    "int_float_bound": MAC_CAL + "  method.bottleneck_width: {distribution: int, low: 0.5, high: 64}\n",
+    "method_foo": "base: {method.name: foo}\nparameters:\n"
+                  "  method.accuracy_weight: {distribution: uniform, low: 0.8, high: 1.0}\n",
+    "loss_focall": "base: {loss.name: focall, method: {name: vanilla}}\nparameters:\n"
+                   "  loss.gamma: {distribution: uniform, low: 0.5, high: 5.0}\n",
+    "not_a_mapping": "- method.accuracy_weight\n- 0.9\n",
+}
+LADDERS = {
+    "q0_1.5": "baseline: {name: Vanilla, set: {method: {name: vanilla}}}\ncomponents:\n"
+              "  - {name: +MaC-Cal, set: {method: {name: mac_cal, retention_init: 1.5}}}\n",
+    "width_0": "baseline: {name: Vanilla, set: {method: {name: vanilla}}}\ncomponents:\n"
+               "  - {name: +MaC-Cal, set: {method: {name: mac_cal}}}\n"
+               "  - {name: +narrow, set: {method.bottleneck_width: 0}}\n",
+    "method_foo": "baseline: {name: Vanilla, set: {method: {name: vanilla}}}\ncomponents:\n"
+                  "  - {name: +Foo, set: {method: {name: foo}}}\n",
+    "malformed": "baseline: {name: Vanilla, set: {method: {name: vanilla}}\ncomponents: [\n",
+}
+
+# (id, script, argv with {tmp} for the test's directory, regex the error must match)
+CASES = [
+    # MaC-Cal's hyperparameters from the study flags
+    ("gamma_negative", "sensitivity_gamma.py", ["--gammas", "-1"],
+     r"`method\.accuracy_weight` must be > 0 \(it is γ\), got method\.accuracy_weight=-1\.0"),
+    ("gamma_zero", "sensitivity_gamma.py", ["--gammas", "0.9", "0"],
+     r"`method\.accuracy_weight` must be > 0 \(it is γ\), got method\.accuracy_weight=0\.0"),
+    ("gamma_nan", "sensitivity_gamma.py", ["--gammas", "nan"],
+     r"`method\.accuracy_weight` must be (a finite number|> 0).*got method\.accuracy_weight=nan"),
+    ("mixup_alpha_zero", "mixup_alpha.py", ["--alphas", "0"],
+     r"`stage1\.mixup_alpha` must be > 0, or null to train without Mixup, got stage1\.mixup_alpha=0\.0"),
+    ("mixup_alpha_negative", "mixup_alpha.py", ["--alphas", "0.2", "-0.5"],
+     r"`stage1\.mixup_alpha` must be > 0.*got stage1\.mixup_alpha=-0\.5"),
+    # epochs: Stage I and Stage II, negative and zero
+    ("epochs_negative", "sensitivity_gamma.py", ["--epochs", "-3", "--stage2-epochs", "2"],
+     r"`(--epochs|stage1\.epochs)` must be an integer >= 1.*got (--epochs|stage1\.epochs)=-3"),
+    ("epochs_zero", "compare_methods.py", ["--epochs", "0", "--stage2-epochs", "2", "--methods", "Vanilla (CE)"],
+     r"`(--epochs|stage1\.epochs)` must be an integer >= 1.*got (--epochs|stage1\.epochs)=0"),
+    ("stage2_epochs_negative", "sensitivity_gamma.py", ["--epochs", "2", "--stage2-epochs", "-1"],
+     r"`(--stage2-epochs|method\.epochs)` must be an integer >= 1.*got (--stage2-epochs|method\.epochs)=-1"),
+    ("stage2_epochs_zero_tst", "compare_methods.py", ["--epochs", "2", "--stage2-epochs", "0", "--methods", "TST"],
+     r"`(--stage2-epochs|method\.epochs)` must be an integer >= 1.*got (--stage2-epochs|method\.epochs)=0"),
+    ("stage2_epochs_zero_vtst", "compare_methods.py", ["--epochs", "2", "--stage2-epochs", "0", "--methods", "V-TST"],
+     r"`(--stage2-epochs|method\.epochs)` must be an integer >= 1.*got (--stage2-epochs|method\.epochs)=0"),
+    # a study whose methods have no Stage II must not ignore a negative --stage2-epochs
+    ("stage2_epochs_negative_ts_only", "compare_methods.py",
+     ["--epochs", "2", "--stage2-epochs", "-1", "--methods", "CE+TS"],
+     r"`--stage2-epochs` must be an integer >= 1.*got --stage2-epochs=-1"),
+    ("seed_negative", "sensitivity_gamma.py", ["--seeds", "-1"], r"`seed` must be an integer >= 0.*got seed=-1"),
+    # unknown names list the valid ones
+    ("dataset_unknown", "sensitivity_gamma.py", ["--datasets", "cifar11"],
+     r"Unknown dataset 'cifar11'\. Did you mean 'cifar10'.*Valid dataset names: .*cifar10, cifar100"),
+    ("arch_unknown", "sensitivity_gamma.py", ["--archs", "resnet51"],
+     r"Unknown architecture 'resnet51'\..*Valid architecture names: .*resnet50"),
+    ("method_row_unknown", "compare_methods.py", ["--methods", "Foo"],
+     r"argument --methods: invalid choice: 'Foo' \(choose from .*'MaC-Cal'"),
+    ("loss_row_unknown", "combine.py", ["--losses", "focall"],
+     r"argument --losses: invalid choice: 'focall' \(choose from .*'FL'"),
+    ("ablation_mode_unknown", "ablation.py", ["--mode", "foo"],
+     r"argument --mode: invalid choice: 'foo' \(choose from .*'incremental'"),
+    # a missing dataset
+    ("dataset_missing", "sensitivity_gamma.py", ["--datasets", "cifar10"],
+     r"CIFAR-10 not found: expected the directory .*cifar-10-batches-py.* Pass --download"),
+    # search-space files
+    ("space_q0_low_0", "search.py", ["--space", "{tmp}/q0_low_0.yaml"],
+     r"q0_low_0\.yaml: parameter `method\.retention_init` .*low=0.*must be in \(0, 1\].*"
+     r"got method\.retention_init=0\.0"),
+    ("space_q0_high_1.5", "search.py", ["--space", "{tmp}/q0_high_1.5.yaml"],
+     r"parameter `method\.retention_init` .*high=1\.5.*must be in \(0, 1\].*got method\.retention_init=1\.5"),
+    ("space_gamma_negative", "search.py", ["--space", "{tmp}/gamma_low_negative.yaml"],
+     r"parameter `method\.accuracy_weight` .*must be > 0 \(it is γ\), got method\.accuracy_weight=-0\.5"),
+    ("space_theta0_negative", "search.py", ["--space", "{tmp}/theta0_choice_negative.yaml"],
+     r"parameter `method\.clip_init` .*choice -0\.1.*must be >= 0 \(it is θ_0\), got method\.clip_init=-0\.1"),
+    ("space_width_0", "search.py", ["--space", "{tmp}/width_low_0.yaml"],
+     r"parameter `method\.bottleneck_width` .*must be an integer >= 1, got method\.bottleneck_width=0"),
+    ("space_stage2_epochs_negative", "search.py", ["--space", "{tmp}/stage2_epochs_negative.yaml"],
+     r"parameter `method\.epochs` .*must be an integer >= 1, got method\.epochs=-1"),
+    ("space_mixup_alpha_0", "search.py", ["--space", "{tmp}/mixup_alpha_0.yaml"],
+     r"parameter `stage1\.mixup_alpha` .*must be > 0, or null to train without Mixup, got stage1\.mixup_alpha=0\.0"),
+    ("space_stage1_epochs_0", "search.py", ["--space", "{tmp}/stage1_epochs_0.yaml"],
+     r"`stage1\.epochs` must be an integer >= 1, got stage1\.epochs=0"),
+    ("space_unknown_distribution", "search.py", ["--space", "{tmp}/gaussian.yaml"],
+     r"gaussian\.yaml: parameter `method\.accuracy_weight` has unknown distribution 'gaussian'; "
+     r"allowed: categorical, grid, int, loguniform, uniform"),
+    ("space_malformed_yaml", "search.py", ["--space", "{tmp}/malformed.yaml"],
+     r"malformed\.yaml: not valid YAML: expected ',' or '\}', but got ':' at line 2, column \d+"),
+    ("space_not_a_field", "search.py", ["--space", "{tmp}/not_a_field.yaml"],
+     r"Unknown key 'method\.acuracy_weight' for MacCalConfig\. Valid keys: .*Did you mean 'method\.accuracy_weight'"),
+    ("space_no_choices", "search.py", ["--space", "{tmp}/no_choices.yaml"],
+     r"parameter `stage1\.mixup_alpha` \(categorical\) needs a non-empty list of choices, got choices=\[\]"),
+    ("space_int_float_bound", "search.py", ["--space", "{tmp}/int_float_bound.yaml"],
+     r"parameter `method\.bottleneck_width` \(int\): `low` must be an integer, got low=0\.5"),
+    ("space_method_unknown", "search.py", ["--space", "{tmp}/method_foo.yaml"],
+     r"Unknown method 'foo'\. Valid method names: mac_cal, .*vanilla"),
+    ("space_loss_unknown", "search.py", ["--space", "{tmp}/loss_focall.yaml"],
+     r"Unknown loss 'focall'\. Did you mean 'focal'.*Valid loss names: .*cross_entropy"),
+    ("space_not_a_mapping", "search.py", ["--space", "{tmp}/not_a_mapping.yaml"],
+     r"a search space must be a mapping with a `parameters` key"),
+    ("space_missing_file", "search.py", ["--space", "{tmp}/nope.yaml"],
+     r"Search space file not found: '.*nope\.yaml'"),
+    # ablation ladders
+    ("ladder_q0_1.5", "ablation.py", ["--ladder", "{tmp}/q0_1.5.yaml"],
+     r"'\+MaC-Cal'.*`method\.retention_init` must be in \(0, 1\].*got method\.retention_init=1\.5"),
+    ("ladder_width_0", "ablation.py", ["--ladder", "{tmp}/width_0.yaml"],
+     r"'\+narrow'.*`method\.bottleneck_width` must be an integer >= 1, got method\.bottleneck_width=0"),
+    ("ladder_method_unknown", "ablation.py", ["--ladder", "{tmp}/method_foo.yaml"],
+     r"'\+Foo'.*Unknown method 'foo'\. Valid method names: mac_cal"),
+    ("ladder_malformed_yaml", "ablation.py", ["--ladder", "{tmp}/malformed.yaml"],
+     r"malformed\.yaml: not valid YAML: .* at line \d+, column \d+"),
+    ("ladder_missing_file", "ablation.py", ["--ladder", "{tmp}/nope.yaml"], r"Ladder file not found: '.*nope\.yaml'"),
+]
+# These run as real command lines (started together when the module's first test starts, so they run
+# while the in-process cases do); the rest in-process.
+SUBPROCESS = {"gamma_negative", "space_q0_high_1.5"}
+
+
+def write_inputs(tmp: Path, script: str) -> None:
+    for name, text in (LADDERS if script == "ablation.py" else SPACES).items():
+        (tmp / f"{name}.yaml").write_text(text)
+
+
+def command(tmp: Path, argv: list[str]) -> list[str]:
+    argv = [a.replace("{tmp}", str(tmp)) for a in argv]
+    short = [] if {"--epochs", "--stage2-epochs"} & set(argv) else SHORT
+    return [*argv, "--store", str(tmp / "results"), "--data-root", str(tmp / "data"), *short]
+
+
+_STUDIES: dict[str, ModuleType] = {}
+
+
+def study_module(script: str) -> ModuleType:
+    """The module of ``studies/<script>``, imported once."""
+    if script not in _STUDIES:
+        name = f"_bad_input_study_{Path(script).stem}"
+        spec = importlib.util.spec_from_file_location(name, ROOT / "studies" / script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _STUDIES[script] = module
+    return _STUDIES[script]
+
+
+def check_message(stderr: str, message: str) -> None:
+    """One `error:` paragraph on stderr, matching ``message``; no traceback."""
+    assert "Traceback" not in stderr, stderr
+    text = stderr.strip()
+    lines = text.splitlines()
+    errors = [line for line in lines if re.match(r"^(\S+: )?error: ", line)]
+    assert len(errors) == 1, f"expected one error line on stderr, got:\n{stderr}"
+    paragraph = text[text.index(errors[0]):]
+    assert "\n\n" not in paragraph and paragraph == lines[-1], f"the error is not one paragraph:\n{stderr}"
+    if not errors[0].startswith("error: "):  # argparse: usage lines, then "<prog>: error: ..."
+        assert "usage:" in text, stderr
+    else:
+        assert len(lines) == 1, f"stderr holds more than the error:\n{stderr}"
+    assert re.search(message, paragraph), f"{message!r} not found in:\n{paragraph}"
+
+
+@pytest.fixture(scope="module")
+def command_lines(tmp_path_factory):
+    """Start every real command line at once (each spends seconds importing torch), keyed by case id."""
+    started = {}
+    for case, script, argv, _ in (c for c in CASES if c[0] in SUBPROCESS):
+        tmp = tmp_path_factory.mktemp(case)
+        write_inputs(tmp, script)
+        env = {**os.environ, "RAY_TMPDIR": str(tmp / "ray")}  # where a Ray started by mistake leaves its files
+        started[case] = tmp, subprocess.Popen([sys.executable, f"studies/{script}", *command(tmp, argv)], cwd=ROOT,
+                                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield started
+    for _, proc in started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize(("script", "argv", "message"),
+                         [pytest.param(*c[1:], id=c[0]) for c in CASES if c[0] not in SUBPROCESS])
+def test_bad_input_in_process(tmp_path, monkeypatch, capsys, script, argv, message):
+    import calib.search.tune as tune
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started: the bad input was accepted")
+
+    monkeypatch.setattr(tune, "init_ray", no_ray)
+    write_inputs(tmp_path, script)
+    main = study_module(script).main
+    capsys.readouterr()
+    try:
+        code = main(command(tmp_path, argv))
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    check_message(stderr, message)
+    assert not (tmp_path / "results").exists(), "the store was created"
+
+
+@pytest.mark.parametrize(("case", "message"), [pytest.param(c[0], c[3], id=c[0]) for c in CASES if c[0] in SUBPROCESS])
+def test_bad_input_command_line(command_lines, case, message):
+    tmp, proc = command_lines[case]
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{' '.join(proc.args)} still runs after 120 s: the bad input was accepted")
+    assert proc.returncode == 2, stderr
+    check_message(stderr, message)
+    assert not (tmp / "results").exists(), "the store was created"
+    assert not (tmp / "ray").exists(), "Ray was started"
+
+
 
 
 @pytest.mark.parametrize("store_kind", ["under_a_file", "read_only_fs"])

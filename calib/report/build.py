@@ -144,7 +144,7 @@ def _study_figures(store: str | os.PathLike, study: str, dataset: str, arch: str
     """The study's own figure for one (dataset, architecture)."""
     written = []
     setup, name = f"{dataset}_{arch}", f"{dataset} · {arch}"
-    if study == "sensitivity_gamma":
+    if study == "sensitivity_gamma" and (trials["method"] == "mac_cal").any():
         mac = trials[trials["method"] == "mac_cal"]
         vanilla = summarize(trials[trials["method"] == "vanilla"], ["method"], ["test_ece"])
         history = read_history(store, study=study, filters=pads.field("trial_id").isin(list(mac["trial_id"]))
