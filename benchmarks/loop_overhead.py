@@ -79,9 +79,10 @@ def calib_loop(arch: str, data: DatasetSplits, device: torch.device, *, epochs: 
     return epochs * len(data.train) / trained.images_per_second
 
 
-def measure(name: str, arch: str, data: DatasetSplits, device: torch.device, args: argparse.Namespace) -> float:
+def measure(name: str, arch: str, data: DatasetSplits, device: torch.device, args: argparse.Namespace,
+            epochs: int) -> float:
     """Print and return the step-throughput ratio calib / plain."""
-    kwargs = {"epochs": args.epochs, "batch_size": args.batch_size, "amp": args.amp, "num_workers": args.num_workers}
+    kwargs = {"epochs": epochs, "batch_size": args.batch_size, "amp": args.amp, "num_workers": args.num_workers}
     loops: dict[str, Callable[..., float]] = {"calib": calib_loop, "plain": plain_loop}
     steps: dict[str, list[float]] = {"calib": [], "plain": []}
     walls: dict[str, list[float]] = {"calib": [], "plain": []}
@@ -91,10 +92,10 @@ def measure(name: str, arch: str, data: DatasetSplits, device: torch.device, arg
             start = time.perf_counter()
             steps[label].append(loops[label](arch, data, device, **kwargs))
             walls[label].append(time.perf_counter() - start)
-    images = args.epochs * len(data.train)
+    images = epochs * len(data.train)
     step = {k: images / statistics.median(v) for k, v in steps.items()}
     wall = {k: images / statistics.median(v) for k, v in walls.items()}
-    print(f"{name}: {args.epochs} epochs × {len(data.train)} images, batch {args.batch_size}, amp {args.amp}, "
+    print(f"{name}: {epochs} epochs × {len(data.train)} images, batch {args.batch_size}, amp {args.amp}, "
           f"median of {args.repeats} · steps: calib {step['calib']:.0f} img/s, plain PyTorch {step['plain']:.0f} "
           f"img/s, ratio {step['calib'] / step['plain']:.3f} · end to end (calib validating every epoch): "
           f"ratio {wall['calib'] / wall['plain']:.3f}", flush=True)
@@ -112,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"], help="autocast on CUDA")
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=8, help="epochs of the small_cnn setup")
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers of both loops")
-    parser.add_argument("--resnet-images", type=int, default=256, help="CIFAR-sized images for resnet50 (0: skip)")
+    parser.add_argument("--resnet-images", type=int, default=128, help="CIFAR-sized images for resnet50 (0: skip)")
+    parser.add_argument("--resnet-epochs", type=int, default=2, help="epochs of the resnet50 setup")
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
     print(f"device {device} · torch {torch.__version__} · threads {torch.get_num_threads()}")
@@ -124,13 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     digits = load_dataset("digits-noisy", "")
     images, labels = digits.train.tensors
     measure("digits-noisy / small_cnn", "small_cnn", _tensor_splits(images, labels, 10, args.batch_size),
-            device, args)
+            device, args, args.epochs)
     if args.resnet_images:
         generator = torch.Generator().manual_seed(0)
         images = torch.randn(args.resnet_images, 3, 32, 32, generator=generator)
         labels = torch.randint(0, 10, (args.resnet_images,), generator=generator)
         measure("CIFAR-sized / resnet50", "resnet50", _tensor_splits(images, labels, 10, args.batch_size),
-                device, args)
+                device, args, args.resnet_epochs)
     return 0
 
 
