@@ -65,11 +65,14 @@ def run_rows(
     rows: Mapping[str, Row],
     *,
     evaluation: Callable[[str], dict[str, Any]] | None = None,
+    table: Mapping[str, Row] | None = None,
 ) -> pd.DataFrame:
     """Run every (dataset, architecture, row, seed) trial; returns this run's ok trials with a ``row``
     column (ordered categorical). ``evaluation(dataset)`` adds evaluation keys to every
     trial of that dataset (``ood_datasets``, ``corruptions``); it runs before any trial starts, so it
-    is also where a study checks or prepares its evaluation data."""
+    is also where a study checks or prepares its evaluation data. ``table``: the study's whole row
+    table when ``rows`` is a user's selection of it (the study's manifest is computed from the table,
+    so runs of different selections extend one study)."""
     preset = preset_of(args)
     paths = study_paths(args)
     setups = study_setups(args, preset)
@@ -77,21 +80,26 @@ def run_rows(
     seeds = args.seeds or list(preset.seeds)
     require_datasets(datasets, paths.data_root, args.download)
     extra = {d: evaluation(d) if evaluation else {} for d in datasets}
-    configs = []
-    for dataset, arch in setups:
-        for rank, (label, row) in enumerate(rows.items()):
-            loss = {**row.loss, **DATASET_LOSS_DEFAULTS.get(dataset, {}).get(row.loss["name"], {})}
-            for seed in seeds:
-                config = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,
-                                     method=dict(row.method),
-                                     loss=loss, data_root=str(paths.data_root), artifact_root=paths.artifacts,
-                                     download=args.download, device=args.device)
-                config["stage1"].update(row.stage1)
-                configs.append({**config, "label": label, "label_rank": rank, **extra[dataset]})
+
+    def configs_of(selection: Mapping[str, Row], seeds: list[int]) -> list[dict[str, Any]]:
+        configs = []
+        for dataset, arch in setups:
+            for rank, (label, row) in enumerate(selection.items()):
+                loss = {**row.loss, **DATASET_LOSS_DEFAULTS.get(dataset, {}).get(row.loss["name"], {})}
+                for seed in seeds:
+                    config = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,
+                                         method=dict(row.method), loss=loss, data_root=str(paths.data_root),
+                                         artifact_root=paths.artifacts, download=args.download, device=args.device)
+                    config["stage1"].update(row.stage1)
+                    configs.append({**config, "label": label, "label_rank": rank, **extra[dataset]})
+        return configs
+
+    configs = configs_of(rows, seeds)
     print(f"[{args.study}] preset {preset.name}: {preset.description}")
     print(f"[{args.study}] {len(rows)} rows · setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} "
           f"· store {paths.store}")
-    run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
+    run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset),
+                   table=configs_of(table, seeds[:1]) if table else None)
     trials = read_finished(paths.store, args.study, run.trial_ids)
     trials["row"] = pd.Categorical(trials["label"], categories=list(rows), ordered=True)
     print(f"\n[{args.study}] store: {paths.store} ({len(trials)} ok trials of this run; "

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--losses", nargs="+", default=list(STAGE1), choices=list(STAGE1), metavar="LOSS",
                         help=f"Stage-I rows, from: {', '.join(STAGE1)}")
     args = parser.parse_args(argv)
-    trials = run_rows(args, rows(args.losses))
+    trials = run_rows(args, rows(args.losses), table=rows(list(STAGE1)))
     if trials.empty:
         return 1
     print_row_tables(trials, METRICS)

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHOD_ROWS), choices=list(METHOD_ROWS),
                         metavar="ROW", help=f"rows to run, from: {', '.join(METHOD_ROWS)}")
     args = parser.parse_args(argv)
-    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods})
+    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS)
     if trials.empty:
         return 1
     print_row_tables(trials, METRICS)

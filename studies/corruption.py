@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=list(METHOD_ROWS), metavar="ROW",
                         help=f"rows to run, from: {', '.join(METHOD_ROWS)}")
     args = parser.parse_args(argv)
-    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods},
-                              evaluation=evaluation_for(args))
+    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS,
+                      evaluation=evaluation_for(args))
     if trials.empty:
         return 1
     metrics = {}

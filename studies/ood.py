@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                 OOD_SETS.get(name).require(str(study_paths(args).data_root))
         return {"ood_datasets": list(names)}
 
-    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, evaluation=evaluation)
+    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, evaluation=evaluation,
+                      table=METHOD_ROWS)
     if trials.empty:
         return 1
     metrics = {"ood_auroc": "AUROC (mean)", "ood_fpr95": "FPR95 (mean)"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,9 +133,9 @@ def test_a_killed_trial_is_retried_from_its_last_stage1_checkpoint(tmp_path):
 @pytest.mark.ray
 def test_killed_driver_resumes_without_duplicates(tmp_path):
     store = tmp_path / "results"
-    args = ["--store", str(store), "--seeds", "1", "2", "3", "--gammas", "0.8", "0.85", "0.9", "0.95", "1.0",
-            "--epochs", "4", "--stage2-epochs", "3"]
-    total = 3 * 6
+    args = ["--store", str(store), "--seeds", "1", "2", "--gammas", "0.8", "0.9", "1.0", "--epochs", "4",
+            "--stage2-epochs", "3"]
+    total = 2 * 4
     proc = subprocess.Popen([sys.executable, str(ROOT / "studies" / "sensitivity_gamma.py"), *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -188,11 +189,26 @@ def test_two_studies_write_one_store_at_the_same_time(tmp_path):
 # ---------------------------------------------------------------------------------- changed configs
 
 
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A finished quick γ study (1 seed: vanilla and γ 0.9) and its arguments; tests copy it before changing it."""
+    store = tmp_path_factory.mktemp("finished") / "results"
+    args = ["--seeds", "1", "--gammas", "0.9", *TINY]
+    done = study("sensitivity_gamma.py", "--store", str(store), *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return store, args
+
+
+def copy_of(finished: tuple[Path, list[str]], tmp_path: Path) -> tuple[Path, list[str]]:
+    store, args = finished
+    shutil.copytree(store, tmp_path / "results")
+    return tmp_path / "results", ["--store", str(tmp_path / "results"), *args]
+
+
 @pytest.mark.ray
-def test_a_changed_study_is_refused_and_a_new_study_name_runs(tmp_path):
-    store = tmp_path / "results"
-    args = ["--store", str(store), "--seeds", "1", "--gammas", "0.9", *TINY]
-    assert study("sensitivity_gamma.py", *args).returncode == 0
+def test_a_changed_study_is_refused_and_a_new_study_name_runs(finished_study, tmp_path):
+    # That more seeds, rows and γ values extend a study is checked without Ray in tests/store/test_manifest.py.
+    store, _ = copy_of(finished_study, tmp_path)
     files = {p: p.stat().st_mtime_ns for p in store.rglob("*.parquet")}
 
     changed = study("sensitivity_gamma.py", "--store", str(store), "--seeds", "1", "--gammas", "0.9",
@@ -202,11 +218,11 @@ def test_a_changed_study_is_refused_and_a_new_study_name_runs(tmp_path):
     assert "Traceback" not in changed.stderr
     assert {p: p.stat().st_mtime_ns for p in store.rglob("*.parquet")} == files, "the store is untouched"
 
-    extended = study("sensitivity_gamma.py", *args[:3], "1", "2", "--gammas", "0.9", "0.95", *TINY)
-    assert extended.returncode == 0, "more seeds and γ values extend the study"
     renamed = study("sensitivity_gamma.py", "--store", str(store), "--seeds", "1", "--gammas", "0.9",
                     "--epochs", "3", "--stage2-epochs", "2", "--study", "gamma_3_epochs")
     assert renamed.returncode == 0, renamed.stderr[-2000:]
+    studies = pd.read_parquet(store / "trials").groupby("study", observed=True).size().to_dict()
+    assert studies == {"gamma_3_epochs": 2, "sensitivity_gamma": 2}
 
 
 @pytest.mark.ray
@@ -228,10 +244,8 @@ def test_a_changed_search_space_is_refused(tmp_path):
 
 
 @pytest.mark.ray
-def test_corrupt_and_foreign_files_are_skipped_with_a_warning_and_rerun(tmp_path):
-    store = tmp_path / "results"
-    args = ["--store", str(store), "--seeds", "1", "--gammas", "0.9", *TINY]
-    assert study("sensitivity_gamma.py", *args).returncode == 0
+def test_corrupt_and_foreign_files_are_skipped_with_a_warning_and_rerun(finished_study, tmp_path):
+    store, args = copy_of(finished_study, tmp_path)
     files = trial_files(store, "sensitivity_gamma")
     truncated = files[0]
     truncated.write_bytes(truncated.read_bytes()[:100])
@@ -381,21 +395,33 @@ CASES = [
     ("ladder_malformed_yaml", "ablation.py", ["--ladder", "{tmp}/malformed.yaml"],
      r"malformed\.yaml: not valid YAML: .* at line \d+, column \d+"),
     ("ladder_missing_file", "ablation.py", ["--ladder", "{tmp}/nope.yaml"], r"Ladder file not found: '.*nope\.yaml'"),
+    # where results go and which Ray cluster runs them
+    ("store_under_a_file", "sensitivity_gamma.py", ["--store", "{tmp}/file.txt/results"],
+     r"The result store .*/file\.txt/results is not writable"),
+    ("store_read_only_fs", "sensitivity_gamma.py", ["--store", "/proc/calib-results"],  # procfs refuses even root
+     r"The result store /proc/calib-results is not writable"),
+    ("address_malformed", "sensitivity_gamma.py", ["--address", "not-an-address"], r"must be 'auto', HOST:PORT"),
+    ("address_ray_client", "sensitivity_gamma.py", ["--address", "ray://127.0.0.1:99999"],
+     r"must be 'auto', HOST:PORT"),
+    ("address_nothing_answers", "sensitivity_gamma.py", ["--address", "127.0.0.1:1"],
+     r"Nothing answers at --address='127\.0\.0\.1:1'"),
 ]
 # These run as real command lines (started together when the module's first test starts, so they run
 # while the in-process cases do); the rest in-process.
-SUBPROCESS = {"gamma_negative", "space_q0_high_1.5"}
+SUBPROCESS = {"gamma_negative", "space_q0_high_1.5", "store_under_a_file", "address_nothing_answers"}
 
 
 def write_inputs(tmp: Path, script: str) -> None:
     for name, text in (LADDERS if script == "ablation.py" else SPACES).items():
         (tmp / f"{name}.yaml").write_text(text)
+    (tmp / "file.txt").write_text("not a directory")
 
 
 def command(tmp: Path, argv: list[str]) -> list[str]:
     argv = [a.replace("{tmp}", str(tmp)) for a in argv]
     short = [] if {"--epochs", "--stage2-epochs"} & set(argv) else SHORT
-    return [*argv, "--store", str(tmp / "results"), "--data-root", str(tmp / "data"), *short]
+    store = [] if "--store" in argv else ["--store", str(tmp / "results")]
+    return [*argv, *store, "--data-root", str(tmp / "data"), *short]
 
 
 _STUDIES: dict[str, ModuleType] = {}
@@ -457,14 +483,15 @@ def test_bad_input_in_process(tmp_path, monkeypatch, capsys, script, argv, messa
     write_inputs(tmp_path, script)
     main = study_module(script).main
     capsys.readouterr()
+    argv = command(tmp_path, argv)
     try:
-        code = main(command(tmp_path, argv))
+        code = main(argv)
     except SystemExit as exit_:  # argparse
         code = exit_.code
     stderr = capsys.readouterr().err
     assert code == 2, stderr
     check_message(stderr, message)
-    assert not (tmp_path / "results").exists(), "the store was created"
+    assert not Path(argv[argv.index("--store") + 1]).exists(), "the store was created"
 
 
 @pytest.mark.parametrize(("case", "message"), [pytest.param(c[0], c[3], id=c[0]) for c in CASES if c[0] in SUBPROCESS])
@@ -477,33 +504,5 @@ def test_bad_input_command_line(command_lines, case, message):
         pytest.fail(f"{' '.join(proc.args)} still runs after 120 s: the bad input was accepted")
     assert proc.returncode == 2, stderr
     check_message(stderr, message)
-    assert not (tmp / "results").exists(), "the store was created"
+    assert not Path(proc.args[proc.args.index("--store") + 1]).exists(), "the store was created"
     assert not (tmp / "ray").exists(), "Ray was started"
-
-
-
-
-@pytest.mark.parametrize("store_kind", ["under_a_file", "read_only_fs"])
-def test_an_unwritable_store_exits_2_before_anything_runs(tmp_path, store_kind):
-    if store_kind == "under_a_file":
-        (tmp_path / "file.txt").write_text("not a directory")
-        store = tmp_path / "file.txt" / "results"
-    else:
-        store = Path("/proc/calib-results")  # procfs refuses new files, even to root
-    out = study("sensitivity_gamma.py", "--store", str(store), "--seeds", "1", *TINY)
-    assert out.returncode == 2
-    assert f"The result store {store} is not writable" in out.stderr and "Traceback" not in out.stderr
-    assert not store.exists()
-
-
-@pytest.mark.parametrize("address, message", [
-    ("not-an-address", "must be 'auto', HOST:PORT"),
-    ("127.0.0.1:1", "Nothing answers at --address='127.0.0.1:1'"),
-    ("ray://127.0.0.1:99999", "must be 'auto', HOST:PORT"),
-])
-def test_an_invalid_address_exits_2_before_anything_runs(tmp_path, address, message):
-    store = tmp_path / "results"
-    out = study("sensitivity_gamma.py", "--store", str(store), "--address", address, "--seeds", "1", *TINY,
-                timeout=120)
-    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
-    assert not store.exists()

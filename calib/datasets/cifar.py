@@ -11,18 +11,21 @@
   normalises the test split (only) with the ImageNet statistics.
 
 The files are torchvision's "python version": ``<root>/cifar-10-batches-py`` and
-``<root>/cifar-100-python``.
+``<root>/cifar-100-python``. torchvision is imported when a loader runs, not with this module: it
+takes seconds, and every study process (and every Ray worker) imports the dataset registry.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 from torch.utils.data import Subset
-from torchvision import datasets as tv_datasets
-from torchvision import transforms
+
+if TYPE_CHECKING:
+    from torchvision import datasets as tv_datasets
+    from torchvision import transforms
 
 from calib.datasets import DATASETS
 from calib.datasets._base import DatasetInfo, DatasetNotFoundError, DatasetSplits
@@ -61,14 +64,16 @@ SPLIT_SEED = 1
 
 TestNorm = Literal["cifar", "focal_bug"]
 
-CIFAR10_FOLDER = tv_datasets.CIFAR10.base_folder  # "cifar-10-batches-py"
-CIFAR100_FOLDER = tv_datasets.CIFAR100.base_folder  # "cifar-100-python"
+CIFAR10_FOLDER = "cifar-10-batches-py"  # torchvision's CIFAR10.base_folder
+CIFAR100_FOLDER = "cifar-100-python"  # torchvision's CIFAR100.base_folder
 
 
 def cifar_train_transform(
     mean: tuple[float, float, float] = CIFAR_MEAN, std: tuple[float, float, float] = CIFAR_STD
 ) -> transforms.Compose:
     """Training augmentation: random 32×32 crop of the 4-pixel zero-padded image, horizontal flip."""
+    from torchvision import transforms
+
     return transforms.Compose(
         [
             transforms.RandomCrop(32, padding=4),
@@ -83,6 +88,8 @@ def cifar_eval_transform(
     mean: tuple[float, float, float] = CIFAR_MEAN, std: tuple[float, float, float] = CIFAR_STD
 ) -> transforms.Compose:
     """Evaluation transform: ToTensor (pixels / 255) then per-channel (x − mean) / std."""
+    from torchvision import transforms
+
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
 
 
@@ -159,7 +166,9 @@ def load_cifar10(root: str, download: bool = False, *, val_size: int = VAL_SIZE)
     """
     if not download:
         require_cifar10(root)
-    return _load_cifar(tv_datasets.CIFAR10, root, download, val_size, 10, cifar_eval_transform())
+    from torchvision.datasets import CIFAR10
+
+    return _load_cifar(CIFAR10, root, download, val_size, 10, cifar_eval_transform())
 
 
 def load_cifar100(
@@ -185,7 +194,9 @@ def load_cifar100(
         test_transform = cifar_eval_transform(IMAGENET_MEAN, IMAGENET_STD)
     else:
         test_transform = cifar_eval_transform()
-    return _load_cifar(tv_datasets.CIFAR100, root, download, val_size, 100, test_transform)
+    from torchvision.datasets import CIFAR100
+
+    return _load_cifar(CIFAR100, root, download, val_size, 100, test_transform)
 
 
 DATASETS.register("cifar10")(

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 from calib.datasets import DATASETS
@@ -74,6 +72,8 @@ class LabelledTensorDataset(TensorDataset):
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """All 1,797 clean images as float32 (N, 1, 8, 8) in [0, 1] (pixels / 16), and int64 labels (N,)."""
+    from sklearn.datasets import load_digits  # imported here: scikit-learn takes a second or more to import
+
     bunch = load_digits()
     images = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]
     labels = bunch.target.astype(np.int64)
@@ -85,6 +85,8 @@ def digits_split_indices(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 
     Two stratified ``train_test_split`` calls: 50% train, then the rest into 15% / 35% of the whole.
     """
+    from sklearn.model_selection import train_test_split
+
     all_indices = np.arange(len(labels))
     train_idx, rest_idx = train_test_split(
         all_indices, train_size=TRAIN_FRACTION, stratify=labels, random_state=SPLIT_SEED

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
-from torchvision import datasets as tv_datasets
 
 from calib._registry import Registry
 from calib.datasets import cifar, digits
@@ -73,14 +72,19 @@ def _require_svhn(root: str) -> None:
 def _load_svhn(root: str, download: bool, in_distribution: str) -> Dataset:
     if not download:
         _require_svhn(root)
-    test = tv_datasets.SVHN(root, split="test", transform=cifar.cifar_eval_transform(), download=download)
+    from torchvision.datasets import SVHN
+
+    test = SVHN(root, split="test", transform=cifar.cifar_eval_transform(), download=download)
     return _Unlabelled(test)
 
 
-def _cifar_test(dataset_cls: type, require: Callable[[str], None]) -> Callable[[str, bool, str], Dataset]:
+def _cifar_test(dataset_name: str, require: Callable[[str], None]) -> Callable[[str, bool, str], Dataset]:
     def load(root: str, download: bool, in_distribution: str) -> Dataset:
+        import torchvision.datasets
+
         if not download:
             require(root)
+        dataset_cls = getattr(torchvision.datasets, dataset_name)
         return _Unlabelled(dataset_cls(root, train=False, transform=cifar.cifar_eval_transform(), download=download))
 
     return load
@@ -120,9 +124,9 @@ def _load_patches(root: str, download: bool, in_distribution: str) -> Dataset:
 
 OOD_SETS.register("svhn")(OODSet(_load_svhn, _require_svhn, CIFAR_LIKE,
                                  "SVHN test split (26,032 images), CIFAR normalisation"))
-OOD_SETS.register("cifar10")(OODSet(_cifar_test(tv_datasets.CIFAR10, cifar.require_cifar10), cifar.require_cifar10,
+OOD_SETS.register("cifar10")(OODSet(_cifar_test("CIFAR10", cifar.require_cifar10), cifar.require_cifar10,
                                     ("cifar100",), "CIFAR-10 test split"))
-OOD_SETS.register("cifar100")(OODSet(_cifar_test(tv_datasets.CIFAR100, cifar.require_cifar100),
+OOD_SETS.register("cifar100")(OODSet(_cifar_test("CIFAR100", cifar.require_cifar100),
                                      cifar.require_cifar100, ("cifar10",), "CIFAR-100 test split"))
 OOD_SETS.register("natural-patches")(OODSet(_load_patches, lambda root: None, ("digits", "digits-noisy"),
                                             "8×8 gray patches of scikit-learn's sample photographs"))

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
-from torchvision import transforms
-from torchvision.datasets.folder import default_loader
-from torchvision.datasets.utils import download_and_extract_archive
+
+if TYPE_CHECKING:
+    from torchvision import transforms
 
 from calib.datasets import DATASETS
 from calib.datasets._base import DatasetInfo, DatasetNotFoundError, DatasetSplits
@@ -76,6 +77,8 @@ VAL_ANNOTATIONS = os.path.join("val", "val_annotations.txt")
 
 def tiny_imagenet_train_transform() -> transforms.Compose:
     """Training augmentation: random 64×64 crop of the 4-pixel zero-padded image, horizontal flip."""
+    from torchvision import transforms
+
     return transforms.Compose(
         [
             transforms.RandomCrop(64, padding=4),
@@ -88,6 +91,8 @@ def tiny_imagenet_train_transform() -> transforms.Compose:
 
 def tiny_imagenet_eval_transform() -> transforms.Compose:
     """Evaluation transform: ToTensor (pixels / 255) then per-channel (x − mean) / std, ImageNet statistics."""
+    from torchvision import transforms
+
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
 
@@ -102,6 +107,8 @@ class ImageList(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from torchvision.datasets.folder import default_loader
+
         path, label = self.samples[index]
         image = default_loader(path)  # PIL, converted to RGB
         return (self.transform(image) if self.transform is not None else image), label
@@ -220,6 +227,8 @@ def load_tiny_imagenet(root: str, download: bool = False, *, val_per_class: int 
     ``num_classes`` is the number of ids in ``wnids.txt`` (200 in the official files).
     """
     if download and not _is_complete(root):
+        from torchvision.datasets.utils import download_and_extract_archive
+
         download_and_extract_archive(ARCHIVE_URL, root, filename=f"{FOLDER}.zip", md5=ARCHIVE_MD5)
     require_tiny_imagenet(root)
     folder = os.path.join(os.path.abspath(root), FOLDER)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import roc_auc_score, roc_curve
 
 from calib.metrics._validation import ArrayLike, check_scores
 
@@ -41,6 +40,8 @@ def ood_auroc(id_scores: ArrayLike, ood_scores: ArrayLike) -> float:
     0.75
     """
     scores, targets = _scores_and_targets(id_scores, ood_scores)
+    from sklearn.metrics import roc_auc_score  # imported here: scikit-learn takes a second or more to import
+
     return float(roc_auc_score(targets, scores))
 
 
@@ -74,6 +75,8 @@ def ood_fpr_at_95_tpr(id_scores: ArrayLike, ood_scores: ArrayLike) -> float:
     0.5
     """
     scores, targets = _scores_and_targets(id_scores, ood_scores)
+    from sklearn.metrics import roc_curve
+
     fpr, tpr, _ = roc_curve(targets, scores, drop_intermediate=False)
     # tpr is non-decreasing from 0 to 1: j is the first ROC point with TPR >= 0.95.
     j = int(np.searchsorted(tpr, _TARGET_TPR, side="left"))

@@ -292,14 +292,19 @@ def run_grid(
     study: str,
     options: ExecutionOptions = ExecutionOptions(),
     objective: str = "val_ece",
+    table: Sequence[dict[str, Any]] | None = None,
 ) -> StudyRun:
-    """Run every config (validated first) through Ray Tune, skipping those already stored as ok."""
+    """Run every config (validated first) through Ray Tune, skipping those already stored as ok.
+
+    ``table``: when ``configs`` are a selection of a study's fixed rows, configs of every row; the
+    study's manifest (:mod:`calib.store.manifest`) is computed from them instead of ``configs``.
+    """
     from ray import tune
 
     store = storage.normalize(store)
     start = time.perf_counter()
     parsed = [parse_trial_config(config) for config in configs]
-    manifest = manifest_of(parsed)
+    manifest = manifest_of([parse_trial_config(config) for config in table] if table else parsed)
     check_address(options.address)
     storage.check_writable(store)
     check_manifest(store, study, manifest)

@@ -2,10 +2,16 @@
 
 ``<store>/manifests/study=<study>.json`` holds the settings every trial of the study shares: each
 dotted config key (``stage1.epochs``, ``method.clip_init``...) whose value is the same in all the
-run's trials, except the axes that only select trials (``seed``, ``dataset``, ``arch``), plus, for
-an Optuna search, the search space. A later run may add seeds, datasets, architectures or rows;
-a key that is constant in both runs with different values (``stage1.epochs: 60 → 2``) or another
-search space makes the trials incomparable, and the run is refused before anything starts.
+run's trials, except the axes that only select trials (``seed``, ``dataset``, ``arch``); the settings
+of each labelled row (``label``: a row of a table, a γ of a sweep, a ladder step); and, for an Optuna
+search, the search space. A later run may add seeds, datasets, architectures or rows; a key that is
+constant in both runs with different values (``stage1.epochs: 60 → 2``), a row whose settings
+changed (``[TST] method.epochs: 40 → 2``) or another search space makes the trials incomparable,
+and the run is refused before anything starts.
+
+A study that runs a selection of a fixed table of rows (``compare_methods.py --methods ...``)
+computes its manifest from the whole table, so that two runs of different selections agree on
+which keys are shared and which belong to rows.
 """
 
 from __future__ import annotations
@@ -39,18 +45,25 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: value}
 
 
+def _shared(flats: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The keys present in every mapping of ``flats`` with one value in all of them."""
+    shared: dict[str, Any] | None = None
+    for flat in flats:
+        shared = flat if shared is None else {k: v for k, v in shared.items() if k in flat and flat[k] == v}
+    return shared or {}
+
+
 def manifest_of(configs: Iterable[TrialConfig], space: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The fixed config of a run: dotted keys with one value across all ``configs`` (selecting axes
-    excluded), and the search space of a search."""
-    constant: dict[str, Any] | None = None
+    excluded), the same per row label, and the search space of a search."""
+    flats: list[tuple[str, dict[str, Any]]] = []
     for cfg in configs:
-        flat = {k: v for k, v in _flatten(trial_identity(cfg)).items() if k not in SELECTING_KEYS}
-        if constant is None:
-            constant = flat
-        else:
-            constant = {k: v for k, v in constant.items() if k in flat and flat[k] == v}
+        flats.append((cfg.label, {k: v for k, v in _flatten(trial_identity(cfg)).items() if k not in SELECTING_KEYS}))
+    labels = dict.fromkeys(label for label, _ in flats if label)
+    rows = {label: _shared(flat for row, flat in flats if row == label) for label in labels}
+    manifest = {"constant": _shared(flat for _, flat in flats), "rows": rows, "space": space}
     # Through JSON, as stored: tuples become lists, so equal configs compare equal.
-    return json.loads(json.dumps({"constant": constant or {}, "space": space}))
+    return json.loads(json.dumps(manifest))
 
 
 def _location(store: str, study: str) -> str:
@@ -76,8 +89,13 @@ def check_manifest(store: str | os.PathLike, study: str, manifest: Mapping[str, 
     if stored is None:
         return
     old, new = stored["constant"], manifest["constant"]
-    changes = [f"{key}: {_show(old[key])} → {_show(new[key])}" for key in sorted(old.keys() & new.keys())
-               if old[key] != new[key]]
+    shared = old.keys() & new.keys()
+    changes = [f"{key}: {_show(old[key])} → {_show(new[key])}" for key in sorted(shared) if old[key] != new[key]]
+    old_rows, new_rows = stored.get("rows", {}), manifest.get("rows", {})
+    for label in sorted(old_rows.keys() & new_rows.keys()):
+        was, now = old_rows[label], new_rows[label]
+        changes += [f"[{label}] {key}: {_show(was[key])} → {_show(now[key])}"
+                    for key in sorted((was.keys() & now.keys()) - shared) if was[key] != now[key]]
     if stored.get("space") != manifest.get("space"):
         changes.append("the search space (parameters, ranges or fixed keys) differs from the stored one")
     if changes:

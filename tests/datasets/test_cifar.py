@@ -270,3 +270,17 @@ class TestLoadCifar100:
             match=r"`test_norm` must be one of \['cifar', 'focal_bug'\], got test_norm='imagenet'\.",
         ):
             cifar_module.load_cifar100(tiny_cifar100["root"], val_size=TINY_VAL_SIZE, test_norm="imagenet")  # type: ignore[arg-type]
+
+
+def test_folder_names_are_torchvisions() -> None:
+    assert cifar_module.CIFAR10_FOLDER == torchvision.datasets.CIFAR10.base_folder
+    assert cifar_module.CIFAR100_FOLDER == torchvision.datasets.CIFAR100.base_folder
+
+
+def test_the_registries_load_without_torchvision() -> None:
+    # Every study process and Ray worker imports them; torchvision takes seconds and only the loaders need it.
+    import subprocess
+    import sys
+
+    code = "import sys, calib.trial, calib.datasets.ood; assert 'torchvision' not in sys.modules, 'torchvision'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -248,7 +248,7 @@ class TestDownload:
             calls.append((url, download_root, kwargs))
             _write_tree(Path(download_root))  # what extracting the zip into the root leaves
 
-        monkeypatch.setattr(tin, "download_and_extract_archive", fake_download)
+        monkeypatch.setattr("torchvision.datasets.utils.download_and_extract_archive", fake_download)
         root = str(tmp_path / "data")
         splits = tin.load_tiny_imagenet(root, download=True, val_per_class=VAL_PER_CLASS)
         assert len(splits.test) == len(TEST_ANNOTATIONS)
