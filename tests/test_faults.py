@@ -401,8 +401,8 @@ CASES = [
     ("store_read_only_fs", "sensitivity_gamma.py", ["--store", "/proc/calib-results"],  # procfs refuses even root
      r"The result store /proc/calib-results is not writable"),
     ("address_malformed", "sensitivity_gamma.py", ["--address", "not-an-address"], r"must be 'auto', HOST:PORT"),
-    ("address_ray_client", "sensitivity_gamma.py", ["--address", "ray://127.0.0.1:99999"],
-     r"must be 'auto', HOST:PORT"),
+    ("address_port_out_of_range", "sensitivity_gamma.py", ["--address", "ray://127.0.0.1:99999"],
+     r"must be 'auto', HOST:PORT.*got --address='ray://127\.0\.0\.1:99999' \(the port must be 1-65535, got 99999\)"),
     ("address_nothing_answers", "sensitivity_gamma.py", ["--address", "127.0.0.1:1"],
      r"Nothing answers at --address='127\.0\.0\.1:1'"),
 ]

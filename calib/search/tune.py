@@ -87,9 +87,10 @@ def check_address(address: str | None) -> None:
         return
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        problem = f" (the port must be 1-65535, got {port})" if sep and host and port.isdigit() else ""
         raise ConfigError(
             f"`--address` must be 'auto', HOST:PORT or ray://HOST:PORT of a running Ray cluster (the head's GCS "
-            f"port, 6379 by default), got --address={address!r}. Leave it out to start Ray on this machine."
+            f"port, 6379 by default), got --address={address!r}{problem}. Leave it out to start Ray on this machine."
         )
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
