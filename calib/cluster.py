@@ -57,6 +57,12 @@ _PIN_RES = (
     re.compile(r"(?<![\w.-])ray(?:\[[^\]]*\])?\s*==\s*([0-9][0-9A-Za-z.+!]*)"),
     re.compile(r"/ray-([0-9][0-9A-Za-z.+!]*)-cp\d"),
 )
+# The key to blame when Ray's own config preparation raises: the provider (a type Ray cannot load) or
+# the docker section (Ray asserts on it); anything else is the config as a whole.
+PREPARATION_ERROR_KEYS: tuple[tuple[type[Exception], str], ...] = (
+    (NotImplementedError, "provider.type"),
+    (AssertionError, "docker"),
+)
 _IMAGE_RE = re.compile(r"rayproject/ray(?:-ml)?:([0-9]+(?:\.[0-9]+)+)")
 
 
@@ -202,8 +208,7 @@ def ray_checks(config: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Prob
     if prep_error is not None:
         # A KeyError/TypeError there follows from a wrong type or missing key the schema already named.
         if not (problems and isinstance(prep_error, (KeyError, TypeError, AttributeError))):
-            key = "provider.type" if isinstance(prep_error, NotImplementedError) else (
-                "docker" if isinstance(prep_error, AssertionError) else "config")
+            key = next((k for kind, k in PREPARATION_ERROR_KEYS if isinstance(prep_error, kind)), "config")
             problems.append(Problem(key, f"Ray's config preparation failed: {prep_error}"))
         return None, problems
     assert prepared is not None

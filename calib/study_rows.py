@@ -81,12 +81,12 @@ def run_rows(
     require_datasets(datasets, paths.data_root, args.download)
     extra = {d: evaluation(d) if evaluation else {} for d in datasets}
 
-    def configs_of(selection: Mapping[str, Row], seeds: list[int]) -> list[dict[str, Any]]:
+    def configs_of(selection: Mapping[str, Row], selection_seeds: list[int]) -> list[dict[str, Any]]:
         configs = []
         for dataset, arch in setups:
             for rank, (label, row) in enumerate(selection.items()):
                 loss = {**row.loss, **DATASET_LOSS_DEFAULTS.get(dataset, {}).get(row.loss["name"], {})}
-                for seed in seeds:
+                for seed in selection_seeds:
                     config = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,
                                          method=dict(row.method), loss=loss, data_root=str(paths.data_root),
                                          artifact_root=paths.artifacts, download=args.download, device=args.device)

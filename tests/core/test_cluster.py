@@ -102,6 +102,8 @@ BROKEN: list[tuple[str, Edit, list[str], str, str]] = [
     ("calib-key-at-top-level", lambda c: c.update(store="s3://b/calib"), [], "store",
      "calib's settings go under `metadata.calib`"),
     ("wrong-type", lambda c: c.update(max_workers="eight"), [], "max_workers", "'eight' is not of type 'integer'"),
+    ("unknown-provider", lambda c: c["provider"].update(type="nosuchcloud"), [], "provider.type",
+     "Ray's config preparation failed: Unsupported node provider: nosuchcloud"),
     ("negative-gpu", _node("gpu_worker", resources={"CPU": 4, "GPU": -1}), [],
      "available_node_types.gpu_worker.resources.GPU", "-1 is less than the minimum of 0"),
     ("resources-missing", lambda c: c["available_node_types"]["gpu_worker"].pop("resources"), [],
