@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from calib.cli import HelpFormatter
 from calib.datasets import load_dataset
 from calib.methods.mac_cal import MacCalConfig, fit_mac_cal
 from calib.models import create_model
@@ -38,7 +39,7 @@ def compare(name: str, model, images: torch.Tensor, labels: torch.Tensor, params
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--epochs", type=int, default=40, help="Stage-II epochs on the default setup")
     parser.add_argument("--resnet-batches", type=int, default=4, help="batches of 128 CIFAR-sized images")
     parser.add_argument("--resnet-epochs", type=int, default=2, help="Stage-II epochs on ResNet-110")

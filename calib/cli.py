@@ -18,52 +18,134 @@ from calib.presets import PRESETS, Preset
 from calib.search.tune import ExecutionOptions
 
 __all__ = [
+    "HelpFormatter",
     "StudyPaths",
     "add_common_args",
     "execution_options",
     "guarded_main",
     "preset_of",
     "require_datasets",
+    "study_exit_code",
+    "study_parser",
     "study_paths",
     "study_setups",
 ]
 
 
-def add_common_args(parser: argparse.ArgumentParser, *, study: str) -> None:
-    """Flags every study shares: preset, paths, seeds, and where/how trials run."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` that shows each flag's default once: the module docstring as written, and
+    ``(default: X)`` after every flag whose help does not state its default already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if ("(default" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0
+                or action.option_strings == []):
+            return text
+        default = " ".join(map(str, action.default)) if isinstance(action.default, list) else "%(default)s"
+        return f"{text} (default: {default})"
+
+
+def study_parser(description: str | None, *, study: str | None, study_default: str | None = None
+                 ) -> argparse.ArgumentParser:
+    """The argument parser of a study script: its docstring as description, the common flags.
+    ``study_default`` describes the study name when ``study`` is None (derived from other flags)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    add_common_args(parser, study=study, study_default=study_default)
+    return parser
+
+
+def _per_preset(value_of: Callable[[Preset], object]) -> str:
+    """``"quick: 60; paper: 350"`` (or the one value when every preset agrees), for ``--help``."""
+    values = {name: value_of(PRESETS.get(name)) for name in PRESETS.names()}
+    shown = {name: f"{v:g}" if isinstance(v, float) else str(v) for name, v in values.items()}
+    if len(set(shown.values())) == 1:
+        return next(iter(shown.values()))
+    return "; ".join(f"{name}: {text}" for name, text in shown.items())
+
+
+def _words(values: Sequence[object]) -> str:
+    return " ".join(map(str, values))
+
+
+def _archs_of(preset: Preset) -> str:
+    special = [f"{d}: {_words(a)}" for d, a in preset.dataset_archs.items()]
+    return _words(preset.archs) + (f" ({', '.join(special)})" if special else "")
+
+
+def _epochs_of(preset: Preset) -> str:
+    epochs = preset.stage1.get("epochs", Stage1Config.epochs)
+    special = [f"{d}: {s['epochs']}" for d, s in preset.dataset_stage1.items() if "epochs" in s]
+    return f"{epochs}" + (f" ({', '.join(special)})" if special else "")
+
+
+def _stage2_epochs_of(preset: Preset) -> str:
+    from calib._config import field_types
+    from calib.methods import METHODS
+
+    if "epochs" in preset.stage2:
+        return str(preset.stage2["epochs"])
+    defaults = sorted({METHODS.get(name).config.epochs for name in METHODS.names()
+                       if "epochs" in field_types(METHODS.get(name).config)})
+    return "/".join(map(str, defaults)) + " (the method's own)"
+
+
+def _resource_of(name: str, fallback: str | None = None) -> Callable[[Preset], object]:
+    def value_of(preset: Preset) -> object:
+        value = getattr(preset, name)
+        return getattr(preset, fallback) if value is None and fallback else value
+    return value_of
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study_default: str | None = None) -> None:
+    """Flags every study shares: preset, paths, seeds, and where/how trials run. Defaults that the
+    preset decides are listed per preset in ``--help``."""
     parser.add_argument("--preset", default="quick", choices=PRESETS.names(),
-                        help="study setup: quick = offline CPU minutes; paper = the seeds' protocol on GPUs")
-    parser.add_argument("--study", default=study, help="study name: the store partition (study=<name>)")
+                        help="study setup: quick = offline CPU minutes; paper = the papers' protocol on GPUs")
+    parser.add_argument("--study", default=study, help="study name: the store partition (study=<name>)"
+                        + (f" (default: {study_default})" if study_default else ""))
     parser.add_argument("--store", default="results", help="result-store directory or s3:// URI")
     parser.add_argument("--artifacts", default=None,
                         help="Stage-I artifact directory or s3:// URI (default: <store>/artifacts)")
     parser.add_argument("--data-root", default="data", help="directory holding the datasets")
     parser.add_argument("--download", action="store_true", help="download missing datasets into --data-root")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the preset's)")
-    parser.add_argument("--datasets", nargs="+", default=None, help="datasets (default: the preset's)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help=f"seeds (default: {_per_preset(lambda p: _words(p.seeds))})")
+    parser.add_argument("--datasets", nargs="+", default=None,
+                        help=f"datasets (default: {_per_preset(lambda p: _words(p.datasets))})")
     parser.add_argument("--archs", nargs="+", default=None,
-                        help="architectures, applied to every dataset (default: the preset's per dataset)")
-    parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: the preset's)")
+                        help=f"architectures, applied to every dataset (default: {_per_preset(_archs_of)})")
+    parser.add_argument("--device", default=None,
+                        help=f"auto, cpu, cuda or cuda:N (default: {_per_preset(lambda p: p.device)})")
     parser.add_argument("--address", default=None,
-                        help="Ray cluster to join ('auto' or host:port); default: start local Ray")
-    parser.add_argument("--cpus-per-trial", type=float, default=None, help="CPUs per trial (default: the preset's)")
+                        help="Ray cluster to join ('auto' or host:port) (default: start Ray on this machine)")
+    parser.add_argument("--cpus-per-trial", type=float, default=None,
+                        help=f"CPUs of a trial that trains its Stage I (default: "
+                             f"{_per_preset(_resource_of('cpus_per_trial'))})")
     parser.add_argument("--gpus-per-trial", type=float, default=None,
-                        help="GPUs per trial, fractions allowed (default: the preset's)")
+                        help=f"GPUs of a trial that trains its Stage I, fractions allowed (default: "
+                             f"{_per_preset(_resource_of('gpus_per_trial'))})")
     parser.add_argument("--cpus-per-cached-trial", type=float, default=None,
-                        help="CPUs of a trial whose Stage I is already trained (default: the preset's)")
+                        help=f"CPUs of a trial whose Stage I is already trained (default: "
+                             f"{_per_preset(_resource_of('cpus_per_cached_trial', 'cpus_per_trial'))})")
     parser.add_argument("--gpus-per-cached-trial", type=float, default=None,
-                        help="GPUs of a trial whose Stage I is already trained, fractions allowed "
-                             "(default: the preset's)")
+                        help=f"GPUs of a trial whose Stage I is already trained, fractions allowed (default: "
+                             f"{_per_preset(_resource_of('gpus_per_cached_trial', 'gpus_per_trial'))})")
     parser.add_argument("--max-failures", type=int, default=0,
                         help="retries of a failed trial; a trial training Stage I resumes from its last checkpoint")
     parser.add_argument("--checkpoint-every", type=int, default=None,
-                        help="Stage-I epochs between checkpoints (default: the preset's)")
+                        help=f"Stage-I epochs between the checkpoints a retry resumes from (default: "
+                             f"{_per_preset(lambda p: p.checkpoint_every)})")
+    parser.add_argument("--checkpoint-min-seconds", type=float, default=60.0,
+                        help="least seconds between two Stage-I checkpoints of a trial; 0 checkpoints every "
+                             "--checkpoint-every epochs however fast they are")
     parser.add_argument("--storage", default=None,
                         help="Ray Tune's experiment storage, a path or s3:// URI (default: <store>/_ray)")
-    parser.add_argument("--max-concurrent", type=int, default=None, help="cap on trials running at once")
-    parser.add_argument("--epochs", type=int, default=None, help="Stage-I epochs (default: the preset's)")
+    parser.add_argument("--max-concurrent", type=int, default=None,
+                        help="cap on trials running at once (default: as many as the resources allow)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help=f"Stage-I epochs, every dataset (default: {_per_preset(_epochs_of)})")
     parser.add_argument("--stage2-epochs", type=int, default=None,
-                        help="Stage-II epochs of two-stage methods (default: the method's, 40)")
+                        help=f"Stage-II epochs of two-stage methods (default: {_per_preset(_stage2_epochs_of)})")
 
 
 class StudyPaths:
@@ -135,6 +217,8 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         raise ConfigError(f"`--max-failures` must be >= 0 (retries of a failed trial), got {args.max_failures}.")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ConfigError(f"`--checkpoint-every` must be >= 1 (Stage-I epochs), got {args.checkpoint_every}.")
+    if not args.checkpoint_min_seconds >= 0:
+        raise ConfigError(f"`--checkpoint-min-seconds` must be >= 0, got {args.checkpoint_min_seconds}.")
     cpus = _resource(args, preset, "cpus_per_trial", None)
     gpus = _resource(args, preset, "gpus_per_trial", None)
     return ExecutionOptions(
@@ -144,6 +228,7 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         max_concurrent=args.max_concurrent, storage=args.storage,
         max_failures=args.max_failures,
         checkpoint_every=preset.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every,
+        checkpoint_min_seconds=args.checkpoint_min_seconds,
     )
 
 
@@ -170,3 +255,17 @@ def guarded_main(main: Callable[[list[str] | None], int]) -> Callable[[list[str]
 
 
 
+
+
+def study_exit_code(study: str, store: str, failed: int, finished: int) -> int:
+    """A study's exit code: 0 when every trial of the run is in the store as ok, 1 when ``failed`` > 0
+    or none finished (bad input exits 2 earlier). Prints how to read the failed rows."""
+    if failed:
+        print(f"[{study}] {failed} trial{'s' if failed > 1 else ''} failed; their errors: python -c \"import pandas "
+              f"as pd; t = pd.read_parquet('{store}/trials', filters=[('status', '==', 'failed')]); "
+              f"print(t[['study', 'trial_id', 'failed_stage', 'failed_epoch', 'error']])\"", flush=True)
+        return 1
+    if not finished:
+        print(f"[{study}] no finished trial in the store", flush=True)
+        return 1
+    return 0

@@ -46,7 +46,7 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class Stage1Config:
-    """Stage-I training (METHODS.md §7.2). Defaults are the seeds' CIFAR protocol (FOCAL-R).
+    """Stage-I training (docs/methods.md §7.2). Defaults are the papers' CIFAR protocol (FOCAL-R).
 
     Attributes:
         epochs: training epochs (350 in the papers).
@@ -58,13 +58,13 @@ class Stage1Config:
         lr_decay: multiplicative learning-rate decay at each milestone (0.1).
         grad_clip: max L2 norm of the gradient, ``None`` for no clipping (2.0).
         loss_reduction: "sum" over the batch (FOCAL-R, which MaC-Cal uses) or "mean" (ACLS/FeDLaS).
-        mixup_alpha: α of Mixup's Beta(α, α); ``None`` trains without Mixup (METHODS.md §4.8).
+        mixup_alpha: α of Mixup's Beta(α, α); ``None`` trains without Mixup (docs/methods.md §4.8).
         mit_alpha: α of MIT's Beta(α, α) (Mixup Inference in Training: two mixed forward passes whose
-            outputs are decoupled; METHODS.md §4.9); ``None`` trains without MIT.
+            outputs are decoupled; docs/methods.md §4.9); ``None`` trains without MIT.
         checkpoint: the model kept: the "last" epoch (FOCAL-R's default) or the "best_val" accuracy.
         scheduler_step: when the learning-rate schedule advances: at the "epoch_end" (PyTorch's
             convention), or at the "epoch_start" as FOCAL-R's ``train.py`` does, which moves every decay
-            one epoch earlier (METHODS.md §7.2 pitfall).
+            one epoch earlier (docs/methods.md §7.2 pitfall).
         amp: mixed precision on CUDA: "off", "bf16" or "fp16" autocast of the forward pass (fp16 with
             a gradient scaler); the loss is computed in float32. Ignored on the CPU.
     """
@@ -254,7 +254,7 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
 
 
 def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
-    """Exactly the config fields that change Stage I (DESIGN.md contract 3)."""
+    """Exactly the config fields that change Stage I (docs/architecture.md contract 3)."""
     return {
         "dataset": cfg.dataset,
         "arch": cfg.arch,

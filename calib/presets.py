@@ -1,4 +1,4 @@
-"""Study presets: ``quick`` (the embedded default: offline, CPU, minutes) and ``paper`` (the seeds' protocol).
+"""Study presets: ``quick`` (the embedded default: offline, CPU, minutes) and ``paper`` (the papers' protocol).
 
 A preset fixes the setup every study shares: datasets, architecture, seeds, the Stage-I recipe, the
 Stage-II optimiser and the per-trial resources. Method hyperparameters stay at their defaults (each
@@ -69,7 +69,7 @@ PRESETS.register("paper")(Preset(
     description="MaC-Cal Table 1's setups: CIFAR-10/100 × ResNet-50, ResNet-110 (FOCAL-R), WRN-26-10, DenseNet-121 "
                 "(350 epochs, ×0.1 at 150 and 250) and Tiny-ImageNet × ResNet-50 (100 epochs, ×0.1 at 40 and 60); "
                 "batch 128, clip 2, sum reduction; Stage II 40 epochs at lr 0.1; one GPU per Stage-I trial, "
-                "a quarter GPU per trial on a trained Stage I (METHODS.md §7.2-7.3)",
+                "a quarter GPU per trial on a trained Stage I (docs/methods.md §7.2-7.3)",
     datasets=("cifar10", "cifar100", "tiny-imagenet"),
     archs=("resnet50", "resnet110", "wrn26_10", "densenet121"),
     dataset_archs={"tiny-imagenet": ("resnet50_tiny",)},

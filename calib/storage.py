@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-__all__ = ["check_writable", "download", "exists", "filesystem", "is_remote", "join", "normalize", "upload"]
+__all__ = [
+    "check_writable", "download", "exists", "filesystem", "is_remote", "join", "list_files", "move", "normalize",
+    "read_bytes", "upload",
+]
 
 
 def is_remote(location: str | os.PathLike) -> bool:
@@ -101,3 +104,26 @@ def check_writable(location: str) -> None:
             f"The result store {location} is not writable ({err.strerror or err}). Pass --store a directory "
             f"you can write to (it is created if missing), or an s3:// URI your credentials can write."
         ) from None
+
+
+def read_bytes(location: str) -> bytes:
+    """The contents of the file at ``location``; ``FileNotFoundError`` if there is none."""
+    fs, path = filesystem(location)
+    with fs.open_input_stream(path) as source:
+        return source.read()
+
+
+def list_files(location: str) -> list[str]:
+    """The files under the directory ``location``, recursively, as sorted paths relative to it ([] if none)."""
+    fs, path = filesystem(location)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    return sorted(info.path[len(path) + 1:] for info in infos if info.type == pafs.FileType.File)
+
+
+def move(source: str, target: str) -> None:
+    """Move one file to ``target`` on the same file system (an object store copies it, then deletes the source)."""
+    fs, source_path = filesystem(source)
+    _, target_path = filesystem(target)
+    if not is_remote(source):
+        Path(target_path).parent.mkdir(parents=True, exist_ok=True)
+    fs.move(source_path, target_path)

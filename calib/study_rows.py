@@ -16,13 +16,13 @@ import pandas as pd
 
 from calib.cli import execution_options, preset_of, require_datasets, study_paths, study_setups
 from calib.presets import base_config
-from calib.report import summarize, to_markdown
-from calib.search import run_grid
+from calib.report import report_step, summarize, to_markdown
+from calib.search import StudyRun, run_grid
 from calib.store import read_finished
 
 __all__ = ["METHOD_ROWS", "Row", "print_row_tables", "run_rows"]
 
-# FeDLaS's per-dataset defaults (METHODS.md §3.5); the loss configs' defaults are CIFAR-10's.
+# FeDLaS's per-dataset defaults (docs/methods.md §3.5); the loss configs' defaults are CIFAR-10's.
 DATASET_LOSS_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "cifar100": {"fedlas_ls": {"smoothing": 0.1, "norm_momentum": 0.5},
                  "fedlas_mbls": {"modulation_strength": 1.0, "norm_momentum": 0.5}},
@@ -66,9 +66,9 @@ def run_rows(
     *,
     evaluation: Callable[[str], dict[str, Any]] | None = None,
     table: Mapping[str, Row] | None = None,
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, StudyRun]:
     """Run every (dataset, architecture, row, seed) trial; returns this run's ok trials with a ``row``
-    column (ordered categorical). ``evaluation(dataset)`` adds evaluation keys to every
+    column (ordered categorical), and the run (its failures). ``evaluation(dataset)`` adds evaluation keys to every
     trial of that dataset (``ood_datasets``, ``corruptions``); it runs before any trial starts, so it
     is also where a study checks or prepares its evaluation data. ``table``: the study's whole row
     table when ``rows`` is a user's selection of it (the study's manifest is computed from the table,
@@ -104,12 +104,21 @@ def run_rows(
     trials["row"] = pd.Categorical(trials["label"], categories=list(rows), ordered=True)
     print(f"\n[{args.study}] store: {paths.store} ({len(trials)} ok trials of this run; "
           f"{run.skipped} were already there; {run.failed} failed)")
-    return trials
+    return trials, run
 
 
-def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, by: tuple[str, ...] = ("row",)) -> None:
-    """One Markdown table per (dataset, architecture): mean ± 95% CI over seeds of ``metrics`` (in percent)."""
+def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, study: str,
+                     by: tuple[str, ...] = ("row",)) -> None:
+    """One Markdown table per (dataset, architecture): mean ± 95% CI over seeds of ``metrics`` (in percent).
+
+    Rows with no finished trial are named in one line under the table, so a partial run shows what it has.
+    """
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
-        print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds "
-              "(percent; NLL in nats and Brier as they are)\n")
-        print(to_markdown(summarize(group, list(by), list(metrics)), list(by), metrics))
+        with report_step(study, f"table for {dataset} · {arch}"):
+            print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds "
+                  "(percent; NLL in nats and Brier as they are)\n")
+            print(to_markdown(summarize(group, list(by), list(metrics)), list(by), metrics))
+            if "row" in by and isinstance(group["row"].dtype, pd.CategoricalDtype):
+                missing = [str(r) for r in group["row"].cat.categories if not (group["row"] == r).any()]
+                if missing:
+                    print(f"\nno finished trial for: {', '.join(missing)}")

@@ -1,4 +1,4 @@
-"""``run_trial(config) -> TrialResult``: one trial, from Stage I to metrics (DESIGN.md contract 1).
+"""``run_trial(config) -> TrialResult``: one trial, from Stage I to metrics (docs/architecture.md contract 1).
 
 A plain function of a plain config. It knows nothing of Ray: Ray Tune, a local loop and the tests
 call the same function.
@@ -99,7 +99,7 @@ def _ood_metrics(
 def _corruption_metrics(
     cfg: TrialConfig, artifact: Any, outcome: Any, device: torch.device
 ) -> tuple[dict[str, float], dict[str, list]]:
-    """ECE and accuracy per (corruption, severity) (METHODS.md §6.8), their means per severity over the
+    """ECE and accuracy per (corruption, severity) (docs/methods.md §6.8), their means per severity over the
     corruptions (MaC-Cal Fig. 5), and the overall means."""
     if not cfg.corruptions:
         return {}, {}

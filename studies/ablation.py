@@ -10,23 +10,23 @@ row (incremental) or the full method (leave-one-out).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pandas as pd
 
 from calib.ablation import MODES, load_ladder
 from calib.cli import (
-    add_common_args,
     execution_options,
     guarded_main,
     preset_of,
     require_datasets,
+    study_exit_code,
+    study_parser,
     study_paths,
     study_setups,
 )
 from calib.presets import base_config, with_preset_stage2
-from calib.report import summarize, to_markdown
+from calib.report import report_step, summarize, to_markdown
 from calib.search import run_grid
 from calib.store import read_finished
 
@@ -36,8 +36,7 @@ METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser, study="ablation")
+    parser = study_parser(__doc__, study="ablation")
     parser.add_argument("--ladder", default=str(DEFAULT_LADDER), help="ladder file (YAML)")
     parser.add_argument("--mode", default="incremental", choices=MODES, help="how components are combined")
     args = parser.parse_args(argv)
@@ -68,20 +67,22 @@ def main(argv: list[str] | None = None) -> int:
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
 
     trials = read_finished(paths.store, args.study, run.trial_ids)
-    if trials.empty:
-        print(f"[{args.study}] no finished trial in the store: see the errors above")
-        return 1
     trials["step"] = pd.Categorical(trials["label"], categories=order, ordered=True)
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
-        table = summarize(group, ["step"], list(METRICS))
-        reference = table["test_ece_mean"].shift(1) if args.mode == "incremental" else table["test_ece_mean"].iloc[0]
-        delta = 100 * (table["test_ece_mean"] - reference)
-        table["step"] = [f"{s} (Δ ECE {d:+.2f})" if pd.notna(d) and i > 0 else str(s)
-                         for i, (s, d) in enumerate(zip(table["step"], delta, strict=True))]
-        print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds (percent)\n")
-        print(to_markdown(table, ["step"], METRICS))
-    print(f"\nstore: {paths.store} ({len(trials)} trials of this run; {run.skipped} were already there)")
-    return 0
+        with report_step(args.study, f"table for {dataset} · {arch}"):
+            table = summarize(group, ["step"], list(METRICS))
+            first = table["test_ece_mean"].iloc[0]
+            reference = table["test_ece_mean"].shift(1) if args.mode == "incremental" else first
+            delta = 100 * (table["test_ece_mean"] - reference)
+            table["step"] = [f"{s} (Δ ECE {d:+.2f})" if pd.notna(d) and i > 0 else str(s)
+                             for i, (s, d) in enumerate(zip(table["step"], delta, strict=True))]
+            print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds (percent)\n")
+            print(to_markdown(table, ["step"], METRICS))
+            missing = [step for step in order if not (group["step"] == step).any()]
+            if missing:
+                print(f"\nno finished trial for: {', '.join(missing)} (Δ ECE is against the row above in the table)")
+    print(f"\nstore: {paths.store} ({len(trials)} finished trials of this run; {run.skipped} were already there)")
+    return study_exit_code(args.study, paths.store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,7 @@ artifact and retrains only the head. Prints Acc / ECE / AECE (mean ± 95% CI ove
 
 from __future__ import annotations
 
-import argparse
-
-from calib.cli import add_common_args, guarded_main
+from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.study_rows import Row, print_row_tables, run_rows
 
 STAGE1 = {
@@ -37,16 +35,13 @@ def rows(names: list[str]) -> dict[str, Row]:
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser, study="combine")
+    parser = study_parser(__doc__, study="combine")
     parser.add_argument("--losses", nargs="+", default=list(STAGE1), choices=list(STAGE1), metavar="LOSS",
-                        help=f"Stage-I rows, from: {', '.join(STAGE1)}")
+                        help=f"Stage-I rows, from: {', '.join(STAGE1)} (default: all of them)")
     args = parser.parse_args(argv)
-    trials = run_rows(args, rows(args.losses), table=rows(list(STAGE1)))
-    if trials.empty:
-        return 1
-    print_row_tables(trials, METRICS)
-    return 0
+    trials, run = run_rows(args, rows(args.losses), table=rows(list(STAGE1)))
+    print_row_tables(trials, METRICS, study=args.study)
+    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

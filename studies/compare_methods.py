@@ -8,9 +8,7 @@ over seeds, on the test split.
 
 from __future__ import annotations
 
-import argparse
-
-from calib.cli import add_common_args, guarded_main
+from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.study_rows import METHOD_ROWS, print_row_tables, run_rows
 
 METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_nll": "NLL",
@@ -19,16 +17,13 @@ METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser, study="compare_methods")
+    parser = study_parser(__doc__, study="compare_methods")
     parser.add_argument("--methods", nargs="+", default=list(METHOD_ROWS), choices=list(METHOD_ROWS),
-                        metavar="ROW", help=f"rows to run, from: {', '.join(METHOD_ROWS)}")
+                        metavar="ROW", help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: all of them)")
     args = parser.parse_args(argv)
-    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS)
-    if trials.empty:
-        return 1
-    print_row_tables(trials, METRICS)
-    return 0
+    trials, run = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS)
+    print_row_tables(trials, METRICS, study=args.study)
+    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

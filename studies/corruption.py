@@ -15,7 +15,7 @@ import argparse
 import pandas as pd
 
 from calib._config import ConfigError
-from calib.cli import add_common_args, guarded_main, study_paths
+from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.datasets.corruptions import (
     C_DIRECTORY,
     CORRUPTIONS,
@@ -24,7 +24,7 @@ from calib.datasets.corruptions import (
     ensure_digits_c,
     load_corrupted,
 )
-from calib.report import summarize
+from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
 from calib.study_rows import METHOD_ROWS, print_row_tables, run_rows
 
@@ -48,31 +48,30 @@ def evaluation_for(args: argparse.Namespace):
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser, study="corruption")
+    parser = study_parser(__doc__, study="corruption")
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=list(METHOD_ROWS), metavar="ROW",
-                        help=f"rows to run, from: {', '.join(METHOD_ROWS)}")
+                        help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: {', '.join(ROWS)})")
     args = parser.parse_args(argv)
-    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS,
-                      evaluation=evaluation_for(args))
-    if trials.empty:
-        return 1
+    trials, run = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS,
+                           evaluation=evaluation_for(args))
     metrics = {}
     for i, severity in enumerate(SEVERITIES):
         trials[f"corrupted_ece_s{severity}"] = trials["corrupted_ece_by_severity"].map(lambda v, i=i: v[i])
         metrics[f"corrupted_ece_s{severity}"] = f"ECE s{severity}"
-    print_row_tables(trials, {**metrics, "corrupted_accuracy": "Acc (all)", "test_ece": "ECE clean"})
+    print_row_tables(trials, {**metrics, "corrupted_accuracy": "Acc (all)", "test_ece": "ECE clean"},
+                     study=args.study)
     long = pd.DataFrame([{"row": row, "dataset": d, "arch": a, "severity": s, "ece": eces[s - 1]}
                          for row, d, a, eces in zip(trials["row"], trials["dataset"], trials["arch"],
                                                     trials["corrupted_ece_by_severity"], strict=True)
                          for s in SEVERITIES])
-    for (dataset, arch), group in long.groupby(["dataset", "arch"]):
-        figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}_{arch}.png"
-        plot_metric_against(summarize(group, ["row", "severity"], ["ece"]), "severity", "ece", "row", figure,
-                            xlabel="corruption severity", ylabel="ECE (%), mean over corruptions",
-                            title=f"corruptions · {dataset} · {arch}")
-        print(f"figure: {figure}")
-    return 0
+    for (dataset, arch), group in (long.groupby(["dataset", "arch"]) if not long.empty else []):
+        with report_step(args.study, f"severity figure for {dataset} · {arch}"):
+            figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}_{arch}.png"
+            plot_metric_against(summarize(group, ["row", "severity"], ["ece"]), "severity", "ece", "row", figure,
+                                xlabel="corruption severity", ylabel="ECE (%), mean over corruptions",
+                                title=f"corruptions · {dataset} · {arch}")
+            print(f"figure: {figure}")
+    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

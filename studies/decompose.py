@@ -1,14 +1,12 @@
 """Are the methods' remaining errors over- or under-confidence? ECE split into O-ECE + U-ECE (FeDLaS Table 4).
 
 O-ECE sums the bins whose confidence exceeds their accuracy, U-ECE the others; O-ECE + U-ECE = ECE
-on the same 15 bins (METHODS.md §6.4).
+on the same 15 bins (docs/methods.md §6.4).
 """
 
 from __future__ import annotations
 
-import argparse
-
-from calib.cli import add_common_args, guarded_main
+from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.study_rows import Row, print_row_tables, run_rows
 
 ROWS = {
@@ -25,14 +23,11 @@ METRICS = {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser, study="decompose")
+    parser = study_parser(__doc__, study="decompose")
     args = parser.parse_args(argv)
-    trials = run_rows(args, ROWS)
-    if trials.empty:
-        return 1
-    print_row_tables(trials, METRICS)
-    return 0
+    trials, run = run_rows(args, ROWS)
+    print_row_tables(trials, METRICS, study=args.study)
+    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

@@ -6,10 +6,8 @@ shares with the Mixup row). Prints ECE and accuracy per (family, α) and writes 
 
 from __future__ import annotations
 
-import argparse
-
-from calib.cli import add_common_args, guarded_main, study_paths
-from calib.report import summarize
+from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
+from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
 from calib.study_rows import Row, print_row_tables, run_rows
 
@@ -28,23 +26,21 @@ def rows(alphas: list[float]) -> dict[str, Row]:
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser, study="mixup_alpha")
+    parser = study_parser(__doc__, study="mixup_alpha")
     parser.add_argument("--alphas", type=float, nargs="+", default=list(DEFAULT_ALPHAS), help="Beta(α, α) values")
     args = parser.parse_args(argv)
-    trials = run_rows(args, rows(args.alphas))
-    if trials.empty:
-        return 1
-    print_row_tables(trials, METRICS)
+    trials, run = run_rows(args, rows(args.alphas))
+    print_row_tables(trials, METRICS, study=args.study)
     trials["family"] = trials["row"].astype(str).str.split(" α=").str[0]
     trials["alpha"] = trials["stage1_mixup_alpha"].fillna(trials["stage1_mit_alpha"])
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
-        figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}_{arch}.png"
-        plot_metric_against(summarize(group, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece", "family",
-                            figure, xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
-                            title=f"Mixup α · {dataset} · {arch}")
-        print(f"figure: {figure}")
-    return 0
+        with report_step(args.study, f"α figure for {dataset} · {arch}"):
+            figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}_{arch}.png"
+            plot_metric_against(summarize(group, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece", "family",
+                                figure, xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
+                                title=f"Mixup α · {dataset} · {arch}")
+            print(f"figure: {figure}")
+    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

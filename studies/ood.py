@@ -8,10 +8,8 @@ probability, in-distribution positive. Prints AUROC and FPR at 95% TPR averaged 
 
 from __future__ import annotations
 
-import argparse
-
 from calib._config import ConfigError
-from calib.cli import add_common_args, guarded_main, study_paths
+from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.datasets import DEFAULT_OOD, OOD_SETS
 from calib.study_rows import METHOD_ROWS, print_row_tables, run_rows
 
@@ -20,10 +18,9 @@ ROWS = ["Vanilla (CE)", "CE+TS", "TST", "V-TST", "MaC-Cal", "DFL", "ACLS", "LS",
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser, study="ood")
+    parser = study_parser(__doc__, study="ood")
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=list(METHOD_ROWS), metavar="ROW",
-                        help=f"rows to run, from: {', '.join(METHOD_ROWS)}")
+                        help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: {', '.join(ROWS)})")
     args = parser.parse_args(argv)
     def evaluation(dataset: str) -> dict:
         names = DEFAULT_OOD.get(dataset, ())
@@ -34,17 +31,15 @@ def main(argv: list[str] | None = None) -> int:
                 OOD_SETS.get(name).require(str(study_paths(args).data_root))
         return {"ood_datasets": list(names)}
 
-    trials = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, evaluation=evaluation,
-                      table=METHOD_ROWS)
-    if trials.empty:
-        return 1
+    trials, run = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, evaluation=evaluation,
+                           table=METHOD_ROWS)
     metrics = {"ood_auroc": "AUROC (mean)", "ood_fpr95": "FPR95 (mean)"}
-    names = trials["ood_datasets"].iloc[0]
+    names = trials["ood_datasets"].iloc[0] if not trials.empty else []
     for i, name in enumerate(names):
         trials[f"ood_auroc_{name}"] = trials["ood_auroc_per_dataset"].map(lambda values, i=i: values[i])
         metrics[f"ood_auroc_{name}"] = f"AUROC {name}"
-    print_row_tables(trials, {**metrics, "test_accuracy": "Acc", "test_ece": "ECE"})
-    return 0
+    print_row_tables(trials, {**metrics, "test_accuracy": "Acc", "test_ece": "ECE"}, study=args.study)
+    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from calib.cli import StudyPaths, guarded_main
+from calib.cli import HelpFormatter, StudyPaths, guarded_main
 from calib.report.build import build_report
 
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--store", default="results", help="result-store directory or s3:// URI")
     parser.add_argument("--out", default=None,
                         help="report directory (default: <store>/report; ./results/report for a remote store)")

@@ -8,24 +8,24 @@ never drives the search; its numbers are shown for the selected trials only.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
 from calib.cli import (
-    add_common_args,
     execution_options,
     guarded_main,
     preset_of,
     require_datasets,
+    study_exit_code,
+    study_parser,
     study_paths,
     study_setups,
 )
 from calib.config import set_dotted
 from calib.metrics import higher_is_better
 from calib.presets import base_config
-from calib.report import format_mean_ci
+from calib.report import format_mean_ci, report_step
 from calib.search import SAMPLERS, load_search_space, run_search
 from calib.search.importance import importance_report
 from calib.store import read_finished
@@ -39,10 +39,28 @@ def pareto_front(df, objectives: list[str]):
     return df[keep]
 
 
+def print_best(trials, space, objectives: list[str]) -> None:
+    """The 5 best finished trials by the objective, or the Pareto front of two or more objectives."""
+    if trials.empty:
+        return
+    columns = [f"{k.replace('.', '_')}" for k in space.parameters]
+    if len(objectives) == 1:
+        objective = objectives[0]
+        best = trials.sort_values(objective, ascending=not higher_is_better(objective.split("_", 1)[1])).head(5)
+        print(f"\nbest {len(best)} of {len(trials)} trials by {objective}:")
+    else:
+        best = pareto_front(trials, objectives)
+        print(f"\nPareto front of {len(trials)} trials on {objectives}:")
+    for _, row in best.iterrows():
+        params = ", ".join(f"{c}={row[c]:.4g}" if isinstance(row[c], float) else f"{c}={row[c]}" for c in columns)
+        scores = " · ".join(f"{o} {format_mean_ci(row[o], float('nan'))}%" for o in objectives)
+        print(f"  {row['trial_id']}  {scores} · test_ece {format_mean_ci(row['test_ece'], float('nan'))}% "
+              f"· test_accuracy {format_mean_ci(row['test_accuracy'], float('nan'))}%  [{params}]")
+
+
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser, study="")
+    parser = study_parser(__doc__, study=None, study_default="search_<name of the --space file>")
     parser.add_argument("--space", required=True, help="search-space YAML file (search_spaces/*.yaml)")
     parser.add_argument("--num-trials", type=int, default=20, help="number of sampled trials")
     parser.add_argument("--objective", nargs="+", default=["val_ece"],
@@ -71,29 +89,18 @@ def main(argv: list[str] | None = None) -> int:
                      objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
                      options=execution_options(args, preset))
     trials = read_finished(paths.store, study, run.trial_ids)
-    if trials.empty:
-        print(f"[{study}] no finished trial: see the errors above")
-        return 1
-    columns = [f"{k.replace('.', '_')}" for k in space.parameters]
-    if len(args.objective) == 1:
-        objective = args.objective[0]
-        best = trials.sort_values(objective, ascending=not higher_is_better(objective.split("_", 1)[1])).head(5)
-        print(f"\nbest 5 of {len(trials)} trials by {objective}:")
-    else:
-        best = pareto_front(trials, args.objective)
-        print(f"\nPareto front of {len(trials)} trials on {args.objective}:")
-    for _, row in best.iterrows():
-        params = ", ".join(f"{c}={row[c]:.4g}" if isinstance(row[c], float) else f"{c}={row[c]}" for c in columns)
-        scores = " · ".join(f"{o} {format_mean_ci(row[o], float('nan'))}%" for o in args.objective)
-        print(f"  {row['trial_id']}  {scores} · test_ece {format_mean_ci(row['test_ece'], float('nan'))}% "
-              f"· test_accuracy {format_mean_ci(row['test_accuracy'], float('nan'))}%  [{params}]")
-    if len(trials) >= 2:
-        importances, files = importance_report(trials, space, args.objective[0], paths.outputs / "report", study)
-        print(f"\nfANOVA importance for {args.objective[0]}: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in importances.items()))
-        print(f"importances and slice plot: {', '.join(str(f) for f in files)}")
-    print(f"\nstore: {paths.store} (study={study}, {len(trials)} trials)")
-    return 0
+    with report_step(study, "best-trials table"):
+        print_best(trials, space, args.objective)
+    with report_step(study, "importances"):
+        importance = importance_report(trials, space, args.objective[0], paths.outputs / "report", study)
+        if importance.importances:
+            print(f"\nfANOVA importance for {args.objective[0]}: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in importance.importances.items()))
+        for note in importance.notes:
+            print(f"[{study}] {note}")
+        print(f"importances and slice plot: {', '.join(str(f) for f in importance.files)}")
+    print(f"\nstore: {paths.store} (study={study}, {len(trials)} finished trials)")
+    return study_exit_code(study, paths.store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

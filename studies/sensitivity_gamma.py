@@ -7,22 +7,23 @@ against γ and the q_t trajectories per γ (MaC-Cal Figs. 7-8). Re-running skips
 
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
 
 import pandas as pd
 import pyarrow.dataset as pads
 
 from calib.cli import (
-    add_common_args,
     execution_options,
     guarded_main,
     preset_of,
     require_datasets,
+    study_exit_code,
+    study_parser,
     study_paths,
     study_setups,
 )
 from calib.presets import base_config
-from calib.report import summarize, to_markdown
+from calib.report import report_step, summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
 from calib.search import run_grid
 from calib.store import read_finished, read_history
@@ -31,10 +32,44 @@ DEFAULT_GAMMAS = (0.8, 0.85, 0.9, 0.95, 1.0)
 METRICS = {"test_ece": "ECE (%)", "test_accuracy": "Acc (%)", "test_aece": "AECE (%)", "test_mce": "MCE (%)"}
 
 
+def print_report(trials: pd.DataFrame, *, study: str, store: str, figures: Path, gammas: list[float]) -> None:
+    """Per (dataset, architecture): the table of vanilla and each γ (naming the rows with no finished
+    trial) and the γ figure with the q_t trajectories read from the store's history."""
+    for (dataset, arch), by_dataset in trials.groupby(["dataset", "arch"], observed=True):
+        vanilla = by_dataset[by_dataset["method"] == "vanilla"]
+        mac = by_dataset[by_dataset["method"] == "mac_cal"]
+        with report_step(study, f"table for {dataset} · {arch}"):
+            parts = [summarize(rows, by, list(METRICS)).rename(columns={"method_accuracy_weight": "γ"})
+                     for rows, by in ((vanilla, ["method"]), (mac, ["method", "method_accuracy_weight"]))
+                     if not rows.empty]
+            table = pd.concat(parts, ignore_index=True)
+            table["γ"] = ["–" if pd.isna(g) else g for g in table.get("γ", [None] * len(table))]
+            print(f"\n{dataset} · {arch} · mean ± 95% CI over seeds (test split)\n")
+            print(to_markdown(table, ["method", "γ"], METRICS))
+            missing = ([] if not vanilla.empty else ["vanilla"]) + [
+                f"γ={g:g}" for g in sorted(gammas) if not (mac["method_accuracy_weight"] == g).any()]
+            if missing:
+                print(f"\nno finished trial for: {', '.join(missing)}")
+        if mac.empty:
+            print(f"[{study}] γ figure for {dataset} · {arch} not drawn: no MaC-Cal trial finished")
+            continue
+        with report_step(study, f"γ figure for {dataset} · {arch}"):
+            in_run = pads.field("trial_id").isin(list(mac["trial_id"]))
+            history = read_history(store, study=study, filters=in_run & (pads.field("stage") == "stage2"))
+            v = summarize(vanilla, ["method"], ["test_ece"]) if not vanilla.empty else None
+            figure = figures / f"{study}_{dataset}_{arch}.png"
+            plot_gamma_sensitivity(
+                summarize(mac, ["method_accuracy_weight"], ["test_ece"]),
+                history.merge(mac[["trial_id", "method_accuracy_weight"]], on="trial_id"), figure,
+                vanilla=None if v is None else (v["test_ece_mean"].iloc[0], v["test_ece_ci"].iloc[0]),
+                title=f"MaC-Cal γ sensitivity · {dataset} · {arch}",
+            )
+            print(f"\nfigure: {figure}")
+
+
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser, study="sensitivity_gamma")
+    parser = study_parser(__doc__, study="sensitivity_gamma")
     parser.add_argument("--gammas", type=float, nargs="+", default=list(DEFAULT_GAMMAS), help="γ values")
     args = parser.parse_args(argv)
     preset = preset_of(args)
@@ -59,32 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
 
     trials = read_finished(paths.store, args.study, run.trial_ids)
-    if trials.empty:
-        print(f"[{args.study}] no finished trial in the store: see the errors above")
-        return 1
-    in_run = pads.field("trial_id").isin(list(trials["trial_id"]))
-    history = read_history(paths.store, study=args.study, filters=in_run & (pads.field("stage") == "stage2"))
-    for (dataset, arch), by_dataset in trials.groupby(["dataset", "arch"], observed=True):
-        vanilla = by_dataset[by_dataset["method"] == "vanilla"]
-        mac = by_dataset[by_dataset["method"] == "mac_cal"]
-        parts = [summarize(vanilla, ["method"], list(METRICS)).assign(γ="–")] if not vanilla.empty else []
-        parts.append(summarize(mac, ["method", "method_accuracy_weight"], list(METRICS))
-                     .rename(columns={"method_accuracy_weight": "γ"}))
-        table = pd.concat(parts, ignore_index=True)
-        print(f"\n{dataset} · {arch} · mean ± 95% CI over {len(seeds)} seeds (test split)\n")
-        print(to_markdown(table, ["method", "γ"], METRICS))
-        v = summarize(vanilla, ["method"], ["test_ece"]) if not vanilla.empty else None
-        mac_hist = history.merge(mac[["trial_id", "method_accuracy_weight"]], on="trial_id")
-        figure = paths.outputs / "figures" / f"{args.study}_{dataset}_{arch}.png"
-        plot_gamma_sensitivity(
-            summarize(mac, ["method_accuracy_weight"], ["test_ece"]), mac_hist, figure,
-            vanilla=None if v is None else (v["test_ece_mean"].iloc[0], v["test_ece_ci"].iloc[0]),
-            title=f"MaC-Cal γ sensitivity · {dataset} · {arch}",
-        )
-        print(f"\nfigure: {figure}")
-    print(f"\nstore: {paths.store} ({len(trials)} trials of this run; {run.skipped} were already there)")
+    print_report(trials, study=args.study, store=paths.store, figures=paths.outputs / "figures", gammas=args.gammas)
+    print(f"\nstore: {paths.store} ({len(trials)} finished trials of this run; {run.skipped} were already there)")
     print(f"load: python -c \"import pandas as pd; print(pd.read_parquet('{paths.store}/trials'))\"")
-    return 0
+    return study_exit_code(args.study, paths.store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

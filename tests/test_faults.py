@@ -101,7 +101,7 @@ def test_diverging_and_out_of_memory_trials_are_failed_rows_with_their_epoch(ray
 def test_a_killed_trial_is_retried_from_its_last_stage1_checkpoint(tmp_path):
     store = tmp_path / "results"
     args = ["--store", str(store), "--seeds", "1", "--gammas", "0.9", "--epochs", "30", "--stage2-epochs", "2",
-            "--max-failures", "2", "--max-concurrent", "1"]
+            "--max-failures", "2", "--max-concurrent", "1", "--checkpoint-min-seconds", "0"]
     proc = subprocess.Popen([sys.executable, str(ROOT / "studies" / "sensitivity_gamma.py"), *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -237,6 +237,31 @@ def test_a_changed_search_space_is_refused(tmp_path):
     space.write_text(space.read_text().replace("high: 1.0", "high: 1.2"))
     again = study("search.py", *args)
     assert again.returncode == 2 and "search space" in again.stderr and "--study NEW_NAME" in again.stderr
+
+
+# ---------------------------------------------------------------------------------- corrupt artifacts
+# (every kind of bad artifact file, locally and on S3, is in tests/core/test_artifact_integrity.py and
+# tests/store/test_artifact_integrity_s3.py)
+
+
+@pytest.mark.ray
+def test_a_truncated_stage1_cache_is_moved_aside_and_rebuilt_by_the_study(finished_study, tmp_path):
+    """The issue's case: a truncated cache.pt failed every trial that used it, in every later run."""
+    store, args = copy_of(finished_study, tmp_path)
+    (artifact,) = [p for p in (store / "artifacts" / "stage1").iterdir() if p.is_dir()]
+    cache = artifact / "cache.pt"
+    cache.write_bytes(cache.read_bytes()[: cache.stat().st_size // 2])
+    truncated = cache.read_bytes()
+
+    rerun = study("sensitivity_gamma.py", *[a if a != "0.9" else "0.7" for a in args])
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    (quarantined,) = (store / "artifacts" / "quarantine").iterdir()
+    assert (quarantined / "cache.pt").read_bytes() == truncated, "the bad file is kept, not deleted"
+    notes = [line for line in rerun.stdout.splitlines() if "failed its check" in line]
+    assert len(notes) == 1 and f"moved it to {quarantined}" in notes[0], rerun.stdout
+    trials = pd.read_parquet(store / "trials")
+    new = trials[trials["method_accuracy_weight"] == 0.7]
+    assert new["status"].tolist() == ["ok"] and not new["stage1_cache_hit"].item()
 
 
 # ---------------------------------------------------------------------------------- corrupt store files

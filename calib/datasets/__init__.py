@@ -40,7 +40,7 @@ def load_dataset(name: str, root: str, download: bool = False, *, cifar100_test_
         download: fetch missing files into ``root`` instead of raising
             :class:`DatasetNotFoundError`.
         cifar100_test_norm: ``"focal_bug"`` normalises CIFAR-100's test split with the ImageNet
-            statistics, as FOCAL-R does (METHODS.md §7.2); other datasets accept only ``"cifar"``.
+            statistics, as FOCAL-R does (docs/methods.md §7.2); other datasets accept only ``"cifar"``.
     """
     info = DATASETS.get(name)
     if cifar100_test_norm == "cifar":

@@ -1,4 +1,4 @@
-"""CIFAR-10 and CIFAR-100 through torchvision, with the FOCAL-R protocol (METHODS.md §7.2, §8).
+"""CIFAR-10 and CIFAR-100 through torchvision, with the FOCAL-R protocol (docs/methods.md §7.2, §8).
 
 - Split: the 50,000 training images give 45,000 train and 5,000 validation images. Indices
   0..49,999 are shuffled with ``np.random.RandomState(1).shuffle`` (FOCAL-R: NumPy seed 1,
@@ -183,7 +183,7 @@ def load_cifar100(
         val_size: validation images taken from the training set (5,000 in the protocol).
         test_norm: ``"cifar"`` normalises every split with the CIFAR statistics; ``"focal_bug"``
             normalises the test split with the ImageNet statistics, as FOCAL-R's
-            ``Data/cifar100.py`` does (METHODS.md §7.2 pitfall), and the other splits as usual.
+            ``Data/cifar100.py`` does (docs/methods.md §7.2 pitfall), and the other splits as usual.
     """
     allowed = get_args(TestNorm)
     if test_norm not in allowed:

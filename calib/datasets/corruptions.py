@@ -1,4 +1,4 @@
-"""Corrupted test sets in the CIFAR-10-C / CIFAR-100-C layout (Hendrycks & Dietterich, ICLR 2019; METHODS.md §8).
+"""Corrupted test sets in the CIFAR-10-C / CIFAR-100-C layout (Hendrycks & Dietterich, ICLR 2019; docs/methods.md §8).
 
 Layout: one directory holding ``labels.npy`` (the test labels tiled 5 times) and one
 ``<corruption>.npy`` per corruption, uint8 of shape (5·N, H, W, C), rows [(s−1)·N, s·N) holding

@@ -49,7 +49,7 @@ NOISE_STD = 0.3
 Why: clean digits are too easy to study calibration on (a small CNN reaches 98-99% test accuracy
 with ECE ≈ 1%: nothing to calibrate). With σ = 0.3 and half the data for training, the same small
 CNN reaches ≈ 80% test accuracy with ECE ≈ 9-12% after 60 epochs: training accuracy clearly above
-test accuracy and visibly overconfident, the regime the papers study (DESIGN.md, "Scale").
+test accuracy and visibly overconfident, the regime the papers study (docs/architecture.md, "Scale").
 """
 NOISE_SEED = 1234
 """Seed of ``numpy.random.default_rng`` drawing the noise once: the noisy images are fixed, the same in

@@ -1,4 +1,4 @@
-"""Out-of-distribution evaluation sets (METHODS.md §6.7, §8): images in the in-distribution's input format.
+"""Out-of-distribution evaluation sets (docs/methods.md §6.7, §8): images in the in-distribution's input format.
 
 Each set is the *test* split of another dataset, transformed with the in-distribution's evaluation
 transform (CIFAR statistics for CIFAR-10/100 in-distribution), every sample labelled 0 (labels are

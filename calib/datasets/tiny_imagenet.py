@@ -1,4 +1,4 @@
-"""Tiny-ImageNet-200 with the ACLS/FeDLaS protocol (METHODS.md §7.3, §8).
+"""Tiny-ImageNet-200 with the ACLS/FeDLaS protocol (docs/methods.md §7.3, §8).
 
 Files: the official archive's layout, ``<root>/tiny-imagenet-200/`` with ``wnids.txt`` (200 class
 ids, one a line), ``train/<wnid>/images/*.JPEG`` (500 a class), ``val/images/*.JPEG`` with

@@ -1,8 +1,8 @@
-"""The batch-reduction convention shared by the training losses (METHODS.md §4, "Global pitfall").
+"""The batch-reduction convention shared by the training losses (docs/methods.md §4, "Global pitfall").
 
 Every loss here defines its **batch-mean form** L̄: the per-sample loss averaged over the B samples
 of the batch, with any batch-level regulariser (the MbLS/ACLS penalties, MMCE) written as in
-METHODS.md §4. Then
+docs/methods.md §4. Then
 
 - ``reduction="mean"`` returns L̄ (the ACLS/FeDLaS protocol);
 - ``reduction="sum"`` returns B · L̄ (the FOCAL-R protocol, which MaC-Cal uses: CE, FL and FLSD are

@@ -1,4 +1,4 @@
-"""ACLS: adaptive and conditional label smoothing (Park, Noh, Oh, Kim, Ham, ICCV 2023), METHODS.md §4.3.
+"""ACLS: adaptive and conditional label smoothing (Park, Noh, Oh, Kim, Ham, ICCV 2023), docs/methods.md §4.3.
 
 With logits z (B samples, C classes), z_max,i the max logit of sample i and j*_i its argmax (the
 argmax, *not* the label), margin m, sg[·] a stop-gradient, the regulariser is
@@ -12,7 +12,7 @@ it exceeds m) but not from the second. Batch reduction: see :mod:`calib.losses._
 ("sum" = B · L̄).
 
 Ties: ACLS-R marks *every* class equal to the max as a "positive" (so a tied max counts twice in
-the first term); here j* is the single index ``torch.max`` returns, as METHODS.md §4.3 writes it.
+the first term); here j* is the single index ``torch.max`` returns, as docs/methods.md §4.3 writes it.
 A tied runner-up then contributes relu(0 − m)² = 0 to the second term, so only exact logit ties,
 which float training never produces in practice, can tell the two apart.
 """

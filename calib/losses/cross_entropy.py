@@ -1,4 +1,4 @@
-"""Cross-entropy, the vanilla Stage-I loss: CE_i = −log p_{i,y_i} (METHODS.md §0)."""
+"""Cross-entropy, the vanilla Stage-I loss: CE_i = −log p_{i,y_i} (docs/methods.md §0)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class CrossEntropyConfig:
 
 
 class CrossEntropy(nn.Module):
-    """Batch cross-entropy with ``reduction`` "mean" or "sum" (FOCAL-R trains with "sum", METHODS.md §4)."""
+    """Batch cross-entropy with ``reduction`` "mean" or "sum" (FOCAL-R trains with "sum", docs/methods.md §4)."""
 
     def __init__(self, reduction: Reduction = "mean") -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""Dual focal loss (Tao, Dong, Xu, ICML 2023), METHODS.md §4.6.
+"""Dual focal loss (Tao, Dong, Xu, ICML 2023), docs/methods.md §4.6.
 
 With p = softmax(z), p_y the probability of the label and p_j the **largest probability strictly
 smaller than p_y** (0 when no class has a smaller probability), the per-sample loss is
@@ -48,7 +48,7 @@ class DualFocalLossConfig:
 
     Attributes:
         gamma: γ, the focusing exponent, >= 0 (5.0: ASSUMPTION, the CIFAR value a third-party port
-            cites from the paper's hyper-parameter table; METHODS.md §4.6). γ = 0 is cross-entropy.
+            cites from the paper's hyper-parameter table; docs/methods.md §4.6). γ = 0 is cross-entropy.
     """
 
     gamma: float = 5.0

@@ -1,4 +1,6 @@
-"""FeDLaS: feature-modulated bidirectional label smoothing (Bahavan, Seneviratne, Halgamuge, ECCV'26), METHODS.md §3.
+"""FeDLaS: feature-modulated bidirectional label smoothing (Bahavan, Seneviratne, Halgamuge, ECCV'26).
+
+docs/methods.md §3.
 
 A plug-in for label smoothing (LS) or MbLS that makes the smoothing weight per sample:
 
@@ -22,7 +24,7 @@ Sources: FEDLAS-P (the paper, Eq. 3-12 and §5) and FEDLAS-R (GitHub ``nadarasar
 commit 93b0b73, ``calibrate/losses/fedlas.py``: classes NCI, DCG/STE_DCG, FEDLAS, FEDLASplus;
 ``configs/loss/*.yaml`` and ``configs/data/*.yaml`` for the defaults).
 
-Pitfalls (METHODS.md §3.7):
+Pitfalls (docs/methods.md §3.7):
 - The NCI statistics are updated only in training mode. The loss module must be put in ``train()``
   mode every epoch (``calib.training.stage1`` calls ``loss_fn.train()``); otherwise μ and σ stay
   frozen at their initial values (20, 100).
@@ -67,7 +69,7 @@ def _check_modulation(modulation_strength: float, norm_momentum: float) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class FeDLaSLSConfig:
-    """FeDLaS on label smoothing (``fedlas_ls``). Defaults: CIFAR-10 (METHODS.md §3.5, FEDLAS-R configs).
+    """FeDLaS on label smoothing (``fedlas_ls``). Defaults: CIFAR-10 (docs/methods.md §3.5, FEDLAS-R configs).
 
     Attributes:
         smoothing: α_base, the LS smoothing α, in [0, 1) (0.05; CIFAR-100: 0.1; Tiny-ImageNet, CUB,
@@ -88,7 +90,7 @@ class FeDLaSLSConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class FeDLaSMbLSConfig:
-    """FeDLaS on MbLS (``fedlas_mbls``, FEDLAS-R ``FEDLASplus``). Defaults: CIFAR-10 (METHODS.md §3.5).
+    """FeDLaS on MbLS (``fedlas_mbls``, FEDLAS-R ``FEDLASplus``). Defaults: CIFAR-10 (docs/methods.md §3.5).
 
     Attributes:
         penalty_weight: λ = α_base, the weight of the margin penalty, >= 0 (0.1; CIFAR-100: 0.1;
@@ -229,7 +231,7 @@ class _FeDLaSBase(nn.Module):
 
 
 class FeDLaSLS(_FeDLaSBase):
-    """FeDLaS-LS: L = mean_i[(1 − α_i)·CE_i + α_i·E_i], α_i = α·2·sigmoid(β·ψ_i·γ_i) (METHODS.md §3.4).
+    """FeDLaS-LS: L = mean_i[(1 − α_i)·CE_i + α_i·E_i], α_i = α·2·sigmoid(β·ψ_i·γ_i) (docs/methods.md §3.4).
 
     With β = 0, α_i = α and this is label smoothing LS_α = (1 − α)·CE + α·E exactly (§4.1).
 
@@ -261,7 +263,7 @@ class FeDLaSLS(_FeDLaSBase):
 
 
 class FeDLaSMbLS(_FeDLaSBase):
-    """FeDLaS-MbLS (FEDLAS-R ``FEDLASplus``), METHODS.md §3.4:
+    """FeDLaS-MbLS (FEDLAS-R ``FEDLASplus``), docs/methods.md §3.4:
 
         L = mean_i[(1 − α_i)·CE_i] + mean_i[α_i · (1/C)·Σ_k relu(d_{i,k} − m)],  d_{i,k} = max_l z_{i,l} − z_{i,k}
 

@@ -1,4 +1,4 @@
-"""FLSD-53: focal loss with a sample-dependent γ (Mukhoti et al., NeurIPS 2020), METHODS.md §4.5.
+"""FLSD-53: focal loss with a sample-dependent γ (Mukhoti et al., NeurIPS 2020), docs/methods.md §4.5.
 
 Per sample, γ_i is chosen from the current probability of the label, p_{i,y_i}, detached (no
 gradient flows through the choice) and recomputed at every step:

@@ -1,4 +1,4 @@
-"""Focal loss (Lin et al., ICCV 2017; for calibration: Mukhoti et al., NeurIPS 2020), METHODS.md §4.4.
+"""Focal loss (Lin et al., ICCV 2017; for calibration: Mukhoti et al., NeurIPS 2020), docs/methods.md §4.4.
 
 With p = softmax(z) and p_y the probability of the label, the per-sample loss is
 

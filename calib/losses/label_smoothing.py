@@ -1,4 +1,6 @@
-"""Label smoothing (Szegedy et al., CVPR 2016; as a calibration baseline: Müller et al., NeurIPS 2019), METHODS.md §4.1.
+"""Label smoothing (Szegedy et al., CVPR 2016; as a calibration baseline: Müller et al., NeurIPS 2019).
+
+docs/methods.md §4.1.
 
 With p = softmax(z), C classes, CE_i = −log p_{i,y_i} and E_i = −(1/C) Σ_k log p_{i,k} (the
 cross-entropy to the uniform distribution), the per-sample loss is

@@ -1,4 +1,4 @@
-"""MbLS: margin-based label smoothing (Liu, Ben Ayed, Galdran, Dolz, CVPR 2022), METHODS.md §4.2.
+"""MbLS: margin-based label smoothing (Liu, Ben Ayed, Galdran, Dolz, CVPR 2022), docs/methods.md §4.2.
 
 With logits z, d_{i,k} = max_l z_{i,l} − z_{i,k} >= 0 (the gap to the max logit), margin m and
 weight λ, the batch-mean form is

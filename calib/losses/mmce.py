@@ -1,4 +1,4 @@
-"""MMCE: maximum mean calibration error (Kumar, Sarawagi, Jain, ICML 2018), METHODS.md §4.7.
+"""MMCE: maximum mean calibration error (Kumar, Sarawagi, Jain, ICML 2018), docs/methods.md §4.7.
 
 With p = softmax(z), r_i = max_k p_{i,k} the confidence, c_i = 1[argmax_k p_{i,k} = y_i] the
 correctness, the Laplacian kernel k(r, r') = exp(−|r − r'| / w) (w = ``kernel_width``, 0.4) and
@@ -14,7 +14,7 @@ B samples, of which m are correct (set D_c) and n incorrect (set D_i):
                  + (1/n²) · mean_{i,j ∈ D_i} r_i · r_j · k(r_i, r_j)
                  − (2/(m·n)) · mean_{i ∈ D_c, j ∈ D_i} (1 − r_i) · r_j · k(r_i, r_j) )
 
-  Each double sum of METHODS.md §4.7 is a **mean over its pair matrix** (m×m, n×n, m×n), as in
+  Each double sum of docs/methods.md §4.7 is a **mean over its pair matrix** (m×m, n×n, m×n), as in
   FOCAL-R ``Losses/mmce.py`` (``get_out_tensor`` is ``torch.mean``), and it is *then* divided by
   m², n² or m·n as well, as FOCAL-R does; so the pairs are effectively normalised by m⁴, n⁴ and
   m²n². Read without the code, the formula would normalise once; λ = 2 was tuned with FOCAL-R's

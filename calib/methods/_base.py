@@ -44,7 +44,7 @@ class MethodOutcome:
 class MethodSpec:
     """``run(params, artifact, seed=..., device=...)`` turns a Stage-I artifact into an outcome.
 
-    Methods work on the artifact's cached features and logits (DESIGN.md): no backbone forward.
+    Methods work on the artifact's cached features and logits (docs/architecture.md): no backbone forward.
     """
 
     config: type

@@ -16,7 +16,7 @@ class MaskableHead(nn.Module):
     """Linear layers ``widths[0] → widths[1] → … → widths[-1]`` with ReLU between them.
 
     ``MaskableHead([d, C])`` is the linear classifier; ``MaskableHead([d, r, C])`` is MaC-Cal's
-    bottleneck z = W2·ReLU(W1·h + b1) + b2 (METHODS.md §1.3). In :meth:`forward`, layer i uses the
+    bottleneck z = W2·ReLU(W1·h + b1) + b2 (docs/methods.md §1.3). In :meth:`forward`, layer i uses the
     weight ``weight_scale · (masks[i] ⊙ W_i)``; biases are never masked.
     """
 

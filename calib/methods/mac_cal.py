@@ -1,11 +1,11 @@
-"""MaC-Cal: mask-based classifier calibration (Ni, Zhao, Yang, Guo; arXiv 2508.09116), METHODS.md §1.
+"""MaC-Cal: mask-based classifier calibration (Ni, Zhao, Yang, Guo; arXiv 2508.09116), docs/methods.md §1.
 
 Stage II freezes the Stage-I feature extractor and retrains a randomly initialised bottleneck head
 on the cached training features. Every epoch t draws Bernoulli weight masks with retention
 probability q_t (Eq. 8), trains with masked weights (Eq. 9-10), restricts the whole SGD update to
 the kept weights (Eq. 11), and adapts q from the training accuracy and confidence (Eq. 12) within a
 clip threshold θ_t that decays over the epochs (Eq. 13). Every component is a config switch, so each
-row of the paper's Table 5 ablation is a config (METHODS.md §1.4).
+row of the paper's Table 5 ablation is a config (docs/methods.md §1.4).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class MacCalConfig:
-    """MaC-Cal's Stage II. Defaults: METHODS.md §1.3 (the seeds' protocol and the reconstructed values).
+    """MaC-Cal's Stage II. Defaults: docs/methods.md §1.3 (the papers' protocol and the reconstructed values).
 
     Attributes:
         epochs: Stage-II epochs T (40).
@@ -64,7 +64,7 @@ class MacCalConfig:
             from a "clean" pass over the training features after the epoch.
         train_mask_scaling: "none" (M ⊙ W) or "inverted" ((M ⊙ W)/q_t, as inverted dropout).
         inference_weights: "expected" (E[training weight]: q_T·W, or W under inverted scaling),
-            "full" (W), or "last_mask" (the last epoch's masked weights); METHODS.md §1.6.
+            "full" (W), or "last_mask" (the last epoch's masked weights); docs/methods.md §1.6.
     """
 
     epochs: int = 40

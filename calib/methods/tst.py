@@ -1,4 +1,4 @@
-"""TST: two-stage training of new classification layers (Jordahn & Olmos, ICML 2024), METHODS.md §2.2.
+"""TST: two-stage training of new classification layers (Jordahn & Olmos, ICML 2024), docs/methods.md §2.2.
 
 Stage II discards the Stage-I linear classifier and trains a new, randomly initialised head on the
 frozen extractor's cached TRAIN features h ∈ R^d (no backbone forward):
@@ -28,7 +28,7 @@ from calib import progress
 from calib._config import check
 from calib.methods._base import MethodOutcome, MethodSpec
 from calib.methods._registry import METHODS
-from calib.metrics.nll import NLL_CLIP
+from calib.metrics.nll import NLL_FLOOR
 
 if TYPE_CHECKING:
     from calib.artifacts import Stage1Artifact
@@ -49,7 +49,7 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class TSTConfig:
-    """TST's Stage II. Defaults: MaC-Cal's re-run inside the FOCAL-R protocol (METHODS.md §1.1).
+    """TST's Stage II. Defaults: MaC-Cal's re-run inside the FOCAL-R protocol (docs/methods.md §1.1).
 
     Attributes:
         epochs: Stage-II epochs (40 in both protocols).
@@ -172,9 +172,9 @@ def make_optimizer(params: TSTConfig, parameters: Any) -> torch.optim.Optimizer:
 
 
 def _nll(probs: torch.Tensor, labels: torch.Tensor) -> float:
-    """Mean −log max(p_{i,y_i}, 1e-12), as :func:`calib.metrics.negative_log_likelihood`."""
+    """Mean −log max(p_{i,y_i}, smallest float64), as :func:`calib.metrics.negative_log_likelihood`."""
     p_true = probs.gather(1, labels.unsqueeze(1)).squeeze(1)
-    return float(-p_true.clamp(min=NLL_CLIP, max=1.0).log().mean())
+    return float(-p_true.clamp(min=NLL_FLOOR, max=1.0).log().mean())
 
 
 def train_stage_two_head(

@@ -1,4 +1,4 @@
-"""V-TST: TST with a variational last hidden layer (Jordahn & Olmos, ICML 2024), METHODS.md §2.3.
+"""V-TST: TST with a variational last hidden layer (Jordahn & Olmos, ICML 2024), docs/methods.md §2.3.
 
 An amortised Gaussian posterior q(z | h) = N(μ(h), diag σ²(h)) over the last hidden layer z ∈ R^Z:
 

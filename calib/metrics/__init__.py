@@ -1,7 +1,7 @@
 """Calibration and OOD metrics on explicit probabilities, returned as fractions (not percent).
 
 Every calibration metric takes ``probs`` (N, C) that sum to 1 and integer ``labels`` (N,); convert
-logits with :func:`softmax64` first (float64, METHODS.md §6.1). Binned metrics take
+logits with :func:`softmax64` first (float64, docs/methods.md §6.1). Binned metrics take
 ``num_bins=15`` and follow the FOCAL-R conventions (bins ``(lower, upper]``). :data:`METRICS`
 lists each metric with its direction; :func:`compute_all` evaluates them all.
 """

@@ -1,6 +1,6 @@
 """Binning helpers shared by the calibration metrics (private), FOCAL-R conventions.
 
-Conventions (METHODS.md §6.1, §6.2):
+Conventions (docs/methods.md §6.1, §6.2):
 
 - **Equal-width** bins: M bins with edges ``np.linspace(0, 1, M + 1)``. Bin b holds the values in
   ``(edges[b], edges[b + 1]]`` (lower edge open, upper edge closed), as in FOCAL-R / FEDLAS-R

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ from calib.metrics.classwise_ece import _cwece_compute, classwise_ece
 from calib.metrics.decomposed_ece import _oece_compute, _uece_compute, overconfidence_ece, underconfidence_ece
 from calib.metrics.ece import _ece_compute, expected_calibration_error
 from calib.metrics.mce import _mce_compute, maximum_calibration_error
-from calib.metrics.nll import NLL_CLIP, _nll_compute, negative_log_likelihood
+from calib.metrics.nll import NLL_MAX, _nll_compute, negative_log_likelihood
 
 __all__ = ["METRICS", "MetricSpec", "compute_all", "higher_is_better"]
 
@@ -85,8 +84,8 @@ METRICS: dict[str, MetricSpec] = {
     "nll": MetricSpec(
         negative_log_likelihood,
         False,
-        "Mean negative log-likelihood in nats, probabilities clipped at 1e-12.",
-        bounds=(0.0, -math.log(NLL_CLIP)),
+        "Mean negative log-likelihood in nats, exact; p_y = 0 counts as the smallest float64 (744.44).",
+        bounds=(0.0, NLL_MAX),
     ),
     "brier": MetricSpec(
         brier_score,

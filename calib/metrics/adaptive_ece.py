@@ -27,7 +27,7 @@ def adaptive_calibration_error(probs: ArrayLike, labels: ArrayLike, *, num_bins:
     (approximately) equal numbers of samples: edges
     ``e = np.interp(linspace(0, N, M + 1), arange(N), sort(conf))`` and B_b the samples with
     confidence in ``(e_b, e_{b+1}]`` (upper edge closed), as in FOCAL-R / FEDLAS-R
-    ``AdaptiveECELoss`` (METHODS.md §6.2). Pitfall kept for comparability with the papers: e_0 is
+    ``AdaptiveECELoss`` (docs/methods.md §6.2). Pitfall kept for comparability with the papers: e_0 is
     the smallest confidence, so the sample(s) with the smallest confidence are in no bin, while
     the weights still divide by the full N. torch-uncertainty instead splits the sorted
     confidences into M chunks and counts every sample. References: Nguyen and O'Connor,

@@ -23,7 +23,7 @@ def brier_score(probs: ArrayLike, labels: ArrayLike) -> float:
     where N is the number of samples, C the number of classes (``probs.shape[1]``), p_{i,k} the
     probability of class k for sample i and y_i its label. This is Brier's original multi-class
     definition. TST-R and BALCAL-R use sklearn ``mean_squared_error(p, onehot)``, the mean over all
-    N*C entries, which is C times smaller: divide this value by C to compare (METHODS.md §6.6).
+    N*C entries, which is C times smaller: divide this value by C to compare (docs/methods.md §6.6).
     Reference: Brier, "Verification of forecasts expressed in terms of probability", Monthly
     Weather Review, 1950.
 

@@ -31,7 +31,7 @@ def overconfidence_ece(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 1
     with the bins and symbols of :func:`expected_calibration_error` (M equal-width bins, each
     ``(lower, upper]``). Only bins whose mean confidence exceeds their accuracy count, and
     O-ECE + U-ECE = ECE on the same bins. Definition as used in FeDLaS (Bahavan et al.), Table 4,
-    METHODS.md §6.4; ECE from Guo et al., ICML 2017.
+    docs/methods.md §6.4; ECE from Guo et al., ICML 2017.
 
     Args:
         probs: probabilities, shape (N, C); rows sum to 1. Numpy array or torch tensor.
@@ -58,7 +58,7 @@ def underconfidence_ece(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 
     with the bins and symbols of :func:`expected_calibration_error` (M equal-width bins, each
     ``(lower, upper]``). Only bins whose accuracy exceeds their mean confidence count, and
     O-ECE + U-ECE = ECE on the same bins. Definition as used in FeDLaS (Bahavan et al.), Table 4,
-    METHODS.md §6.4; ECE from Guo et al., ICML 2017.
+    docs/methods.md §6.4; ECE from Guo et al., ICML 2017.
 
     Args:
         probs: probabilities, shape (N, C); rows sum to 1. Numpy array or torch tensor.

@@ -25,7 +25,7 @@ def ood_auroc(id_scores: ArrayLike, ood_scores: ArrayLike) -> float:
 
     for a random ID score s_ID and a random OOD score s_OOD. Convention: the score is a
     confidence such as the max softmax probability (higher = more in-distribution) and ID is the
-    positive class (label 1), as in TST-R (``ood_metrics.auroc``) and METHODS.md §6.7. Libraries
+    positive class (label 1), as in TST-R (``ood_metrics.auroc``) and docs/methods.md §6.7. Libraries
     that take an uncertainty score (e.g. entropy) treat OOD as positive; pass ``-score`` to use
     them here. Computed with ``sklearn.metrics.roc_auc_score``.
 
@@ -60,7 +60,7 @@ def ood_fpr_at_95_tpr(id_scores: ArrayLike, ood_scores: ArrayLike) -> float:
 
     The two agree except in the exact case, where ``np.interp`` over sklearn's ROC points returns
     the *largest* FPR at TPR 0.95 (the far end of the flat ROC segment). BALCAL-R ``get_fpr95``
-    instead thresholds at the 5th percentile of the ID scores (METHODS.md §6.7).
+    instead thresholds at the 5th percentile of the ID scores (docs/methods.md §6.7).
 
     Args:
         id_scores: scores of the in-distribution samples, shape (N_id,), N_id >= 1.

@@ -16,7 +16,7 @@ def softmax64(logits: ArrayLike) -> np.ndarray:
 
     where z_{i,k} is the logit of class k for sample i. float32 saturates: for many CIFAR-10
     predictions the float32 softmax is exactly 1.0, which moves samples into the top bin and
-    makes NLL infinite without clipping, so metrics compute it in float64 (METHODS.md §6.1).
+    makes NLL infinite without clipping, so metrics compute it in float64 (docs/methods.md §6.1).
     The metrics never apply this themselves: callers pass probabilities explicitly.
 
     Args:

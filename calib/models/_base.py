@@ -1,4 +1,4 @@
-"""The model contract: a feature extractor plus a separate linear head (DESIGN.md contract 2)."""
+"""The model contract: a feature extractor plus a separate linear head (docs/architecture.md contract 2)."""
 
 from __future__ import annotations
 

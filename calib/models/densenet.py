@@ -1,4 +1,4 @@
-"""FOCAL-R's CIFAR DenseNet-121 (``Net/densenet.py``, after kuangliu/pytorch-cifar; METHODS.md §7.1).
+"""FOCAL-R's CIFAR DenseNet-121 (``Net/densenet.py``, after kuangliu/pytorch-cifar; docs/methods.md §7.1).
 
 Huang et al., "Densely Connected Convolutional Networks" (CVPR 2017), DenseNet-BC in its CIFAR form:
 

@@ -1,4 +1,4 @@
-"""The CIFAR ResNets of FOCAL-R (``Net/resnet.py``), which MaC-Cal uses (METHODS.md §7.1).
+"""The CIFAR ResNets of FOCAL-R (``Net/resnet.py``), which MaC-Cal uses (docs/methods.md §7.1).
 
 A 3×3 stride-1 stem with 64 channels, BN, ReLU and no max-pool; four stages of Bottleneck blocks
 (expansion 4) with widths 64/128/256/512 and strides 1/2/2/2; global average pooling to

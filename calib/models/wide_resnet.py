@@ -1,4 +1,4 @@
-"""FOCAL-R's Wide ResNet WRN-26-10 (``Net/wide_resnet.py``; METHODS.md §7.1).
+"""FOCAL-R's Wide ResNet WRN-26-10 (``Net/wide_resnet.py``; docs/methods.md §7.1).
 
 Zagoruyko & Komodakis, "Wide Residual Networks" (BMVC 2016), in FOCAL-R's post-activation form:
 

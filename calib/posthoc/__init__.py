@@ -1,4 +1,4 @@
-"""Post-hoc calibrators: fitted on held-out logits, applied to any logits (METHODS.md §5).
+"""Post-hoc calibrators: fitted on held-out logits, applied to any logits (docs/methods.md §5).
 
 Each is a :class:`PostHocCalibrator` (``fit(logits, labels)``, ``forward(logits)``) registered in
 :data:`POSTHOC`; each is also a method in :data:`calib.methods.METHODS` (``temperature_scaling``,

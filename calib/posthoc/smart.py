@@ -1,4 +1,4 @@
-"""SMART: Sample Margin-Aware Recalibration of Temperature (arXiv 2506.23492), METHODS.md §5.2.
+"""SMART: Sample Margin-Aware Recalibration of Temperature (arXiv 2506.23492), docs/methods.md §5.2.
 
 A per-sample temperature T(g) from the logit margin g = z_(1) − z_(2) (top-1 minus top-2 logit):
 
@@ -198,7 +198,7 @@ class SMART(PostHocCalibrator):
 
 @dataclass(frozen=True, kw_only=True)
 class SMARTConfig:
-    """SMART as a method, fitted on the cached validation logits (METHODS.md §5.2; SMART-R defaults).
+    """SMART as a method, fitted on the cached validation logits (docs/methods.md §5.2; SMART-R defaults).
 
     The trial's validation metrics are therefore in-sample; read the test metrics. Fixed, not
     configurable here: M = 15 bins, σ = 0.05, δ = 1e-3, min_delta = 1e-4, T ≥ 0.1 (see :class:`SMART`).

@@ -1,10 +1,14 @@
-"""Temperature scaling (Guo, Pleiss, Sun, Weinberger, ICML 2017), METHODS.md §5.1.
+"""Temperature scaling (Guo, Pleiss, Sun, Weinberger, ICML 2017), docs/methods.md §5.1.
 
 p = softmax(z / T) with one scalar T > 0 fitted on validation logits; the argmax, hence accuracy,
-is unchanged. Two fitting recipes:
+is unchanged. Fitting recipes:
 
-- ``objective="nll", optimizer="lbfgs"`` (gpleiss style, TST-R): minimise the NLL over log T with
-  LBFGS (lr 0.01, max_iter 50) from T = 1.5; optimising log T keeps T > 0.
+- ``objective="nll", optimizer="lbfgs"`` (default): minimise the NLL over log T (which keeps T > 0)
+  from T = 1.5 with float64 LBFGS, lr 1 and the strong-Wolfe line search, repeating ``step`` until
+  |dNLL/d log T| < 1e-6 (:data:`GRAD_TOLERANCE`): the exact NLL optimum.
+- ``line_search=False``: gpleiss's TST-R recipe, plain LBFGS (lr 0.01, max_iter 50), which stops
+  short of the optimum; where it ends at a worse NLL than at T = 1.5 (it can run away towards
+  T → 0) the fit falls back to the default with a ``RuntimeWarning``.
 - ``optimizer="grid"`` (FOCAL-R / FeDLaS "CE+TS"): T ∈ {0.1, 0.2, …, 10.0}, the first T with the
   lowest ECE (15 equal-width bins, ``objective="ece"``) or NLL (``objective="nll"``).
 """
@@ -12,6 +16,7 @@ is unchanged. Two fitting recipes:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -28,28 +33,63 @@ from calib.posthoc._base import POSTHOC, PostHocCalibrator, PostHocPredictor, ch
 if TYPE_CHECKING:
     from calib.artifacts import Stage1Artifact
 
-__all__ = ["TEMPERATURE_GRID", "TemperatureScaling", "TemperatureScalingConfig", "run_temperature_scaling"]
+__all__ = [
+    "GRAD_TOLERANCE",
+    "MAX_LBFGS_STEPS",
+    "TEMPERATURE_GRID",
+    "TemperatureScaling",
+    "TemperatureScalingConfig",
+    "run_temperature_scaling",
+]
 
 TEMPERATURE_GRID = tuple(k / 10 for k in range(1, 101))
 """FOCAL-R's grid of temperatures: 0.1, 0.2, …, 10.0 (100 values)."""
+
+GRAD_TOLERANCE = 1e-6
+"""The default LBFGS fit ends only once |dNLL/d log T| < GRAD_TOLERANCE (else it raises)."""
+
+MAX_LBFGS_STEPS = 100
+"""At most this many ``LBFGS.step`` calls (each of up to ``max_iter`` iterations) in the default fit."""
+
+
+def _nll_and_grad(z: torch.Tensor, y: torch.Tensor, log_temperature: float) -> tuple[float, float]:
+    """NLL(T) = mean cross-entropy of softmax(z / T) and its derivative dNLL/d log T, in float64."""
+    log_t = torch.tensor(log_temperature, dtype=torch.float64, requires_grad=True)
+    loss = F.cross_entropy(z / log_t.exp(), y)
+    loss.backward()
+    return float(loss.detach()), float(log_t.grad)
 
 
 @POSTHOC.register("temperature_scaling")
 class TemperatureScaling(PostHocCalibrator):
     """Divide the logits by one fitted temperature T > 0.
 
+    The default (``"nll"``, ``"lbfgs"``, ``line_search=True``) minimises NLL(T) over log T from
+    ``init_temperature`` with float64 ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search,
+    ``max_iter`` iterations and 25·``max_iter`` evaluations per step, tolerance_grad 1e-10,
+    tolerance_change 1e-15), calling ``step`` again (at most :data:`MAX_LBFGS_STEPS` times) until
+    |dNLL/d log T| < 1e-6 (:data:`GRAD_TOLERANCE`) or no progress is possible (a stalled step
+    restarts LBFGS once with fresh memory); a gradient still >= 1e-6 then is a ``RuntimeError``.
+    So T is the NLL optimum, to ~1e-6 in log T.
+
     Args:
         objective: "nll" (negative log-likelihood) or "ece" (ECE with ``num_bins`` equal-width bins;
             needs ``optimizer="grid"``).
         optimizer: "lbfgs" (gradient fit of log T) or "grid" (search over :data:`TEMPERATURE_GRID`).
         init_temperature: T at the start of the LBFGS fit, > 0 (1.5, gpleiss).
-        lr, max_iter: LBFGS step size and iterations (0.01, 50, gpleiss).
-        line_search: use LBFGS's strong-Wolfe line search (default). gpleiss has none: with lr 0.01
-            each iteration then moves 1% of the quasi-Newton step, and 50 iterations stop short of the
-            optimum (T ≈ 1.7 where the NLL optimum is 2.5); False reproduces that.
+        lr: LBFGS step size, > 0; None (default) is 1 with the line search and 0.01 without (gpleiss).
+        max_iter: LBFGS iterations per ``step`` (50, gpleiss).
+        line_search: use LBFGS's strong-Wolfe line search and iterate to convergence (default).
+            False is gpleiss's plain LBFGS, a single ``step`` of ``max_iter`` iterations: with lr 0.01
+            each iteration moves 1% of the quasi-Newton step, so it stops short of the optimum
+            (T ≈ 1.7 where the NLL optimum is 2.5); False reproduces that. It can also run away
+            (T → 0): if it ends at a non-finite T or a higher NLL than at ``init_temperature``, the
+            fit falls back to the default fit and warns (``RuntimeWarning``).
         num_bins: bins of the ECE objective (15).
 
-    After :meth:`fit`, ``temperature`` (a 0-dim float64 buffer) holds T.
+    After :meth:`fit`, ``temperature`` (a 0-dim float64 buffer) holds T, ``grad_log_temperature``
+    dNLL/d log T at T (any optimizer; ~0 at the NLL optimum) and ``fit_fallback`` whether the
+    ``line_search=False`` fit was replaced by the default fit.
     """
 
     def __init__(
@@ -58,7 +98,7 @@ class TemperatureScaling(PostHocCalibrator):
         optimizer: Literal["lbfgs", "grid"] = "lbfgs",
         *,
         init_temperature: float = 1.5,
-        lr: float = 0.01,
+        lr: float | None = None,
         max_iter: int = 50,
         line_search: bool = True,
         num_bins: int = 15,
@@ -73,12 +113,16 @@ class TemperatureScaling(PostHocCalibrator):
                              f"got optimizer={optimizer!r}.")
         if not init_temperature > 0:
             raise ValueError(f"`init_temperature` must be > 0 (it is T), got init_temperature={init_temperature}.")
+        if lr is None:
+            lr = 1.0 if line_search else 0.01
         if not lr > 0 or max_iter < 1 or num_bins < 1:
             raise ValueError(f"`lr` must be > 0 and `max_iter`, `num_bins` >= 1, got {lr=}, {max_iter=}, {num_bins=}.")
         self.objective, self.optimizer = objective, optimizer
         self.init_temperature, self.lr, self.max_iter = init_temperature, lr, max_iter
         self.line_search, self.num_bins = line_search, num_bins
         self.register_buffer("temperature", torch.tensor(init_temperature, dtype=torch.float64))
+        self.grad_log_temperature = math.nan
+        self.fit_fallback = False
 
     def _grid_score(self, logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> float:
         probs = softmax64(logits / temperature)
@@ -86,27 +130,81 @@ class TemperatureScaling(PostHocCalibrator):
             return expected_calibration_error(probs, labels, num_bins=self.num_bins)
         return negative_log_likelihood(probs, labels)
 
+    def _lbfgs(self, z: torch.Tensor, y: torch.Tensor, *, lr: float, converge: bool) -> float:
+        """log T after LBFGS from log(init_temperature): gpleiss's single plain step, or converged."""
+        log_temperature = nn.Parameter(torch.tensor(math.log(self.init_temperature), dtype=torch.float64))
+
+        def closure() -> torch.Tensor:
+            log_temperature.grad = None
+            loss = F.cross_entropy(z / log_temperature.exp(), y)
+            loss.backward()
+            return loss
+
+        if not converge:
+            torch.optim.LBFGS([log_temperature], lr=lr, max_iter=self.max_iter).step(closure)
+            return float(log_temperature.detach())
+
+        def new_lbfgs() -> torch.optim.LBFGS:
+            # max_eval: room for the 25 evaluations strong Wolfe may need in every iteration (torch's
+            # default, 1.25·max_iter, can leave the line search none: it then returns t = 0 and stalls).
+            return torch.optim.LBFGS([log_temperature], lr=lr, max_iter=self.max_iter, max_eval=25 * self.max_iter,
+                                     tolerance_grad=1e-10, tolerance_change=1e-15, line_search_fn="strong_wolfe")
+
+        lbfgs, restarted = new_lbfgs(), False
+        previous, steps = _nll_and_grad(z, y, float(log_temperature.detach()))[0], 0
+        while steps < MAX_LBFGS_STEPS:
+            steps += 1
+            before = float(log_temperature.detach())
+            lbfgs.step(closure)
+            log_t = float(log_temperature.detach())
+            if not math.isfinite(log_t):
+                raise FloatingPointError(f"The LBFGS temperature fit diverged to log T={log_t}.")
+            loss, grad = _nll_and_grad(z, y, log_t)
+            if abs(grad) < GRAD_TOLERANCE:
+                break
+            if log_t == before and not loss < previous:  # no progress: restart once with fresh memory
+                if restarted:
+                    break
+                lbfgs, restarted = new_lbfgs(), True
+            else:
+                restarted = False
+            previous = loss
+        if not abs(grad) < GRAD_TOLERANCE:
+            raise RuntimeError(
+                f"The LBFGS temperature fit did not converge: |dNLL/d log T|={abs(grad):.3g} at "
+                f"T={math.exp(log_t):.6g} after {steps} LBFGS steps of up to {self.max_iter} iterations; "
+                f"it must be < {GRAD_TOLERANCE:g}."
+            )
+        return log_t
+
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> TemperatureScaling:
         """Fit T on logits z (N, C) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels)
+        self.fit_fallback = False
         if self.optimizer == "grid":
             scores = [self._grid_score(z, y, t) for t in TEMPERATURE_GRID]
-            temperature = TEMPERATURE_GRID[min(range(len(scores)), key=scores.__getitem__)]
+            log_t = math.log(TEMPERATURE_GRID[min(range(len(scores)), key=scores.__getitem__)])
+        elif self.line_search:
+            log_t = self._lbfgs(z, y, lr=self.lr, converge=True)
         else:
-            log_temperature = nn.Parameter(torch.tensor(math.log(self.init_temperature), dtype=torch.float64))
-            lbfgs = torch.optim.LBFGS([log_temperature], lr=self.lr, max_iter=self.max_iter,
-                                      line_search_fn="strong_wolfe" if self.line_search else None)
-
-            def closure() -> torch.Tensor:
-                lbfgs.zero_grad()
-                loss = F.cross_entropy(z / log_temperature.exp(), y)
-                loss.backward()
-                return loss
-
-            lbfgs.step(closure)
-            temperature = float(log_temperature.detach().exp())
-            if not math.isfinite(temperature) or temperature <= 0:
-                raise FloatingPointError(f"The LBFGS temperature fit diverged to T={temperature}.")
+            log_t = self._lbfgs(z, y, lr=self.lr, converge=False)
+            start_nll = _nll_and_grad(z, y, math.log(self.init_temperature))[0]
+            nll = _nll_and_grad(z, y, log_t)[0] if math.isfinite(log_t) else math.nan
+            if not nll <= start_nll:  # also catches a NaN NLL or log T
+                self.fit_fallback = True
+                bad_t = math.exp(log_t) if math.isfinite(log_t) else log_t
+                log_t = self._lbfgs(z, y, lr=1.0, converge=True)
+                warnings.warn(
+                    f"The gpleiss LBFGS fit (no line search, lr {self.lr}, max_iter {self.max_iter}) ran away to "
+                    f"T={bad_t:.4g} with NLL {nll:.6g}, worse than NLL {start_nll:.6g} at the start "
+                    f"T={self.init_temperature}; fell back to the converged strong-Wolfe fit, "
+                    f"T={math.exp(log_t):.6g} with NLL {_nll_and_grad(z, y, log_t)[0]:.6g}.",
+                    RuntimeWarning, stacklevel=2,
+                )
+        temperature = math.exp(log_t)
+        if not math.isfinite(temperature) or temperature <= 0:
+            raise FloatingPointError(f"The temperature fit ended at T={temperature} (log T={log_t}); T must be > 0.")
+        self.grad_log_temperature = _nll_and_grad(z, y, log_t)[1]
         self.temperature.fill_(temperature)
         self.is_fitted = True
         return self
@@ -119,7 +217,7 @@ class TemperatureScaling(PostHocCalibrator):
 
 @dataclass(frozen=True, kw_only=True)
 class TemperatureScalingConfig:
-    """Temperature scaling as a method: T fitted on the cached validation logits (METHODS.md §5.1).
+    """Temperature scaling as a method: T fitted on the cached validation logits (docs/methods.md §5.1).
 
     The trial's validation metrics are therefore in-sample; read the test metrics. The fitted T is
     ``outcome.predict.calibrator.temperature.item()`` (the history stays empty).
@@ -127,9 +225,12 @@ class TemperatureScalingConfig:
     Attributes:
         objective: "nll" (default; gpleiss / TST-R) or "ece" (FOCAL-R / FeDLaS "CE+TS"; needs "grid").
         optimizer: "lbfgs" (default) or "grid" (T ∈ {0.1, …, 10.0}).
-        lbfgs_line_search: strong-Wolfe line search in the LBFGS fit (default true, so the fit
-            converges); false is gpleiss's plain LBFGS (lr 0.01, 50 iterations), which stops short.
-            Must stay true with "grid".
+        lbfgs_line_search: true (default): float64 LBFGS on log T from T = 1.5, lr 1, strong-Wolfe
+            line search, ``step`` repeated until |dNLL/d log T| < 1e-6, so T is the NLL optimum (a
+            RuntimeError if it is not reached). false: gpleiss's plain LBFGS (lr 0.01, 50
+            iterations, one step), which stops short; if it ends at a higher NLL than at T = 1.5
+            (a runaway towards T → 0) the default fit replaces it with a RuntimeWarning
+            (``calibrator.fit_fallback``). Must stay true with "grid".
     """
 
     objective: Literal["nll", "ece"] = "nll"

@@ -19,6 +19,7 @@ import pyarrow.dataset as pads
 
 from calib.report import figures
 from calib.report.published import published_ece
+from calib.report.steps import report_step
 from calib.report.tables import column_higher_is_better, format_mean_ci, is_fraction_metric, summarize
 from calib.store import read_history, read_trials
 
@@ -127,12 +128,13 @@ def _pooled_bins(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def cost_table(trials: pd.DataFrame) -> str:
-    """Markdown wall-time table per row (MaC-Cal Table 4): Stage I, the method, their sum, × the first row."""
+    """Markdown wall-time table per row (MaC-Cal Table 4): Stage I, the method, their sum, and the total
+    relative to the first row (vanilla in the method comparison)."""
     frame = trials.assign(total=trials["stage1_train_seconds"] + trials["method_seconds"])
     means = frame.groupby(["label_rank", "label"], sort=True)[["stage1_train_seconds", "method_seconds",
                                                                "total"]].mean()
-    reference = means["total"].iloc[0]
-    lines = ["| row | Stage I (s) | method (s) | total (s) | × first row |", "|---|---|---|---|---|"]
+    reference, first = means["total"].iloc[0], means.index[0][1]
+    lines = [f"| row | Stage I (s) | method (s) | total (s) | × {first} |", "|---|---|---|---|---|"]
     for (_, label), row in means.iterrows():
         lines.append(f"| {label} | {row['stage1_train_seconds']:.1f} | {row['method_seconds']:.2f} | "
                      f"{row['total']:.1f} | {row['total'] / reference:.2f} |")
@@ -140,11 +142,13 @@ def cost_table(trials: pd.DataFrame) -> str:
 
 
 def _study_figures(store: str | os.PathLike, study: str, dataset: str, arch: str, trials: pd.DataFrame,
-                   out: Path) -> list[Path]:
+                   out: Path, log: Callable[[str], None]) -> list[Path]:
     """The study's own figure for one (dataset, architecture)."""
     written = []
     setup, name = f"{dataset}_{arch}", f"{dataset} · {arch}"
-    if study == "sensitivity_gamma" and (trials["method"] == "mac_cal").any():
+    if study == "sensitivity_gamma" and not (trials["method"] == "mac_cal").any():
+        log(f"[{study}] γ figure of {name} not drawn: no MaC-Cal trial in the store")
+    elif study == "sensitivity_gamma":
         mac = trials[trials["method"] == "mac_cal"]
         vanilla = summarize(trials[trials["method"] == "vanilla"], ["method"], ["test_ece"])
         history = read_history(store, study=study, filters=pads.field("trial_id").isin(list(mac["trial_id"]))
@@ -197,28 +201,40 @@ def build_report(
             continue
         for (dataset, arch), group in rows.groupby(["dataset", "arch"], observed=True, sort=True):
             group = _labelled(group)
-            table = _ordered_summary(group, metrics)
-            setup = f"{dataset}_{arch}"
-            caption = (f"{study} · {dataset} · {arch} · test split · "
-                       f"mean ± {'95% CI' if spread == 'ci' else 'std'} over seeds; fractions in percent")
-            base = out / "tables" / f"{study}_{setup}"
-            base.parent.mkdir(parents=True, exist_ok=True)
-            published = _published_column(table, str(dataset), [str(arch)])
-            for suffix, text in ((".md", f"{caption}\n\n" + markdown_table(table, metrics, spread, published)),
-                                 (".tex", latex_table(table, metrics, spread, caption, published))):
-                path = base.with_suffix(suffix)
-                path.write_text(text)
-                written.append(path)
-            if study == "compare_methods":
-                path = out / "tables" / f"cost_{setup}.md"
-                hosts = ", ".join(sorted(set(group["host"])))
-                path.write_text(f"wall seconds per method, mean over seeds · hosts {hosts}\n\n{cost_table(group)}")
-                written.append(path)
-            bins = _pooled_bins(group)
-            if not bins.empty:
-                written.append(figures.plot_reliability(
-                    bins, out / "figures" / f"{study}_{setup}_reliability.png",
-                    title=f"{study} · {dataset} · {arch} (test, pooled over seeds)"))
-            written += _study_figures(store, study, str(dataset), str(arch), group, out / "figures")
-            log(f"{study} · {dataset} · {arch}: {len(table)} rows, {len(group)} trials")
+            name = f"{study} · {dataset} · {arch}"
+            with report_step(study, f"tables of {dataset} · {arch}", log=log):
+                written += _tables(study, str(dataset), str(arch), group, metrics, spread, out / "tables")
+            with report_step(study, f"reliability diagram of {dataset} · {arch}", log=log):
+                bins = _pooled_bins(group)
+                if not bins.empty:
+                    written.append(figures.plot_reliability(
+                        bins, out / "figures" / f"{study}_{dataset}_{arch}_reliability.png",
+                        title=f"{name} (test, pooled over seeds)"))
+            with report_step(study, f"figure of {dataset} · {arch}", log=log):
+                written += _study_figures(store, study, str(dataset), str(arch), group, out / "figures", log)
+            log(f"{name}: {group['label'].nunique()} rows, {len(group)} trials")
+    return written
+
+
+def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: dict[str, str], spread: Spread,
+            out: Path) -> list[Path]:
+    """The study's Markdown and LaTeX tables of one (dataset, architecture), and the cost table of the
+    method comparison."""
+    written = []
+    table = _ordered_summary(group, metrics)
+    caption = (f"{study} · {dataset} · {arch} · test split · "
+               f"mean ± {'95% CI' if spread == 'ci' else 'std'} over seeds; fractions in percent")
+    base = out / f"{study}_{dataset}_{arch}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    published = _published_column(table, dataset, [arch])
+    for suffix, text in ((".md", f"{caption}\n\n" + markdown_table(table, metrics, spread, published)),
+                         (".tex", latex_table(table, metrics, spread, caption, published))):
+        path = base.with_suffix(suffix)
+        path.write_text(text)
+        written.append(path)
+    if study == "compare_methods":
+        path = out / f"cost_{dataset}_{arch}.md"
+        hosts = ", ".join(sorted(set(group["host"].astype(str))))
+        path.write_text(f"wall seconds per method, mean over seeds · hosts {hosts}\n\n{cost_table(group)}")
+        written.append(path)
     return written

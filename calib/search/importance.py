@@ -3,6 +3,10 @@
 The search's trials are re-created as an in-memory Optuna study (parameters from the store's typed
 columns, the validation objective as value), so importances can be computed for any search in the
 store, also one whose Ray driver is long gone.
+
+A search's trials are stored before this report runs, so the report never fails: where importances
+or the plot cannot be made (one trial, equal objective values, nothing varied, NaN objectives), the
+returned :class:`ImportanceReport` says why in one line each.
 """
 
 from __future__ import annotations
@@ -10,15 +14,17 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from calib.metrics import higher_is_better
 from calib.search.space import SearchSpace
 
-__all__ = ["importance_report", "optuna_study_from_trials"]
+__all__ = ["ImportanceReport", "importance_report", "optuna_study_from_trials"]
 
 
 def _value(raw: Any, kind: str) -> Any:
@@ -31,29 +37,87 @@ def _value(raw: Any, kind: str) -> Any:
     return raw
 
 
-def optuna_study_from_trials(trials: pd.DataFrame, space: SearchSpace, objective: str) -> Any:
-    """An in-memory Optuna study holding ``trials`` (store rows) as complete trials of ``space``."""
+def _column(key: str) -> str:
+    return key.replace(".", "_")
+
+
+def optuna_study_from_trials(trials: pd.DataFrame, space: SearchSpace, objective: str,
+                             params: list[str] | None = None) -> Any:
+    """An in-memory Optuna study holding ``trials`` (store rows) as complete trials of ``space``
+    (of its parameters ``params`` only, when given)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     direction = "maximize" if higher_is_better(objective.split("_", 1)[1]) else "minimize"
     study = optuna.create_study(direction=direction)
-    distributions = space.optuna_space()
+    keys = params if params is not None else list(space.parameters)
+    distributions = {key: space.optuna_space()[key] for key in keys}
     for _, row in trials.iterrows():
-        params = {key: _value(row[key.replace(".", "_")], dist.kind) for key, dist in space.parameters.items()}
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions,
+        values = {key: _value(row[_column(key)], space.parameters[key].kind) for key in keys}
+        study.add_trial(optuna.trial.create_trial(params=values, distributions=distributions,
                                                   value=float(row[objective])))
     return study
 
 
-def importance_report(
-    trials: pd.DataFrame, space: SearchSpace, objective: str, out: str | os.PathLike, name: str
-) -> tuple[dict[str, float], list[Path]]:
-    """fANOVA importances of the parameters for ``objective`` and a slice plot, written under ``out``.
+@dataclass
+class ImportanceReport:
+    """What :func:`importance_report` made: importances (summing to 1; empty when not computed), the
+    files written, and one line per thing it could not make, saying why."""
 
-    Returns the importances (summing to 1) and the files written: ``<name>_importances.md`` and
-    ``<name>_slices.png``.
-    """
+    importances: dict[str, float] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _usable(trials: pd.DataFrame, space: SearchSpace, objective: str, notes: list[str]) -> pd.DataFrame:
+    """The ok trials with a finite objective and a value for every numeric parameter."""
+    rows = trials[trials["status"] == "ok"] if "status" in trials else trials
+    rows = rows[np.isfinite(pd.to_numeric(rows[objective], errors="coerce").to_numpy(dtype=float))]
+    for key, dist in space.parameters.items():
+        if dist.kind in ("uniform", "loguniform", "int"):
+            rows = rows[rows[_column(key)].notna()]
+    if len(rows) < len(trials):
+        notes.append(f"{len(trials) - len(rows)} of {len(trials)} trials left out: failed, or no finite "
+                     f"{objective}, or no value for a parameter of the space")
+    return rows
+
+
+def _varying(rows: pd.DataFrame, space: SearchSpace) -> list[str]:
+    """Parameters that took at least two different values (None counts as a value)."""
+    return [key for key, dist in space.parameters.items()
+            if len({_value(v, dist.kind) for v in rows[_column(key)]}) > 1]
+
+
+def _fanova(rows: pd.DataFrame, space: SearchSpace, objective: str, notes: list[str]) -> dict[str, float]:
+    import optuna
+
+    values = rows[objective].to_numpy(dtype=float)
+    if len(rows) < 2:
+        notes.append(f"importances not computed: they need 2 trials with a finite {objective}, "
+                     f"{'got 1' if len(rows) == 1 else 'got none'}")
+        return {}
+    varying = _varying(rows, space)
+    if not varying:
+        notes.append("importances not computed: no parameter took two different values")
+        return {}
+    if np.ptp(values) == 0:
+        notes.append(f"importances not computed: every trial has {objective} = {values[0]:.6g}, "
+                     "so no parameter explains any of its variance")
+        return {}
+    constant = [key for key in space.parameters if key not in varying]
+    if constant:
+        notes.append(f"left out of the importances (one value in every trial): {', '.join(constant)}")
+    try:
+        study = optuna_study_from_trials(rows, space, objective, varying)
+        importances = optuna.importance.get_param_importances(
+            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
+    except Exception as err:  # fANOVA has degenerate cases of its own (e.g. zero variance in its trees)
+        notes.append(f"importances not computed: {type(err).__name__}: {err}".splitlines()[0])
+        return {}
+    return {key: float(value) for key, value in importances.items()}
+
+
+def _slice_plot(rows: pd.DataFrame, space: SearchSpace, objective: str, path: Path, notes: list[str]) -> bool:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -61,21 +125,46 @@ def importance_report(
     import optuna
     from optuna.visualization.matplotlib import plot_slice
 
-    study = optuna_study_from_trials(trials, space, objective)
-    importances = optuna.importance.get_param_importances(
-        study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
+    if rows.empty:
+        notes.append("slice plot not drawn: no trial to plot")
+        return False
+    try:
+        with warnings.catch_warnings():
+            # optuna's ExperimentalWarning, and matplotlib's for a parameter that took one value
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            axes = plot_slice(optuna_study_from_trials(rows, space, objective), params=list(space.parameters))
+        fig = (axes.flat[0] if hasattr(axes, "flat") else axes).get_figure()
+        tmp = path.with_name(f".{path.name}.tmp.png")
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        os.replace(tmp, path)
+    except Exception as err:
+        plt.close("all")
+        notes.append(f"slice plot not drawn: {type(err).__name__}: {err}".splitlines()[0])
+        return False
+    return True
+
+
+def importance_report(
+    trials: pd.DataFrame, space: SearchSpace, objective: str, out: str | os.PathLike, name: str
+) -> ImportanceReport:
+    """fANOVA importances of the parameters for ``objective`` and a slice plot, written under ``out``
+    as ``<name>_importances.md`` and ``<name>_slices.png``. Never raises for degenerate trials: what
+    cannot be made is named in ``notes``."""
+    report = ImportanceReport()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    table = out / f"{name}_importances.md"
-    lines = [f"fANOVA importance of each parameter for {objective} ({len(trials)} trials)", "",
-             "| parameter | importance |", "|---|---|"]
-    lines += [f"| {key} | {value:.3f} |" for key, value in importances.items()]
-    table.write_text("\n".join(lines) + "\n")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        axes = plot_slice(study, params=list(space.parameters))
+    rows = _usable(trials, space, objective, report.notes)
+    report.importances = _fanova(rows, space, objective, report.notes)
     figure = out / f"{name}_slices.png"
-    fig = (axes.flat[0] if hasattr(axes, "flat") else axes).get_figure()
-    fig.savefig(figure, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return {key: float(value) for key, value in importances.items()}, [table, figure]
+    drawn = _slice_plot(rows, space, objective, figure, report.notes)
+    table = out / f"{name}_importances.md"
+    lines = [f"fANOVA importance of each parameter for {objective} ({len(rows)} trials)", ""]
+    if report.importances:
+        lines += ["| parameter | importance |", "|---|---|"]
+        lines += [f"| {key} | {value:.3f} |" for key, value in report.importances.items()]
+    lines += [f"- {note}" for note in report.notes]
+    table.write_text("\n".join(lines) + "\n")
+    report.files = [table, figure] if drawn else [table]
+    return report

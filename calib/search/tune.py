@@ -13,16 +13,21 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import pyarrow.dataset as pads
+
 from calib import storage
 from calib._config import ConfigError
-from calib.artifacts import stage1_exists
+from calib.artifacts import ArtifactWarning, stage1_exists
 from calib.config import config_hash, parse_trial_config, set_dotted, stage1_identity
 from calib.metrics import higher_is_better
+from calib.search.display import ProgressDisplay
 from calib.search.space import SearchSpace
 from calib.store import completed_trial_ids, write_result
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
@@ -31,9 +36,22 @@ from calib.trial import TrialResult, run_trial, trial_id
 __all__ = ["ExecutionOptions", "StudyRun", "init_ray", "run_grid", "run_search"]
 
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "60")
+# A failed trial is one calib line (ProgressDisplay); its traceback is in the store's `error` column.
+os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
 # Stage-I checkpoints are reported mid-trial without the search objective, which exists only at the end.
 os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+
+# Ray log records that calib replaces with its own lines or that are not the user's business:
+# logger name -> message prefixes dropped. Everything else Ray logs still reaches the user.
+RAY_NOISE: dict[str, tuple[str, ...]] = {
+    # the notice that a local cluster turned on Ray's token authentication (its default)
+    "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled",),
+    # the list of failed trials at the end of a run: calib prints one line per failed trial
+    "ray.tune.tune": ("Trials did not complete",),
+    # Optuna's GridSampler stops its study once every grid point is told, which in Tune's ask-and-tell
+    # loop (outside study.optimize) only logs this; the search is complete either way
+    "ray.tune.search.optuna.optuna_search": ("`Study.stop` is supposed to be invoked inside",),
+}
 
 
 @dataclass(frozen=True)
@@ -46,7 +64,10 @@ class ExecutionOptions:
     share one GPU); ``None`` means the same as a Stage-I trial.
 
     A failed trial is retried up to ``max_failures`` times; a retry of a trial that was training
-    Stage I resumes from its last checkpoint, taken every ``checkpoint_every`` Stage-I epochs.
+    Stage I resumes from its last checkpoint, taken every ``checkpoint_every`` Stage-I epochs but no
+    sooner than ``checkpoint_min_seconds`` after the previous one (or the trial's start). Each Tune
+    checkpoint also makes Tune snapshot the experiment state (``CheckpointConfig(num_to_keep=1)``), so
+    checkpointing every fast epoch costs more than a retry would save.
     """
 
     address: str | None = None
@@ -58,6 +79,7 @@ class ExecutionOptions:
     storage: str | None = None
     max_failures: int = 0
     checkpoint_every: int = 1
+    checkpoint_min_seconds: float = 60.0
     verbose: bool = True
 
     def resources(self, role: str) -> dict[str, float]:
@@ -112,6 +134,7 @@ def init_ray(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     check_address(address)
+    quiet_ray_logs()
     common = {"logging_level": logging.WARNING, "log_to_driver": False, "include_dashboard": False}
     if address is None:
         ray.init(num_cpus=os.cpu_count(), **common)
@@ -125,12 +148,31 @@ def init_ray(address: str | None = None) -> None:
         ) from None
 
 
+class _DropRecords(logging.Filter):
+    """Drops the log records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefixes)
+
+
+def quiet_ray_logs() -> None:
+    """Install the :data:`RAY_NOISE` filters on Ray's loggers in this process (once)."""
+    for name, prefixes in RAY_NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropRecords) for f in logger.filters):
+            logger.addFilter(_DropRecords(prefixes))
+
+
 STAGE1_CHECKPOINT = "stage1.pt"
 
 
-def _checkpointing(every: int) -> tuple[dict[str, Any] | None, Any]:
+def _checkpointing(every: int, min_seconds: float) -> tuple[dict[str, Any] | None, Any]:
     """The Stage-I state of this trial's last Tune checkpoint (a retry), and the callback that reports
-    a new checkpoint every ``every`` epochs."""
+    a new checkpoint every ``every`` epochs, at least ``min_seconds`` after the previous one."""
     import torch
     from ray import tune
 
@@ -139,17 +181,20 @@ def _checkpointing(every: int) -> tuple[dict[str, Any] | None, Any]:
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             resume = torch.load(Path(folder) / STAGE1_CHECKPOINT, map_location="cpu", weights_only=True)
+    last_report = time.monotonic()
 
     def on_checkpoint(state: dict[str, Any]) -> None:
-        if (state["epoch"] + 1) % every == 0:
+        nonlocal last_report
+        if (state["epoch"] + 1) % every == 0 and time.monotonic() - last_report >= min_seconds:
             with tempfile.TemporaryDirectory() as folder:
                 torch.save(state, Path(folder) / STAGE1_CHECKPOINT)
                 tune.report({"stage1_epoch": state["epoch"]}, checkpoint=tune.Checkpoint.from_directory(folder))
+            last_report = time.monotonic()
 
     return resume, on_checkpoint
 
 
-def _execute(config: dict[str, Any], store: str, checkpoint_every: int) -> dict[str, float]:
+def _execute(config: dict[str, Any], store: str, options: ExecutionOptions) -> dict[str, float]:
     """Run one trial and store it; a failure is stored as a ``failed`` row and re-raised for Tune.
 
     Torch uses as many threads as the CPUs Ray assigned to the trial.
@@ -164,19 +209,30 @@ def _execute(config: dict[str, Any], store: str, checkpoint_every: int) -> dict[
     cfg = parse_trial_config(config)
     started = dt.datetime.now(dt.timezone.utc)
     try:
-        resume, on_checkpoint = _checkpointing(checkpoint_every)
-        result = run_trial(cfg, on_checkpoint=on_checkpoint, resume=resume)
+        resume, on_checkpoint = _checkpointing(options.checkpoint_every, options.checkpoint_min_seconds)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ArtifactWarning)
+            result = run_trial(cfg, on_checkpoint=on_checkpoint, resume=resume)
     except Exception as err:
         write_result(store, TrialResult.failed(cfg, err, started), node_id=node_id)
         raise
     write_result(store, result, node_id=node_id)
-    return {**result.metrics, "calib_trial_id": result.trial_id}
+    notes = [str(w.message) for w in caught if issubclass(w.category, ArtifactWarning)]
+    for w in caught:  # the others go where they would have gone: the worker's log
+        if not issubclass(w.category, ArtifactWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    # A healed artifact is news for the user at the driver (workers' output does not reach it).
+    return {**result.metrics, "calib_trial_id": result.trial_id, "calib_notes": "\n".join(notes)}
 
 
-def _grid_trainable(tune_config: dict[str, Any], *, store: str, checkpoint_every: int) -> None:
+def _grid_config(tune_config: dict[str, Any]) -> dict[str, Any]:
+    return tune_config["trial"]["config"]
+
+
+def _grid_trainable(tune_config: dict[str, Any], *, store: str, options: ExecutionOptions) -> None:
     from ray import tune
 
-    tune.report(_execute(tune_config["trial"]["config"], store, checkpoint_every))
+    tune.report(_execute(_grid_config(tune_config), store, options))
 
 
 def _search_config(base: dict[str, Any], sampled: dict[str, Any]) -> dict[str, Any]:
@@ -187,10 +243,10 @@ def _search_config(base: dict[str, Any], sampled: dict[str, Any]) -> dict[str, A
 
 
 def _search_trainable(tune_config: dict[str, Any], *, base: dict[str, Any], store: str,
-                      checkpoint_every: int) -> None:
+                      options: ExecutionOptions) -> None:
     from ray import tune
 
-    tune.report(_execute(_search_config(base, tune_config), store, checkpoint_every))
+    tune.report(_execute(_search_config(base, tune_config), store, options))
 
 
 def _placement(resources: dict[str, float]) -> Any:
@@ -219,43 +275,68 @@ def assign_roles(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return trainers + cached
 
 
-def _progress_callback(study: str, total: int, objective: str) -> Any:
+def _failure_line(store: str, study: str, calib_id: str, trial: Any) -> str:
+    """What a failed trial died of, in one line: its stored row's stage, epoch and first error line,
+    or, when the trial could not store a row (its worker was killed), the first line of Ray's error."""
+    from calib.store import read_trials
+
+    rows = read_trials(store, study=study, columns=["error", "failed_stage", "failed_epoch"],
+                       filters=(pads.field("trial_id") == calib_id) & (pads.field("status") == "failed"))
+    if not rows.empty:
+        row = rows.iloc[0]
+        where = "" if pd.isna(row["failed_stage"]) else f"in {row['failed_stage']}"
+        where += "" if pd.isna(row["failed_epoch"]) else f" at epoch {int(row['failed_epoch'])}"
+        return (f"{where.strip()}: " if where else "") + str(row["error"]).strip().splitlines()[0]
+    error = None
+    path = getattr(trial, "pickled_error_file", None)  # Tune writes it locally before calling back
+    if path and os.path.exists(path):
+        import cloudpickle
+
+        with open(path, "rb") as f:
+            error = cloudpickle.load(f)
+    cause = getattr(error, "cause", None) or error
+    if cause is None:
+        return "no error recorded"
+    return f"{type(cause).__name__}: {cause}".strip().splitlines()[0]
+
+
+def _progress_callback(display: ProgressDisplay, calib_id_of: Callable[[dict[str, Any]], str],
+                       store: str, max_failures: int) -> Any:
+    """A Tune callback that feeds Tune's trial events to ``display``; ``calib_id_of(trial.config)`` is
+    the trial's store id, whose failed row in ``store`` says what a failed trial died of."""
     from ray import tune
 
-    sign = 1.0 if higher_is_better(objective.split("_", 1)[1]) else -1.0
+    objective = display.objective
 
-    class ProgressLine(tune.Callback):
-        """One line per event: trials done / running / failed of the total, and the best objective so far."""
-
-        def __init__(self) -> None:
-            self.done = self.failed = 0
-            self.running: set[str] = set()
-            self.best: tuple[float, str] | None = None
-
-        def _print(self) -> None:
-            best = "" if self.best is None else f" · best {objective} {sign * self.best[0]:.2%} ({self.best[1]})"
-            print(f"[{study}] {self.done}/{total} done · {len(self.running)} running · {self.failed} failed{best}",
-                  flush=True)
-
+    class ProgressCallback(tune.Callback):
         def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self.running.add(trial.trial_id)
-            self._print()
-
-        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-            if objective in result and (self.best is None or sign * result[objective] > self.best[0]):
-                self.best = (sign * result[objective], str(result.get("calib_trial_id", trial.trial_id)))
+            display.trial_started(trial.trial_id)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self.running.discard(trial.trial_id)
-            self.done += 1
-            self._print()
+            result = trial.last_result or {}
+            if "calib_trial_id" not in result:  # stopped before its final report: a scheduler pruned it
+                display.trial_pruned(trial.trial_id)
+                return
+            for note in filter(None, str(result.get("calib_notes", "")).splitlines()):
+                display.note(note)
+            display.trial_finished(trial.trial_id, result["calib_trial_id"], result.get(objective))
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self.running.discard(trial.trial_id)
-            self.failed += 1
-            self._print()
+            calib_id = calib_id_of(trial.config)
+            display.trial_failed(trial.trial_id, calib_id, _failure_line(store, display.study, calib_id, trial))
 
-    return ProgressLine()
+        def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            calib_id = calib_id_of(trial.config)
+            display.trial_retrying(trial.trial_id, calib_id, trial.run_metadata.num_failures, max_failures,
+                                   _failure_line(store, display.study, calib_id, trial))
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            display.tick()
+
+        def on_experiment_end(self, trials: list, **info: Any) -> None:
+            display.close()
+
+    return ProgressCallback()
 
 
 def _interleave_stage1(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -320,10 +401,14 @@ def run_grid(
     init_ray(options.address)
     record_manifest(store, study, manifest)
     trainable = tune.with_resources(
-        tune.with_parameters(_grid_trainable, store=store, checkpoint_every=options.checkpoint_every),
+        tune.with_parameters(_grid_trainable, store=store, options=options),
         lambda spec: _placement(options.resources(spec["trial"]["role"])),
     )
-    callbacks = [_progress_callback(study, len(pending), objective)] if options.verbose else []
+    callbacks = []
+    if options.verbose:
+        display = ProgressDisplay(study, len(pending), objective)
+        callbacks.append(_progress_callback(display, lambda c: trial_id(_grid_config(c)), store,
+                                            options.max_failures))
     tuner = tune.Tuner(
         trainable,
         param_space={"trial": tune.grid_search(assign_roles(pending))},
@@ -417,11 +502,14 @@ def run_search(
         return _placement(options.resources("cached" if stage1_exists(cfg) else "stage1"))
 
     trainable = tune.with_resources(
-        tune.with_parameters(_search_trainable, base=base, store=store,
-                              checkpoint_every=options.checkpoint_every), resources)
+        tune.with_parameters(_search_trainable, base=base, store=store, options=options), resources)
     init_ray(options.address)
     record_manifest(store, study, manifest)
-    callbacks = [_progress_callback(study, num_trials, objectives[0])] if options.verbose else []
+    callbacks = []
+    if options.verbose:
+        display = ProgressDisplay(study, num_trials, objectives[0])
+        callbacks.append(_progress_callback(display, lambda c: trial_id(_search_config(base, c)), store,
+                                            options.max_failures))
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(

@@ -1,4 +1,4 @@
-"""The typed columns of the result store, derived from the registries (DESIGN.md contract 4).
+"""The typed columns of the result store, derived from the registries (docs/architecture.md contract 4).
 
 ``trials``: one row per trial. ``history``: one row per (trial, stage, epoch). Every registered
 loss's and method's config field is a column (``loss_<field>``, ``method_<field>``), null where it

@@ -1,4 +1,4 @@
-"""Mixup (Zhang et al. 2018) and MIT, Mixup Inference in Training (Wang et al. CVPR 2023): METHODS.md §4.8-4.9."""
+"""Mixup (Zhang et al. 2018) and MIT, Mixup Inference in Training (Wang et al. CVPR 2023): docs/methods.md §4.8-4.9."""
 
 from __future__ import annotations
 

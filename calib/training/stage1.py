@@ -1,4 +1,4 @@
-"""Stage I: train backbone and linear head jointly with SGD (METHODS.md §7.2), optionally with Mixup or MIT."""
+"""Stage I: train backbone and linear head jointly with SGD (docs/methods.md §7.2), optionally with Mixup or MIT."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ class TestParseTrialConfig:
     def test_main(self, make_config):
         cfg = parse_trial_config(make_config(method={"name": "mac_cal", "accuracy_weight": 0.9}))
         assert cfg.method.name == "mac_cal" and cfg.method.params.accuracy_weight == 0.9
-        assert cfg.method.params.retention_init == 0.9  # defaults of METHODS.md §1.3
+        assert cfg.method.params.retention_init == 0.9  # defaults of docs/methods.md §1.3
         assert cfg.stage1.milestones == () and cfg.stage1.momentum == 0.9
         assert parse_trial_config(cfg.to_dict()) == cfg  # round trip
 

@@ -1,4 +1,4 @@
-"""Mixup and MIT (METHODS.md §4.8-4.9)."""
+"""Mixup and MIT (docs/methods.md §4.8-4.9)."""
 
 import numpy as np
 import pytest

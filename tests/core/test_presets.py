@@ -1,4 +1,4 @@
-"""The presets: the paper preset is MaC-Cal Table 1's grid with the seeds' protocols (METHODS.md §7.2-7.3)."""
+"""The presets: the paper preset is MaC-Cal Table 1's grid with the seeds' protocols (docs/methods.md §7.2-7.3)."""
 
 from __future__ import annotations
 

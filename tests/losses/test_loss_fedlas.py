@@ -1,4 +1,4 @@
-"""FeDLaS-LS / FeDLaS-MbLS (METHODS.md §3): hand-computed values, β = 0 = base loss, NCI, BCG/STE, training."""
+"""FeDLaS-LS / FeDLaS-MbLS (docs/methods.md §3): hand-computed values, β = 0 = base loss, NCI, BCG/STE, training."""
 
 from __future__ import annotations
 

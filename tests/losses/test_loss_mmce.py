@@ -34,7 +34,7 @@ def logits_for(probs):
 
 
 def brute_force(logits, targets, variant, width=0.4):
-    """MMCE by explicit double loops in float64 (METHODS.md §4.7, FOCAL-R normalisation)."""
+    """MMCE by explicit double loops in float64 (docs/methods.md §4.7, FOCAL-R normalisation)."""
     probs = torch.softmax(logits.double(), dim=1).tolist()
     r = [max(row) for row in probs]
     c = [float(row.index(max(row)) == int(t)) for row, t in zip(probs, targets, strict=True)]

@@ -1,4 +1,4 @@
-"""MaC-Cal's components against hand-computed values and their defining properties (METHODS.md §1.3)."""
+"""MaC-Cal's components against hand-computed values and their defining properties (docs/methods.md §1.3)."""
 
 import itertools
 import math

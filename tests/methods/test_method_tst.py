@@ -1,4 +1,4 @@
-"""TST (METHODS.md §2.2): the head's shape, the shared Stage-II loop, checkpointing, the method's outcome."""
+"""TST (docs/methods.md §2.2): the head's shape, the shared Stage-II loop, checkpointing, the method's outcome."""
 
 import dataclasses
 from pathlib import Path

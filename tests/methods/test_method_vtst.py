@@ -1,4 +1,4 @@
-"""V-TST (METHODS.md §2.3): bounded variance, the KL term, Monte-Carlo prediction and seeded evaluation noise."""
+"""V-TST (docs/methods.md §2.3): bounded variance, the KL term, Monte-Carlo prediction and seeded evaluation noise."""
 
 import math
 from pathlib import Path

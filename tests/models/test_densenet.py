@@ -36,7 +36,7 @@ def bn_params(channels: int) -> int:
 
 
 def expected_parameter_count(num_classes: int, in_channels: int = 3) -> int:
-    """Count derived from the architecture description (METHODS.md §7.1), not from the module.
+    """Count derived from the architecture description (docs/methods.md §7.1), not from the module.
 
     total = stem + Σ_blocks (Σ_layers layer + transition) + final BN + head, with
       stem       = conv3×3(in_channels → 2k)

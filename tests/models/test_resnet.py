@@ -28,7 +28,7 @@ def bn_params(channels: int) -> int:
 def expected_parameter_count(
     blocks_per_stage: list[int], num_classes: int, in_channels: int = 3, pool_size: int = 1
 ) -> int:
-    """Count derived from the architecture description (METHODS.md §7.1), not from the module.
+    """Count derived from the architecture description (docs/methods.md §7.1), not from the module.
 
     total = stem + Σ_stages Σ_blocks block + head, with
       stem  = conv3×3(in_channels → 64) + BN(64)

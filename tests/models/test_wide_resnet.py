@@ -24,7 +24,7 @@ def bn_params(channels: int) -> int:
 
 
 def expected_parameter_count(num_classes: int, in_channels: int = 3, blocks: int = 4, widen: int = 10) -> int:
-    """Count derived from the architecture description (METHODS.md §7.1), not from the module.
+    """Count derived from the architecture description (docs/methods.md §7.1), not from the module.
 
     total = stem + Σ_groups Σ_blocks block + head, with
       stem  = conv3×3(in_channels → 16) + BN(16)

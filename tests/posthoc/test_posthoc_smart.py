@@ -1,4 +1,4 @@
-"""SMART (METHODS.md §5.2): SoftECE by hand, the margin statistics, T ≥ 0.1, the argmax, early stopping."""
+"""SMART (docs/methods.md §5.2): SoftECE by hand, the margin statistics, T ≥ 0.1, the argmax, early stopping."""
 
 import math
 

@@ -1,7 +1,12 @@
-"""Temperature scaling (METHODS.md §5.1): recovers a known T, never changes the argmax, keeps T > 0."""
+"""Temperature scaling (docs/methods.md §5.1): recovers a known T, never changes the argmax, keeps T > 0."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
+from scipy.optimize import minimize_scalar
+from scipy.special import log_softmax
 
 from calib._config import ConfigError, from_dict
 from calib.methods import METHODS
@@ -14,6 +19,7 @@ from calib.posthoc import (
     TemperatureScaling,
     TemperatureScalingConfig,
 )
+from calib.posthoc import temperature_scaling as ts_module
 
 TRUE_TEMPERATURE = 2.5
 
@@ -25,6 +31,28 @@ def tempered_data():
     logits = torch.randn(20000, 10, generator=g) * 4
     labels = torch.multinomial((logits.double() / TRUE_TEMPERATURE).softmax(1), 1, generator=g).squeeze(1)
     return logits, labels
+
+
+@pytest.fixture(scope="module")
+def base_data():
+    """z = 2.5·N(0, 1), 5,000 × 10, float64, and labels drawn from softmax(z): logits z·T* have optimum T ≈ T*."""
+    g = torch.Generator().manual_seed(0)
+    z = 2.5 * torch.randn(5000, 10, generator=g, dtype=torch.float64)
+    labels = torch.multinomial(z.softmax(1), 1, generator=g).squeeze(1)
+    return z, labels
+
+
+def nll(logits, labels, temperature):
+    """NLL(T) in float64 numpy, independent of the torch code under test."""
+    log_p = log_softmax(logits.double().numpy() / temperature, axis=1)
+    return float(-log_p[np.arange(labels.shape[0]), labels.numpy()].mean())
+
+
+def scipy_temperature(logits, labels):
+    """The NLL-optimal T by bounded Brent on log T ∈ [log 0.01, log 100], xatol 1e-10."""
+    result = minimize_scalar(lambda log_t: nll(logits, labels, math.exp(log_t)), method="bounded",
+                             bounds=(math.log(0.01), math.log(100.0)), options={"xatol": 1e-10})  # fmt: skip
+    return math.exp(result.x)
 
 
 class TestTemperatureScaling:
@@ -55,8 +83,52 @@ class TestTemperatureScaling:
 
     def test_gpleiss_lbfgs_without_line_search_stops_short(self, tempered_data):
         logits, labels = tempered_data
-        temperature = TemperatureScaling(line_search=False).fit(logits, labels).temperature.item()
-        assert 1.5 < temperature < TRUE_TEMPERATURE - 0.3
+        ts = TemperatureScaling(line_search=False).fit(logits, labels)
+        assert 1.5 < ts.temperature.item() < TRUE_TEMPERATURE - 0.3
+        assert ts.fit_fallback is False and abs(ts.grad_log_temperature) > 1e-3  # stopped short, as gpleiss
+
+    @pytest.mark.parametrize("true_temperature", [0.3, 0.5, 0.75, 1.0, 2.0, 5.0])
+    def test_default_lbfgs_converges_to_the_scipy_optimum(self, base_data, true_temperature):
+        # The old default (lr 0.01, strong Wolfe, one step of 50 iterations) ran out of evaluations
+        # below T = 1.5: T = 0.5099 for T* = 0.5 (scipy 0.5022), 0.7602 for T* = 0.75 (scipy 0.7532).
+        z, labels = base_data
+        logits = z * true_temperature
+        ts = TemperatureScaling().fit(logits, labels)
+        expected = scipy_temperature(logits, labels)
+        assert expected == pytest.approx(true_temperature, rel=0.03)
+        assert abs(ts.temperature.item() - expected) / expected < 1e-5
+        assert abs(ts.grad_log_temperature) < 1e-6 and ts.fit_fallback is False
+        assert nll(logits, labels, ts.temperature.item()) <= nll(logits, labels, expected) + 1e-12
+
+    def test_default_lbfgs_repeats_step_until_converged(self, base_data):
+        z, labels = base_data
+        one_iteration = TemperatureScaling(max_iter=1).fit(z * 0.3, labels)  # one LBFGS iteration per step
+        assert abs(one_iteration.grad_log_temperature) < 1e-6
+        expected = scipy_temperature(z * 0.3, labels)
+        assert abs(one_iteration.temperature.item() - expected) / expected < 1e-5
+
+    def test_default_lbfgs_raises_when_not_converged(self, base_data, monkeypatch):
+        z, labels = base_data
+        monkeypatch.setattr(ts_module, "MAX_LBFGS_STEPS", 1)
+        with pytest.raises(RuntimeError, match=r"did not converge: \|dNLL/d log T\|=\S+ at T=\S+ after 1 LBFGS steps "
+                                               r"of up to 1 iterations; it must be < 1e-06"):
+            TemperatureScaling(max_iter=1).fit(z * 0.3, labels)
+
+    def test_gpleiss_runaway_falls_back_to_the_default_fit(self, base_data):
+        # logits = 0.5·z: gpleiss's plain LBFGS (lr 0.01, 50 iterations) from T = 1.5 runs away to
+        # T = 9.3e-4 with NLL 296.6 (start 1.506); the fit must never end worse than its start.
+        z, labels = base_data
+        logits = 0.5 * z
+        message = (r"The gpleiss LBFGS fit \(no line search, lr 0.01, max_iter 50\) ran away to T=\S+ with NLL \S+, "
+                   r"worse than NLL 1.506\d* at the start T=1.5; fell back to the converged strong-Wolfe fit, "
+                   r"T=0.50215\d* with NLL 1.118\d*\.")
+        with pytest.warns(RuntimeWarning, match=message):
+            ts = TemperatureScaling(line_search=False).fit(logits, labels)
+        expected = scipy_temperature(logits, labels)
+        assert ts.fit_fallback is True and abs(ts.grad_log_temperature) < 1e-6
+        assert abs(ts.temperature.item() - expected) / expected < 1e-5
+        assert nll(logits, labels, ts.temperature.item()) < nll(logits, labels, 1.5)
+        assert ts.fit(z * 2.0, labels).fit_fallback is False  # a refit without a runaway resets the flag
 
     def test_temperature_stays_positive(self):
         # Perfectly separated, always-correct logits: the NLL keeps falling as T → 0.
@@ -70,6 +142,7 @@ class TestTemperatureScaling:
     def test_probs_are_float64_on_cpu(self, tempered_data):
         logits, labels = tempered_data
         ts = TemperatureScaling("nll", "grid").fit(logits[:500], labels[:500])
+        assert ts.fit_fallback is False and math.isfinite(ts.grad_log_temperature)
         probs = PostHocPredictor(ts)(torch.empty(500, 0), logits[:500])
         assert probs.dtype == torch.float64 and probs.device.type == "cpu"
         torch.testing.assert_close(probs, (logits[:500].double() / ts.temperature).softmax(1))

@@ -1,0 +1,143 @@
+"""What a study run prints while its trials run: one progress line, and one line per failed trial.
+
+On a terminal the progress is a single line rewritten in place (done / running / failed / pruned of
+the total, the best objective so far, elapsed time and ETA). Anywhere else (CI, ``ray submit``, a
+log file) every start, finish and failure prints its own line, so a log keeps the whole story.
+The display knows nothing of Ray; :mod:`calib.search.tune` feeds it Tune's trial events.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from calib.metrics import METRICS, higher_is_better
+
+__all__ = ["ProgressDisplay", "format_duration"]
+
+
+def format_duration(seconds: float) -> str:
+    """``"42s"``, ``"3m05s"`` or ``"2h07m"``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _format_value(objective: str, value: float) -> str:
+    """A metric value as a user reads it: fractions in percent, NLL and Brier as they are."""
+    metric = objective.split("_", 1)[1]
+    return f"{value:.2%}" if METRICS[metric].bounds == (0.0, 1.0) else f"{value:.4g}"
+
+
+class ProgressDisplay:
+    """Counts a run's trials and prints its progress to ``stream``.
+
+    Args:
+        study: the study name, the prefix of every line.
+        total: the number of trials this run schedules.
+        objective: the validation metric (``val_ece``) whose best value is shown.
+        stream: where to print (default ``sys.stdout``).
+        interactive: rewrite one line in place; default: whether ``stream`` is a terminal.
+        clock: seconds, monotonic (tests pass a fake clock).
+    """
+
+    def __init__(self, study: str, total: int, objective: str, *, stream: TextIO | None = None,
+                 interactive: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.study, self.total, self.objective = study, total, objective
+        self.stream = stream if stream is not None else sys.stdout
+        self.interactive = self.stream.isatty() if interactive is None else interactive
+        self.clock = clock
+        self.sign = 1.0 if higher_is_better(objective.split("_", 1)[1]) else -1.0
+        self.started_at = clock()
+        self.done = self.failed = self.pruned = 0
+        self.running: set[str] = set()
+        self.best: tuple[float, str] | None = None
+        self._last_draw = -math.inf
+        self._line_open = False
+
+    # events -------------------------------------------------------------------------------------
+    def trial_started(self, key: str) -> None:
+        self.running.add(key)
+        self._update()
+
+    def trial_finished(self, key: str, calib_id: str, value: float | None) -> None:
+        """A trial stored its row; ``value`` is its objective (None if it has none)."""
+        self.running.discard(key)
+        self.done += 1
+        if value is not None and math.isfinite(value) and (self.best is None or self.sign * value > self.best[0]):
+            self.best = (self.sign * value, calib_id)
+        self._update()
+
+    def trial_pruned(self, key: str) -> None:
+        """A scheduler stopped the trial early."""
+        self.running.discard(key)
+        self.pruned += 1
+        self._update()
+
+    def trial_failed(self, key: str, calib_id: str, error: str) -> None:
+        """A trial ended as a ``failed`` row: one line with its short error."""
+        self.running.discard(key)
+        self.failed += 1
+        self._message(f"[{self.study}] trial {calib_id} failed: {error} (traceback: the store's `error` column)")
+        self._update()
+
+    def trial_retrying(self, key: str, calib_id: str, attempt: int, max_failures: int, error: str) -> None:
+        """A failed trial is started again (``--max-failures``)."""
+        self._message(f"[{self.study}] trial {calib_id} failed: {error}; retry {attempt} of {max_failures}")
+
+    def note(self, text: str) -> None:
+        """Something the user must know about a trial (an artifact that was moved aside and rebuilt)."""
+        self._message(f"[{self.study}] {text}")
+
+    def tick(self) -> None:
+        """Refresh the elapsed time and ETA of the interactive line, at most once a second."""
+        if self.interactive and self.clock() - self._last_draw >= 1.0:
+            self._draw()
+
+    def close(self) -> None:
+        """End the interactive line so that what follows starts on a line of its own."""
+        if self.interactive and self._line_open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._line_open = False
+
+    # rendering ----------------------------------------------------------------------------------
+    def line(self) -> str:
+        """The progress line: counts, best objective so far, elapsed time and ETA."""
+        parts = [f"[{self.study}] {self.done}/{self.total} done", f"{len(self.running)} running",
+                 f"{self.failed} failed"]
+        if self.pruned:
+            parts.append(f"{self.pruned} pruned")
+        if self.best is not None:
+            parts.append(f"best {self.objective} {_format_value(self.objective, self.sign * self.best[0])} "
+                         f"({self.best[1]})")
+        elapsed = self.clock() - self.started_at
+        parts.append(f"{format_duration(elapsed)} elapsed")
+        ended = self.done + self.failed + self.pruned
+        if 0 < ended < self.total:
+            parts.append(f"ETA {format_duration(elapsed / ended * (self.total - ended))}")
+        return " · ".join(parts)
+
+    def _update(self) -> None:
+        if self.interactive:
+            self._draw()
+        else:
+            print(self.line(), file=self.stream, flush=True)
+
+    def _draw(self) -> None:
+        self.stream.write("\r\033[K" + self.line())
+        self.stream.flush()
+        self._line_open = True
+        self._last_draw = self.clock()
+
+    def _message(self, text: str) -> None:
+        if self.interactive and self._line_open:
+            self.stream.write("\r\033[K")
+            self._line_open = False
+        print(text, file=self.stream, flush=True)

@@ -1,0 +1,92 @@
+"""The progress display: one line rewritten in place on a terminal, one line per event elsewhere."""
+
+import io
+
+from calib.search.display import ProgressDisplay, format_duration
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def display(interactive: bool, total: int = 4, objective: str = "val_ece"):
+    out, clock = io.StringIO(), FakeClock()
+    return ProgressDisplay("demo", total, objective, stream=out, interactive=interactive, clock=clock), out, clock
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (0, 42.4, 59.6, 185, 3600, 7620)] == ["0s", "42s", "1m00s", "3m05s",
+                                                                               "1h00m", "2h07m"]
+
+
+def test_a_log_gets_one_line_per_event_with_best_elapsed_and_eta():
+    progress, out, clock = display(interactive=False)
+    progress.trial_started("a")
+    progress.trial_started("b")
+    clock.now += 30
+    progress.trial_finished("a", "id-a", 0.08)
+    clock.now += 30
+    progress.trial_finished("b", "id-b", 0.05)  # lower ECE is better: becomes the best
+    progress.trial_failed("c", "id-c", "FloatingPointError: Stage-I training loss became nan at epoch 0.")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[demo] 0/4 done · 1 running · 0 failed · 0s elapsed"
+    assert lines[2] == "[demo] 1/4 done · 1 running · 0 failed · best val_ece 8.00% (id-a) · 30s elapsed · ETA 1m30s"
+    assert lines[3] == "[demo] 2/4 done · 0 running · 0 failed · best val_ece 5.00% (id-b) · 1m00s elapsed · ETA 1m00s"
+    assert lines[4] == ("[demo] trial id-c failed: FloatingPointError: Stage-I training loss became nan at epoch 0. "
+                        "(traceback: the store's `error` column)")
+    assert lines[5].startswith("[demo] 2/4 done · 0 running · 1 failed · best val_ece 5.00% (id-b)")
+    assert "\r" not in out.getvalue()
+
+
+def test_a_terminal_gets_one_line_rewritten_in_place():
+    progress, out, _ = display(interactive=True, total=3)
+    for key in "abc":
+        progress.trial_started(key)
+    progress.trial_finished("a", "id-a", 0.1)
+    progress.trial_failed("b", "id-b", "RuntimeError: boom")
+    progress.trial_pruned("c")
+    progress.close()
+    text = out.getvalue()
+    # every update rewrites the same line; only the failure and the end start new lines
+    assert text.count("\n") == 2
+    failure, last = text.split("\n")[0:2]
+    assert failure.endswith("[demo] trial id-b failed: RuntimeError: boom (traceback: the store's `error` column)")
+    assert last.rsplit("\r\033[K", 1)[1] == ("[demo] 1/3 done · 0 running · 1 failed · 1 pruned · "
+                                            "best val_ece 10.00% (id-a) · 0s elapsed")
+
+
+def test_tick_redraws_the_terminal_line_at_most_once_a_second():
+    progress, out, clock = display(interactive=True)
+    progress.trial_started("a")
+    draws = out.getvalue().count("\r")
+    progress.tick()
+    assert out.getvalue().count("\r") == draws
+    clock.now += 1.2
+    progress.tick()
+    assert out.getvalue().count("\r") == draws + 1 and out.getvalue().endswith("1s elapsed")
+    quiet, log, _ = display(interactive=False)
+    quiet.tick()
+    assert log.getvalue() == ""
+
+
+def test_higher_is_better_objectives_and_non_fraction_metrics():
+    progress, out, _ = display(interactive=False, objective="val_accuracy")
+    progress.trial_finished("a", "id-a", 0.80)
+    progress.trial_finished("b", "id-b", 0.85)
+    progress.trial_finished("c", "id-c", float("nan"))  # never the best
+    assert "best val_accuracy 85.00% (id-b)" in out.getvalue().splitlines()[-1]
+    nll, out, _ = display(interactive=False, objective="val_nll")
+    nll.trial_finished("a", "id-a", 0.5123)
+    assert "best val_nll 0.5123 (id-a)" in out.getvalue()
+
+
+def test_a_retry_is_announced_and_does_not_count_as_a_failure():
+    progress, out, _ = display(interactive=False)
+    progress.trial_started("a")
+    progress.trial_retrying("a", "id-a", 1, 2, "RayActorError: the actor died")
+    assert out.getvalue().splitlines()[-1] == "[demo] trial id-a failed: RayActorError: the actor died; retry 1 of 2"
+    assert progress.failed == 0 and progress.running == {"a"}
