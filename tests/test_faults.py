@@ -225,18 +225,7 @@ def test_a_changed_study_is_refused_and_a_new_study_name_runs(finished_study, tm
     assert studies == {"gamma_3_epochs": 2, "sensitivity_gamma": 2}
 
 
-@pytest.mark.ray
-def test_a_changed_search_space_is_refused(tmp_path):
-    store = tmp_path / "results"
-    space = tmp_path / "space.yaml"
-    space.write_text("parameters:\n  method.accuracy_weight: {distribution: uniform, low: 0.8, high: 1.0}\n"
-                     "base:\n  method.name: mac_cal\n")
-    args = ["--space", str(space), "--num-trials", "2", "--store", str(store), "--seeds", "1", *TINY]
-    first = study("search.py", *args)
-    assert first.returncode == 0, first.stderr[-2000:]
-    space.write_text(space.read_text().replace("high: 1.0", "high: 1.2"))
-    again = study("search.py", *args)
-    assert again.returncode == 2 and "search space" in again.stderr and "--study NEW_NAME" in again.stderr
+# A changed search space is refused: tests/studies/test_study_output.py (after its failing-trial search).
 
 
 # ---------------------------------------------------------------------------------- corrupt artifacts

@@ -18,16 +18,16 @@ RAY_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(DEBUG|INFO|WA
 
 @pytest.mark.ray
 def test_a_search_with_a_failing_trial_prints_one_line_for_it_and_nothing_from_ray(tmp_path):
+    """...and a re-run with a changed search space is refused."""
     space = tmp_path / "space.yaml"
     # The grid runs both widths: r = 2^40 cannot be allocated, so that trial fails in Stage II.
     space.write_text("base: {method.name: mac_cal}\nparameters:\n"
                      "  method.bottleneck_width: {distribution: grid, values: [64, 1099511627776]}\n")
     store = tmp_path / "results"
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "studies" / "search.py"), "--space", str(space), "--num-trials", "2",
-         "--sampler", "grid", "--seeds", "1", "--epochs", "3", "--stage2-epochs", "2", "--store", str(store),
-         "--data-root", str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    command = [sys.executable, str(ROOT / "studies" / "search.py"), "--space", str(space), "--num-trials", "2",
+               "--sampler", "grid", "--seeds", "1", "--epochs", "3", "--stage2-epochs", "2", "--store", str(store),
+               "--data-root", str(tmp_path / "data")]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
     text = out.stdout + out.stderr
     assert out.returncode == 1, text[-3000:]  # the search ran, and one of its trials failed
     assert not [line for line in text.splitlines() if RAY_LOG_LINE.match(line)], text
@@ -44,3 +44,9 @@ def test_a_search_with_a_failing_trial_prints_one_line_for_it_and_nothing_from_r
         "File " in trials.loc[trials["status"] == "failed", "error"].item()  # the full story is in the store
     # Stage I took seconds: under --checkpoint-min-seconds (60) no Tune checkpoint, so no forced snapshot
     assert not list((store / "_ray").glob("*/*/checkpoint_*"))
+
+    # The same search with another space would not be comparable: refused before anything runs.
+    space.write_text(space.read_text().replace("[64, ", "[32, "))
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert again.returncode == 2 and "search space" in again.stderr and "--study NEW_NAME" in again.stderr
+    assert "Traceback" not in again.stderr
