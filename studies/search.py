@@ -60,7 +60,7 @@ def print_best(trials, space, objectives: list[str]) -> None:
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = study_parser(__doc__, study=None, study_default="search_<name of the --space file>")
+    parser = study_parser(__doc__, study=None, study_default="search_<name of the space file>")
     parser.add_argument("--space", required=True, help="search-space YAML file (search_spaces/*.yaml)")
     parser.add_argument("--num-trials", type=int, default=20, help="number of sampled trials")
     parser.add_argument("--objective", nargs="+", default=["val_ece"],
