@@ -68,7 +68,7 @@ from calib.datasets import load_dataset, load_ood
 from calib.datasets.corruptions import SEVERITIES, load_corrupted
 from calib.metrics import compute_all, softmax64
 from calib.models import CalibModel, create_model
-from calib.training import describe_device, predict, train_stage1
+from calib.training import describe_device, predict, prepare_model, train_stage1
 
 __all__ = [
     "SPLITS",
@@ -357,7 +357,9 @@ def _compute_split(artifact: Stage1Artifact, name: str, make: Callable[[], Datas
                    device: torch.device) -> SplitCache:
     """Predict the split with the Stage-I model, store it with its sidecar, and publish both (data first)."""
     path = artifact.path / name
-    features, logits, labels = predict(artifact.load_model(device), make(), device, num_workers=cfg.num_workers)
+    model = prepare_model(artifact.load_model(device), device, cfg.stage1.channels_last)
+    features, logits, labels = predict(model, make(), device, num_workers=cfg.num_workers, amp=cfg.stage1.amp,
+                                       channels_last=cfg.stage1.channels_last)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     torch.save({"features": features, "logits": logits, "labels": labels}, tmp)
     os.replace(tmp, path)
@@ -567,8 +569,12 @@ def _train_and_write(
     trained = train_stage1(cfg, data, device, on_epoch=on_epoch, on_checkpoint=on_checkpoint, resume=resume)
     cache: dict[str, torch.Tensor] = {}
     metrics: dict[str, float] = {}
-    for split, dataset in (("train", data.train_eval), ("val", data.val), ("test", data.test)):
-        features, logits, labels = predict(trained.model, dataset, device, num_workers=cfg.num_workers)
+    sources = ((("train", data.tensors.train), ("val", data.tensors.val), ("test", data.tensors.test))
+               if trained.pipeline == "device" and data.tensors is not None
+               else (("train", data.train_eval), ("val", data.val), ("test", data.test)))
+    for split, source in sources:
+        features, logits, labels = predict(trained.model, source, device, num_workers=cfg.num_workers,
+                                           amp=cfg.stage1.amp, channels_last=cfg.stage1.channels_last)
         cache.update({f"{split}_features": features, f"{split}_logits": logits, f"{split}_labels": labels})
         if split != "train":
             scores = compute_all(softmax64(logits), labels.numpy(), num_bins=cfg.num_bins)
@@ -582,6 +588,11 @@ def _train_and_write(
         "metrics": metrics,
         "train_seconds": trained.train_seconds,
         "images_per_second": trained.images_per_second,
+        "data_pipeline": trained.pipeline,
+        "precision": trained.precision,
+        "compile_mode": trained.compile_mode,
+        "compile_seconds": trained.compile_seconds,
+        "peak_memory_bytes": trained.peak_memory_bytes,
         "checkpoint_epoch": trained.best_epoch,
         "resumed_from_epoch": None if resume is None else int(resume["epoch"]),
         "device": describe_device(device),

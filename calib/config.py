@@ -20,7 +20,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from calib import storage
 from calib._config import ConfigError, check, from_dict
@@ -66,7 +66,22 @@ class Stage1Config:
             convention), or at the "epoch_start" as FOCAL-R's ``train.py`` does, which moves every decay
             one epoch earlier (docs/methods.md §7.2 pitfall).
         amp: mixed precision on CUDA: "off", "bf16" or "fp16" autocast of the forward pass (fp16 with
-            a gradient scaler); the loss is computed in float32. Ignored on the CPU.
+            a gradient scaler); the loss is computed in float32. Ignored on the CPU. The Stage-I
+            feature extraction that feeds Stage II runs in the same precision.
+
+    How Stage I runs, without changing what it trains (these three are not part of the Stage-I
+    identity: an artifact trained either way serves every trial; the store records what ran):
+
+        data_pipeline: "device" holds the dataset as tensors on the training device and crops, flips
+            and normalises each batch there (the same distribution as the loaders' torchvision
+            transforms); "loader" feeds batches from a DataLoader; "auto" (default) is "device" on
+            CUDA when the dataset has a tensor view that takes at most a quarter of the free GPU
+            memory, else "loader" (so nothing changes on the CPU).
+        compile: ``torch.compile`` mode of the training step on CUDA: "off" (default), a mode
+            ("default", "reduce-overhead" = CUDA graphs, "max-autotune", "max-autotune-no-cudagraphs"),
+            or "auto", the mode ``benchmarks/gpu_throughput.py`` measured fastest for the
+            architecture (:data:`calib.training.compile.COMPILE_MODES`). Ignored on the CPU.
+        channels_last: NHWC memory format for the model and its inputs on CUDA (default true).
     """
 
     epochs: int = 350
@@ -83,6 +98,12 @@ class Stage1Config:
     checkpoint: Literal["last", "best_val"] = "last"
     scheduler_step: Literal["epoch_end", "epoch_start"] = "epoch_end"
     amp: Literal["off", "bf16", "fp16"] = "off"
+    data_pipeline: Literal["auto", "device", "loader"] = "auto"
+    compile: Literal["off", "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "off"
+    channels_last: bool = True
+
+    EXECUTION_FIELDS: ClassVar[tuple[str, ...]] = ("data_pipeline", "compile", "channels_last")
+    """Fields that change how Stage I runs, not what it trains: left out of the trial and Stage-I ids."""
 
     def __post_init__(self) -> None:
         check(self.epochs >= 1, "stage1.epochs", self.epochs, "be an integer >= 1",
@@ -259,15 +280,21 @@ def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
         "dataset": cfg.dataset,
         "arch": cfg.arch,
         "seed": cfg.seed,
-        "stage1": _plain(dataclasses.asdict(cfg.stage1)),
+        "stage1": _trained(_plain(dataclasses.asdict(cfg.stage1))),
         "loss": cfg.loss.to_dict(),
         "cifar100_test_norm": cfg.cifar100_test_norm,
     }
 
 
+def _trained(stage1: dict[str, Any]) -> dict[str, Any]:
+    """The Stage-I section without :attr:`Stage1Config.EXECUTION_FIELDS`."""
+    return {k: v for k, v in stage1.items() if k not in Stage1Config.EXECUTION_FIELDS}
+
+
 def trial_identity(cfg: TrialConfig) -> dict[str, Any]:
     """Everything that changes a trial's result: the config without its placement keys."""
-    return {k: v for k, v in cfg.to_dict().items() if k not in _PLACEMENT_KEYS}
+    identity = {k: v for k, v in cfg.to_dict().items() if k not in _PLACEMENT_KEYS}
+    return {**identity, "stage1": _trained(identity["stage1"])}
 
 
 def config_hash(identity: dict[str, Any]) -> str:

@@ -74,7 +74,9 @@ PRESETS.register("paper")(Preset(
     archs=("resnet50", "resnet110", "wrn26_10", "densenet121"),
     dataset_archs={"tiny-imagenet": ("resnet50_tiny",)},
     seeds=(1,),
-    stage1={},  # the Stage1Config defaults are the paper's CIFAR protocol
+    # The Stage1Config defaults are the papers' CIFAR protocol; on CUDA: bf16 autocast, the training step
+    # compiled in the mode measured fastest per architecture, data held on the GPU (data_pipeline auto).
+    stage1={"amp": "bf16", "compile": "auto"},
     dataset_stage1={"tiny-imagenet": {"epochs": 100, "milestones": [40, 60]}},
     stage2={},
     device="auto",

@@ -59,6 +59,7 @@ class TrialResult:
     finished_at: dt.datetime | None = None
     device: str | None = None
     stage1_device: str | None = None
+    stage1_execution: dict[str, Any] = field(default_factory=dict)
     stage1_resumed_from_epoch: int | None = None
     failed_stage: str | None = None
     failed_epoch: int | None = None
@@ -76,6 +77,13 @@ class TrialResult:
             status="failed", error=f"{text}\n{frames}", started_at=started_at,
             finished_at=dt.datetime.now(dt.timezone.utc), failed_stage=stage, failed_epoch=epoch,
         )
+
+
+def stage1_execution(record: dict[str, Any]) -> dict[str, Any]:
+    """How the artifact's Stage I ran, as store columns (None for artifacts written before it was recorded)."""
+    return {"stage1_pipeline": record.get("data_pipeline"), "stage1_precision": record.get("precision"),
+            "stage1_compile_mode": record.get("compile_mode"),
+            "stage1_peak_memory_bytes": record.get("peak_memory_bytes")}
 
 
 def _ood_metrics(
@@ -183,8 +191,10 @@ def run_trial(
             "eval_seconds": evaluated - method_done,
             "total_seconds": evaluated - start,
             "stage1_images_per_second": float(artifact.record.get("images_per_second", 0.0)),
+            "stage1_compile_seconds": float(artifact.record.get("compile_seconds", 0.0)),
         },
         stage1_device=str(artifact.record.get("device")),
+        stage1_execution=stage1_execution(artifact.record),
         stage1_resumed_from_epoch=None if cache_hit else artifact.record.get("resumed_from_epoch"),
         started_at=started_at,
         finished_at=dt.datetime.now(dt.timezone.utc),

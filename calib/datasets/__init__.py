@@ -7,16 +7,26 @@ lists the valid names (the ones the CLI and the search space files accept).
 from __future__ import annotations
 
 from calib._registry import Registry
-from calib.datasets._base import DatasetInfo, DatasetNotFoundError, DatasetSplits
+from calib.datasets._base import (
+    Augmentation,
+    DatasetInfo,
+    DatasetNotFoundError,
+    DatasetSplits,
+    TensorData,
+    TensorSplit,
+)
 
 __all__ = [
     "DATASETS",
     "DEFAULT_OOD",
     "OOD_SETS",
+    "Augmentation",
     "DatasetInfo",
     "DatasetNotFoundError",
     "DatasetSplits",
     "OODSet",
+    "TensorData",
+    "TensorSplit",
     "load_dataset",
     "load_ood",
     "require_dataset",
@@ -26,7 +36,7 @@ DATASETS: Registry[DatasetInfo] = Registry("dataset")
 """Dataset name → :class:`DatasetInfo`. Defined before the modules below import it to register."""
 
 # Importing the modules runs their registrations; they import DATASETS from this package.
-from calib.datasets import cifar, digits, tiny_imagenet  # noqa: E402,F401
+from calib.datasets import cifar, digits, synthetic, tiny_imagenet  # noqa: E402,F401
 from calib.datasets.ood import DEFAULT_OOD, OOD_SETS, OODSet, load_ood  # noqa: E402
 
 

@@ -3,15 +3,62 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import torch
 from torch.utils.data import Dataset
 
-__all__ = ["DatasetInfo", "DatasetNotFoundError", "DatasetSplits"]
+__all__ = ["Augmentation", "DatasetInfo", "DatasetNotFoundError", "DatasetSplits", "TensorData", "TensorSplit"]
 
 
 class DatasetNotFoundError(FileNotFoundError):
     """A dataset is missing from disk; the message names the expected path and the download flag."""
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """The training augmentation of a dataset, as the device pipeline applies it per batch.
+
+    ``crop_padding`` p > 0: a random crop of the input size from the image zero-padded by p pixels on
+    every side (torchvision's ``RandomCrop(size, padding=p)``); 0: no crop. ``horizontal_flip``: a
+    mirror image with probability 1/2 (``RandomHorizontalFlip()``). Crop, then flip, then normalise,
+    as the loaders' torchvision transforms do.
+    """
+
+    crop_padding: int = 0
+    horizontal_flip: bool = False
+
+
+@dataclass
+class TensorSplit:
+    """One split as two tensors, for data that fits in memory (the device pipeline).
+
+    ``images`` (N, C, H, W) are uint8 pixels 0..255 (scaled to [0, 1] as ``ToTensor`` does, then
+    normalised by ``mean`` / ``std`` per channel) or float32 values the model takes as they are
+    (``mean`` and ``std`` None). ``labels`` (N,) are int64.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+
+@dataclass
+class TensorData:
+    """A dataset's splits as tensors: ``train`` holds the training images un-augmented (the
+    ``train_eval`` view); ``augmentation`` is what the ``train`` view adds per batch."""
+
+    train: TensorSplit
+    val: TensorSplit
+    test: TensorSplit
+    augmentation: Augmentation = Augmentation()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every image and label tensor."""
+        return sum(t.numel() * t.element_size() for s in (self.train, self.val, self.test)
+                   for t in (s.images, s.labels))
 
 
 @dataclass
@@ -21,6 +68,15 @@ class DatasetSplits:
     ``train`` carries the training augmentation; ``train_eval`` holds the same images with the
     evaluation transform (used to cache Stage-I features); ``val`` and ``test`` use the evaluation
     transform. Every item is ``(image_tensor, label_int)``.
+
+    ``tensors``, where the data fit in memory, holds the same splits as tensors: the device pipeline
+    (``stage1.data_pipeline``) moves them to the GPU once and augments batches there; it must give the
+    same images, item for item, as the datasets (up to the augmentation's random draws). It is a
+    property, built on its first read by ``tensor_loader`` (a zero-argument function the loader
+    passes; None: the dataset has no tensor view, and ``tensors`` is None) and kept, so that runs which
+    never read it never pay for it (Tiny-ImageNet decodes 1.35 GB of JPEGs); before that first read,
+    ``tensor_loader is not None`` tells, at no cost, that there will be tensors. Assigning ``tensors``
+    sets them (and drops the loader).
     """
 
     train: Dataset
@@ -29,6 +85,20 @@ class DatasetSplits:
     test: Dataset
     num_classes: int
     input_shape: tuple[int, int, int]
+    tensor_loader: Callable[[], TensorData] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def tensors(self) -> TensorData | None:
+        """The splits as tensors (built by ``tensor_loader`` on the first read, then kept), or None."""
+        tensors = self.__dict__.get("_tensors")
+        if tensors is None and self.tensor_loader is not None:
+            tensors = self.__dict__["_tensors"] = self.tensor_loader()
+        return tensors
+
+    @tensors.setter
+    def tensors(self, value: TensorData | None) -> None:
+        self.__dict__["_tensors"] = value
+        self.tensor_loader = None
 
 
 @dataclass(frozen=True)

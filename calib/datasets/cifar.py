@@ -9,6 +9,9 @@
 - Normalize uses mean (0.4914, 0.4822, 0.4465), std (0.2023, 0.1994, 0.2010) for both datasets.
   ``load_cifar100(..., test_norm="focal_bug")`` reproduces FOCAL-R's CIFAR-100 test loader, which
   normalises the test split (only) with the ImageNet statistics.
+- ``tensors`` (built on first read): the same splits as uint8 (N, 3, 32, 32) tensors with each split's
+  mean and std, taken from the datasets' arrays in memory (the files are not read again);
+  augmentation: crop padding 4, horizontal flip.
 
 The files are torchvision's "python version": ``<root>/cifar-10-batches-py`` and
 ``<root>/cifar-100-python``. torchvision is imported when a loader runs, not with this module: it
@@ -18,19 +21,30 @@ takes seconds, and every study process (and every Ray worker) imports the datase
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
-from torch.utils.data import Subset
+import torch
+from torch.utils.data import Dataset, Subset
 
 if TYPE_CHECKING:
     from torchvision import datasets as tv_datasets
     from torchvision import transforms
 
 from calib.datasets import DATASETS
-from calib.datasets._base import DatasetInfo, DatasetNotFoundError, DatasetSplits
+from calib.datasets._base import (
+    Augmentation,
+    DatasetInfo,
+    DatasetNotFoundError,
+    DatasetSplits,
+    TensorData,
+    TensorSplit,
+)
 
 __all__ = [
+    "AUGMENTATION",
     "CIFAR10_FOLDER",
     "CIFAR100_FOLDER",
     "CIFAR_MEAN",
@@ -42,6 +56,8 @@ __all__ = [
     "VAL_SIZE",
     "TestNorm",
     "cifar_eval_transform",
+    "cifar_splits",
+    "cifar_tensor_data",
     "cifar_train_transform",
     "focal_split_indices",
     "load_cifar10",
@@ -63,6 +79,9 @@ SPLIT_SEED = 1
 """Seed of ``np.random.RandomState`` shuffling the training indices (FOCAL-R ``random_seed=1``)."""
 
 TestNorm = Literal["cifar", "focal_bug"]
+
+AUGMENTATION = Augmentation(crop_padding=4, horizontal_flip=True)
+"""What :func:`cifar_train_transform` adds, as the device pipeline applies it."""
 
 CIFAR10_FOLDER = "cifar-10-batches-py"  # torchvision's CIFAR10.base_folder
 CIFAR100_FOLDER = "cifar-100-python"  # torchvision's CIFAR100.base_folder
@@ -132,19 +151,58 @@ def require_cifar100(root: str) -> None:
     _require(root, CIFAR100_FOLDER, "CIFAR-100")
 
 
-def _load_cifar(
-    dataset_cls: type[tv_datasets.CIFAR10],
-    root: str,
-    download: bool,
+def cifar_tensor_data(
+    train_images: np.ndarray,
+    train_labels: Sequence[int],
+    train_idx: np.ndarray,
+    val_idx: np.ndarray,
+    test_images: np.ndarray,
+    test_labels: Sequence[int],
+    test_mean: tuple[float, float, float] = CIFAR_MEAN,
+    test_std: tuple[float, float, float] = CIFAR_STD,
+) -> TensorData:
+    """The tensor view of CIFAR-style splits: ``train_images`` / ``test_images`` are uint8 (N, 32, 32, 3)
+    arrays (torchvision's ``CIFAR10.data``), the labels lists of ints; train and validation are the
+    rows ``train_idx`` and ``val_idx`` of the training arrays, normalised with the CIFAR statistics,
+    test is every test row, normalised with ``test_mean`` / ``test_std``. The images are copied into
+    (N, 3, 32, 32) tensors."""
+
+    def split(images: np.ndarray, labels: Sequence[int], indices: np.ndarray,
+              mean: tuple[float, ...], std: tuple[float, ...]) -> TensorSplit:
+        rows = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        chw = torch.from_numpy(images).permute(0, 3, 1, 2)
+        return TensorSplit(
+            images=chw[rows].contiguous(),
+            labels=torch.as_tensor(np.asarray(labels, dtype=np.int64))[rows],
+            mean=tuple(mean),
+            std=tuple(std),
+        )
+
+    return TensorData(
+        train=split(train_images, train_labels, train_idx, CIFAR_MEAN, CIFAR_STD),
+        val=split(train_images, train_labels, val_idx, CIFAR_MEAN, CIFAR_STD),
+        test=split(test_images, test_labels, np.arange(len(test_images)), test_mean, test_std),
+        augmentation=AUGMENTATION,
+    )
+
+
+def cifar_splits(
+    train_augmented: Dataset,
+    train_plain: Dataset,
+    test: Dataset,
+    *,
     val_size: int,
     num_classes: int,
-    test_transform: transforms.Compose,
+    test_mean: tuple[float, float, float] = CIFAR_MEAN,
+    test_std: tuple[float, float, float] = CIFAR_STD,
 ) -> DatasetSplits:
-    # Two instances over the same files: one with the augmentation, one with the eval transform.
-    train_augmented = dataset_cls(root, train=True, transform=cifar_train_transform(), download=download)
-    train_plain = dataset_cls(root, train=True, transform=cifar_eval_transform(), download=False)
-    test = dataset_cls(root, train=False, transform=test_transform, download=False)
+    """The FOCAL-R splits of CIFAR-style datasets: ``train_augmented`` and ``train_plain`` hold the same
+    training images (``.data`` uint8 (N, 32, 32, 3), ``.targets``) with the training and the evaluation
+    transform, ``test`` the test images with the test transform; ``tensors`` are built from
+    ``train_plain``'s and ``test``'s arrays on first read (:func:`cifar_tensor_data`)."""
     train_idx, val_idx = focal_split_indices(len(train_plain), val_size=val_size)
+    train_arrays = (train_plain.data, train_plain.targets)  # type: ignore[attr-defined]
+    test_arrays = (test.data, test.targets)  # type: ignore[attr-defined]
     return DatasetSplits(
         train=Subset(train_augmented, train_idx.tolist()),
         train_eval=Subset(train_plain, train_idx.tolist()),
@@ -152,7 +210,25 @@ def _load_cifar(
         test=test,
         num_classes=num_classes,
         input_shape=INPUT_SHAPE,
+        tensor_loader=partial(cifar_tensor_data, *train_arrays, train_idx, val_idx, *test_arrays, test_mean, test_std),
     )
+
+
+def _load_cifar(
+    dataset_cls: type[tv_datasets.CIFAR10],
+    root: str,
+    download: bool,
+    val_size: int,
+    num_classes: int,
+    test_mean: tuple[float, float, float] = CIFAR_MEAN,
+    test_std: tuple[float, float, float] = CIFAR_STD,
+) -> DatasetSplits:
+    # Two instances over the same files: one with the augmentation, one with the eval transform.
+    train_augmented = dataset_cls(root, train=True, transform=cifar_train_transform(), download=download)
+    train_plain = dataset_cls(root, train=True, transform=cifar_eval_transform(), download=False)
+    test = dataset_cls(root, train=False, transform=cifar_eval_transform(test_mean, test_std), download=False)
+    return cifar_splits(train_augmented, train_plain, test, val_size=val_size, num_classes=num_classes,
+                        test_mean=test_mean, test_std=test_std)
 
 
 def load_cifar10(root: str, download: bool = False, *, val_size: int = VAL_SIZE) -> DatasetSplits:
@@ -168,7 +244,7 @@ def load_cifar10(root: str, download: bool = False, *, val_size: int = VAL_SIZE)
         require_cifar10(root)
     from torchvision.datasets import CIFAR10
 
-    return _load_cifar(CIFAR10, root, download, val_size, 10, cifar_eval_transform())
+    return _load_cifar(CIFAR10, root, download, val_size, 10)
 
 
 def load_cifar100(
@@ -190,13 +266,10 @@ def load_cifar100(
         raise ValueError(f"`test_norm` must be one of {list(allowed)}, got test_norm={test_norm!r}.")
     if not download:
         require_cifar100(root)
-    if test_norm == "focal_bug":
-        test_transform = cifar_eval_transform(IMAGENET_MEAN, IMAGENET_STD)
-    else:
-        test_transform = cifar_eval_transform()
+    test_mean, test_std = (IMAGENET_MEAN, IMAGENET_STD) if test_norm == "focal_bug" else (CIFAR_MEAN, CIFAR_STD)
     from torchvision.datasets import CIFAR100
 
-    return _load_cifar(CIFAR100, root, download, val_size, 100, test_transform)
+    return _load_cifar(CIFAR100, root, download, val_size, 100, test_mean, test_std)
 
 
 DATASETS.register("cifar10")(

@@ -6,16 +6,20 @@ Both ship with scikit-learn, so they load offline, on CPU, in milliseconds. ``ro
 The split is fixed (seed :data:`SPLIT_SEED`), independent of the trial seed, so every trial of a
 study sees the same train/validation/test images: 898 / 269 / 630 of the 1,797 images
 (50% / 15% / 35%, stratified by class).
+
+``tensors``: the datasets' own float32 tensors, taken as they are (no normalisation, no augmentation).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
 from calib.datasets import DATASETS
-from calib.datasets._base import DatasetInfo, DatasetSplits
+from calib.datasets._base import Augmentation, DatasetInfo, DatasetSplits, TensorData, TensorSplit
 
 __all__ = [
     "INPUT_SHAPE",
@@ -100,20 +104,31 @@ def digits_split_indices(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     return train_idx, val_idx, test_idx
 
 
+def _tensor_data(train: LabelledTensorDataset, val: LabelledTensorDataset, test: LabelledTensorDataset) -> TensorData:
+    """The datasets' float32 images and labels (the same tensors), no normalisation, no augmentation."""
+    return TensorData(
+        train=TensorSplit(*train.tensors),
+        val=TensorSplit(*val.tensors),
+        test=TensorSplit(*test.tensors),
+        augmentation=Augmentation(),
+    )
+
+
 def _make_splits(images: np.ndarray, labels: np.ndarray) -> DatasetSplits:
     train_idx, val_idx, test_idx = digits_split_indices(labels)
 
     def subset(indices: np.ndarray) -> LabelledTensorDataset:
         return LabelledTensorDataset(torch.from_numpy(images[indices]), torch.from_numpy(labels[indices]))
 
-    train = subset(train_idx)
+    train, val, test = subset(train_idx), subset(val_idx), subset(test_idx)
     return DatasetSplits(
         train=train,
         train_eval=train,  # no augmentation: the same dataset object
-        val=subset(val_idx),
-        test=subset(test_idx),
+        val=val,
+        test=test,
         num_classes=NUM_CLASSES,
         input_shape=INPUT_SHAPE,
+        tensor_loader=partial(_tensor_data, train, val, test),
     )
 
 

@@ -82,6 +82,7 @@ def trial_row(result: TrialResult, *, node_id: str | None = None) -> dict[str, A
     row.update(result.metrics)
     row.update(result.details)
     row.update(result.timings)
+    row.update(result.stage1_execution)
     row.update(result.environment)
     return row
 

@@ -1,7 +1,7 @@
 """Stage-I training and the device/seed plumbing every stage shares."""
 
 from calib.training.device import auto_num_workers, describe_device, loader_kwargs, resolve_device, seed_everything
-from calib.training.stage1 import Stage1Training, predict, train_stage1
+from calib.training.stage1 import Stage1Training, predict, prepare_model, train_stage1
 
 __all__ = [
     "Stage1Training",
@@ -9,6 +9,7 @@ __all__ = [
     "describe_device",
     "loader_kwargs",
     "predict",
+    "prepare_model",
     "resolve_device",
     "seed_everything",
     "train_stage1",

@@ -12,26 +12,32 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from calib import progress
 from calib.config import TrialConfig
-from calib.datasets import DatasetSplits
+from calib.datasets import DatasetSplits, TensorSplit
 from calib.losses import LOSSES
 from calib.metrics import expected_calibration_error, softmax64
 from calib.models import CalibModel, create_model
-from calib.training.device import autocast, configure_backend, loader_kwargs, seed_everything
+from calib.training.batches import DeviceBatches, LoaderBatches, eval_batches, resolve_pipeline
+from calib.training.compile import CUDA_GRAPH_MODES, enable_compile_caches, resolve_compile_mode
+from calib.training.device import autocast, configure_backend, seed_everything
 from calib.training.mixing import mit_coefficients, mit_decouple, mix
 
-__all__ = ["Stage1Training", "predict", "train_stage1"]
+__all__ = ["EXTRACT_BATCH_SIZE", "Stage1Training", "precision_of", "predict", "prepare_model", "train_stage1"]
 
 
 @dataclass
 class Stage1Training:
-    """A trained Stage-I model with its per-epoch history, training wall time and throughput.
+    """A trained Stage-I model with its per-epoch history, training wall time and throughput, and how
+    it ran.
 
     ``images_per_second`` counts training images (each mixed image once) over the time spent in
-    training steps, validation excluded.
+    training steps, validation and compilation excluded. ``pipeline`` is "device" or "loader",
+    ``precision`` "fp32", "bf16" or "fp16", ``compile_mode`` the ``torch.compile`` mode or "off";
+    ``compile_seconds`` is the time compilation added to the first epoch's steps;
+    ``peak_memory_bytes`` the peak GPU memory allocated by this training (None on the CPU).
     """
 
     model: CalibModel
@@ -39,22 +45,50 @@ class Stage1Training:
     train_seconds: float = 0.0
     images_per_second: float = 0.0
     best_epoch: int = -1
+    pipeline: str = "loader"
+    precision: str = "fp32"
+    compile_mode: str = "off"
+    compile_seconds: float = 0.0
+    peak_memory_bytes: int | None = None
+
+
+EXTRACT_BATCH_SIZE = {"cuda": 1024, "cpu": 512}
+"""Batch size of feature extraction (no gradients, so larger than training's) by device type."""
+
+
+def precision_of(device: torch.device, amp: str) -> str:
+    """The precision a forward pass runs in: ``amp`` on CUDA ("fp16", "bf16"), "fp32" otherwise."""
+    return amp if device.type == "cuda" and amp != "off" else "fp32"
 
 
 @torch.inference_mode()
 def predict(
-    model: CalibModel, dataset: Dataset, device: torch.device, *, batch_size: int = 512, num_workers: int | None = 0
+    model: CalibModel, source: Dataset | TensorSplit, device: torch.device, *, batch_size: int | None = None,
+    num_workers: int | None = 0, amp: str = "off", channels_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Features, logits and labels of ``dataset`` in eval mode, as float32/int64 CPU tensors."""
+    """Features, logits and labels of ``source`` (a Dataset, or a split's tensors) in eval mode and
+    inference mode, as float32/int64 CPU tensors; forward passes under ``amp`` autocast on CUDA, in
+    batches of :data:`EXTRACT_BATCH_SIZE` unless ``batch_size`` is given."""
     model.eval()
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, **loader_kwargs(device, num_workers))
+    batch_size = batch_size or EXTRACT_BATCH_SIZE.get(device.type, 512)
     feats, logits, labels = [], [], []
-    for x, y in loader:
-        h = model.features(x.to(device, non_blocking=True))
+    for x, y in eval_batches(source, device, batch_size=batch_size, num_workers=num_workers,
+                             channels_last=channels_last and device.type == "cuda"):
+        with autocast(device, amp):
+            h = model.features(x)
+            z = model.head(h)
         feats.append(h.float().cpu())
-        logits.append(model.head(h).float().cpu())
-        labels.append(torch.as_tensor(y))
+        logits.append(z.float().cpu())
+        labels.append(y)
     return torch.cat(feats), torch.cat(logits), torch.cat(labels).long()
+
+
+def prepare_model(model: CalibModel, device: torch.device, channels_last: bool) -> CalibModel:
+    """``model`` on ``device``, in channels_last memory format on CUDA when asked (NHWC convolutions)."""
+    model = model.to(device)
+    if channels_last and device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    return model
 
 
 def _weighted_pair(loss_fn: nn.Module, weight: float, first: tuple, second: tuple) -> torch.Tensor:
@@ -72,6 +106,28 @@ def _weighted_pair(loss_fn: nn.Module, weight: float, first: tuple, second: tupl
     return weight * loss_a + (1 - weight) * loss_b
 
 
+def _compiled_forward(model: CalibModel, mode: str) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """``x -> (features, logits)``, compiled with ``torch.compile(mode=mode)`` unless ``mode`` is "off"."""
+
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = model.features(x)
+        return features, model.head(features)
+
+    if mode == "off":
+        return forward
+    enable_compile_caches()
+    return torch.compile(forward, mode=mode)
+
+
+def _excess_seconds(step_seconds: list[float]) -> float:
+    """Time the slow steps of an epoch took beyond its median step: what compiling (and re-compiling
+    for the last, shorter batch, and recording CUDA graphs) added."""
+    if not step_seconds:
+        return 0.0
+    typical = float(np.median(step_seconds))
+    return float(sum(max(0.0, t - typical) for t in step_seconds))
+
+
 def train_stage1(
     cfg: TrialConfig,
     data: DatasetSplits,
@@ -84,13 +140,18 @@ def train_stage1(
     """Train ``cfg.arch`` on ``data.train`` with ``cfg.loss`` under ``cfg.stage1``; seeded by ``cfg.seed``.
 
     ``on_checkpoint(state)`` receives, after every epoch, everything needed to continue the run
-    (weights, optimiser, schedule, scaler, loss state, the data-order and Mixup generators, history,
-    best-so-far); ``resume=state`` continues from it and gives the same model as an uninterrupted run.
+    (weights, optimiser, schedule, scaler, loss state, the data-order, augmentation and Mixup
+    generators, history, best-so-far); ``resume=state`` continues from it and gives the same model as
+    an uninterrupted run.
     """
     s1 = cfg.stage1
     seed_everything(cfg.seed)
     configure_backend(device)
-    model = create_model(cfg.arch, num_classes=data.num_classes, in_channels=data.input_shape[0]).to(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    channels_last = s1.channels_last and device.type == "cuda"
+    model = prepare_model(create_model(cfg.arch, num_classes=data.num_classes, in_channels=data.input_shape[0]),
+                          device, channels_last)
     loss_fn = LOSSES.get(cfg.loss.name).create(
         cfg.loss.params, num_classes=data.num_classes, reduction=s1.loss_reduction
     ).to(device)
@@ -101,13 +162,21 @@ def train_stage1(
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(s1.milestones), gamma=s1.lr_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
     mixup_rng = np.random.default_rng(cfg.seed)
-    loader = DataLoader(
-        data.train, batch_size=s1.batch_size, shuffle=True, generator=generator,
-        **loader_kwargs(device, cfg.num_workers),
-    )
+    pipeline = resolve_pipeline(s1.data_pipeline, data, device)
+    if pipeline == "device":
+        augment_generator = torch.Generator().manual_seed(cfg.seed + 1_000_003)  # independent of the order
+        batches: DeviceBatches | LoaderBatches = DeviceBatches(data, s1.batch_size, generator, device,
+                                                               augment_generator, channels_last)
+    else:
+        batches = LoaderBatches(data.train, s1.batch_size, generator, device, cfg.num_workers, channels_last)
+    val_source = data.tensors.val if pipeline == "device" and data.tensors is not None else data.val
+    compile_mode = resolve_compile_mode(s1.compile, cfg.arch, device)
+    forward = _compiled_forward(model, compile_mode)
+    cuda_graphs = compile_mode in CUDA_GRAPH_MODES
     # fp16 needs loss scaling; bf16 has float32's range. A disabled scaler is a no-op (CPU, off, bf16).
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and s1.amp == "fp16")
-    result = Stage1Training(model=model)
+    result = Stage1Training(model=model, pipeline=pipeline, precision=precision_of(device, s1.amp),
+                            compile_mode=compile_mode)
     best_state: dict[str, torch.Tensor] | None = None
     best_val = -1.0
     start = time.perf_counter()
@@ -119,6 +188,7 @@ def train_stage1(
         scheduler.load_state_dict(resume["scheduler"])
         scaler.load_state_dict(resume["scaler"])
         generator.set_state(resume["generator"])
+        batches.load_state_dict(resume.get("batches", {}))
         mixup_rng.bit_generator.state = resume["mixup_rng"]
         torch.set_rng_state(resume["torch_rng"])
         result.history = list(resume["history"])
@@ -136,30 +206,34 @@ def train_stage1(
         # Running sums stay on the device: one host sync per epoch instead of three per step.
         sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, confidence
         seen = 0
+        # The first epoch of a compiled run times each step (one sync per step) to tell compiling apart.
+        timed_steps: list[float] | None = [] if compile_mode != "off" and epoch == first_epoch else None
         epoch_start = time.perf_counter()
-        for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        for x, y in batches:
+            step_start = time.perf_counter()
+            if cuda_graphs:  # a new training step: earlier graph outputs may be overwritten from here on
+                torch.compiler.cudagraph_mark_step_begin()
             if s1.mixup_alpha is not None:
                 lam = float(mixup_rng.beta(s1.mixup_alpha, s1.mixup_alpha))
                 perm = torch.randperm(x.shape[0], generator=generator).to(device)
                 with autocast(device, s1.amp):
-                    features = model.features(mix(x, x[perm], lam))
-                    logits = model.head(features)
+                    features, logits = forward(mix(x, x[perm], lam))
                 features, logits = features.float(), logits.float()
                 loss = _weighted_pair(loss_fn, lam, (logits, y, features), (logits, y[perm], features))
             elif s1.mit_alpha is not None:
                 lam1, lam2 = mit_coefficients(s1.mit_alpha, mixup_rng)
                 perm = torch.randperm(x.shape[0], generator=generator).to(device)
                 with autocast(device, s1.amp):
-                    h1, h2 = model.features(mix(x, x[perm], lam1)), model.features(mix(x, x[perm], lam2))
-                    z1, z2 = model.head(h1), model.head(h2)
+                    h1, z1 = forward(mix(x, x[perm], lam1))
+                    if cuda_graphs:  # the second replay of the graph reuses the first one's output memory
+                        h1, z1 = h1.clone(), z1.clone()
+                    h2, z2 = forward(mix(x, x[perm], lam2))
                 logits, logits_b = mit_decouple(z1.float(), z2.float(), lam1, lam2)
                 features, features_b = mit_decouple(h1.float(), h2.float(), lam1, lam2)
                 loss = _weighted_pair(loss_fn, 0.5, (logits, y, features), (logits_b, y[perm], features_b))
             else:
                 with autocast(device, s1.amp):
-                    features = model.features(x)
-                    logits = model.head(features)
+                    features, logits = forward(x)
                 features, logits = features.float(), logits.float()
                 loss = loss_fn(logits, y, features)
             optimizer.zero_grad(set_to_none=True)
@@ -179,14 +253,22 @@ def train_stage1(
                     confidence.sum().double(),
                 ])
                 seen += batch
+            if timed_steps is not None:
+                torch.cuda.synchronize(device)
+                timed_steps.append(time.perf_counter() - step_start)
         total_loss, correct, confidence_sum = sums.tolist()  # waits for the device
         if not np.isfinite(total_loss):
             raise FloatingPointError(f"Stage-I training loss became {total_loss / seen} at epoch {epoch}.")
-        step_seconds += time.perf_counter() - epoch_start
+        epoch_seconds = time.perf_counter() - epoch_start
+        if timed_steps is not None:
+            result.compile_seconds = _excess_seconds(timed_steps)
+            epoch_seconds -= result.compile_seconds
+        step_seconds += epoch_seconds
         images += seen
         if s1.scheduler_step == "epoch_end":
             scheduler.step()
-        _, val_logits, val_labels = predict(model, data.val, device, num_workers=cfg.num_workers)
+        _, val_logits, val_labels = predict(model, val_source, device, num_workers=cfg.num_workers, amp=s1.amp,
+                                            channels_last=channels_last)
         if not torch.isfinite(val_logits).all():
             raise FloatingPointError(f"Stage-I validation logits became non-finite at epoch {epoch}.")
         val_probs = softmax64(val_logits)
@@ -207,12 +289,15 @@ def train_stage1(
                 "epoch": epoch, "model": model.state_dict(), "loss_fn": loss_fn.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(), "generator": generator.get_state(),
+                "batches": batches.state_dict(),
                 "mixup_rng": mixup_rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
                 "history": result.history, "best_state": best_state, "best_val": best_val,
                 "best_epoch": result.best_epoch, "step_seconds": step_seconds, "images": images,
             })
     result.train_seconds = time.perf_counter() - start
     result.images_per_second = images / step_seconds if step_seconds > 0 else 0.0
+    if device.type == "cuda":
+        result.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
     if best_state is not None:
         model.load_state_dict(best_state)
     else:

@@ -42,6 +42,8 @@ def test_paper_configs_follow_the_protocol(dataset, arch, tmp_path):
         assert (s1.epochs, s1.milestones) == (350, (150, 250))  # §7.2
     assert (cfg.method.params.epochs, cfg.method.params.lr) == (40, 0.1)  # Stage II
     assert cfg.arch == arch and cfg.num_workers is None  # workers sized from the trial's CPUs
+    # on CUDA: bf16, compiled as measured fastest, data on the GPU where it fits (all ignored on the CPU)
+    assert (s1.amp, s1.compile, s1.data_pipeline, s1.channels_last) == ("bf16", "auto", "auto", True)
 
 
 def test_explicit_archs_apply_to_every_dataset():
@@ -54,8 +56,9 @@ def test_explicit_archs_apply_to_every_dataset():
 
 def test_epochs_flag_shortens_every_dataset_schedule():
     preset = preset_of(parse("--preset", "paper", "--epochs", "50"))
-    assert preset.stage1_for("cifar10") == {"epochs": 50, "milestones": []}
-    assert preset.stage1_for("tiny-imagenet") == {"epochs": 50, "milestones": [40]}
+    gpu = {"amp": "bf16", "compile": "auto"}  # the paper preset's GPU settings stay
+    assert preset.stage1_for("cifar10") == {**gpu, "epochs": 50, "milestones": []}
+    assert preset.stage1_for("tiny-imagenet") == {**gpu, "epochs": 50, "milestones": [40]}
 
 
 def test_resources_whole_gpus_for_stage1_and_shares_for_the_rest():

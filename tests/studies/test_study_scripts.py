@@ -23,30 +23,42 @@ def trial_files(store: Path, study: str) -> list[Path]:
     return sorted(p for p in folder.glob("*.parquet")) if folder.exists() else []
 
 
+@pytest.fixture(scope="module")
+def gamma_and_ablation(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """One store holding the ablation ladder (seed 1) and a γ study (seeds 2 and 3 × (vanilla + 3 γ): no
+    Stage I in common with the ladder), as the studies printed them; tests copy it before changing it."""
+    store = tmp_path_factory.mktemp("gamma_ablation") / "results"
+    ablation = run_script("ablation.py", "--store", str(store), "--seeds", "1", *TINY)
+    assert ablation.returncode == 0, ablation.stderr[-3000:]
+    gamma = run_script("sensitivity_gamma.py", *GAMMA_ARGS, "--store", str(store))
+    assert gamma.returncode == 0, gamma.stderr[-3000:]
+    return store, gamma, ablation
+
+
+GAMMA_ARGS = ["--seeds", "2", "3", "--gammas", "0.8", "0.9", "1.0", *TINY]
+
+
 @pytest.mark.ray
-def test_gamma_study_trains_stage1_once_per_seed_and_resumes(tmp_path):
-    store = tmp_path / "results"
-    args = ["--store", str(store), "--seeds", "1", "2", "--gammas", "0.8", "0.9", "1.0", *TINY]
-    first = run_script("sensitivity_gamma.py", *args)
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_gamma_study_trains_stage1_once_per_seed_and_resumes(gamma_and_ablation):
+    store, first, _ = gamma_and_ablation
     assert "| mac_cal | 0.9 | 2 |" in first.stdout and "| vanilla | – | 2 |" in first.stdout
     assert (store / "figures" / "sensitivity_gamma_digits-noisy_small_cnn.png").read_bytes()[:4] == b"\x89PNG"
 
-    df = pd.read_parquet(store / "trials")
+    df = pd.read_parquet(store / "trials", filters=[("study", "==", "sensitivity_gamma")])
     assert len(df) == 2 * (1 + 3) and df["trial_id"].is_unique and (df["status"] == "ok").all()
     trainings = df[~df["stage1_cache_hit"]]
-    assert sorted(trainings["seed"]) == [1, 2], "Stage I must be trained exactly once per seed"
+    assert sorted(trainings["seed"]) == [2, 3], "Stage I must be trained exactly once per seed"
     assert df.groupby("seed")["stage1_id"].nunique().eq(1).all()
     assert df["node_id"].notna().all()
-    history = pd.read_parquet(store / "history")
+    history = pd.read_parquet(store / "history", filters=[("study", "==", "sensitivity_gamma")])
     assert set(history["stage"]) == {"stage1", "stage2"}
 
     mtimes = {p: p.stat().st_mtime_ns for p in trial_files(store, "sensitivity_gamma")}
-    again = run_script("sensitivity_gamma.py", *args)
+    again = run_script("sensitivity_gamma.py", *GAMMA_ARGS, "--store", str(store))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "8 trials: 8 already in the store, 0 to run" in again.stdout
     assert {p: p.stat().st_mtime_ns for p in trial_files(store, "sensitivity_gamma")} == mtimes
-    assert len(pd.read_parquet(store / "trials")) == 8
+    assert len(pd.read_parquet(store / "trials", filters=[("study", "==", "sensitivity_gamma")])) == 8
 
 
 @pytest.mark.ray
@@ -103,11 +115,10 @@ def test_compare_methods_shares_the_ce_stage1(tmp_path):
 
 
 @pytest.mark.ray
-def test_ablation_study_prints_the_ladder(tmp_path):
-    out = run_script("ablation.py", "--store", str(tmp_path / "results"), "--seeds", "1", *TINY)
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_ablation_study_prints_the_ladder(gamma_and_ablation):
+    store, _, out = gamma_and_ablation
     assert "| Vanilla | 1 |" in out.stdout and "| +Decaying Adaptive Sparsity (Δ ECE " in out.stdout
-    df = pd.read_parquet(tmp_path / "results" / "trials")
+    df = pd.read_parquet(store / "trials", filters=[("study", "==", "ablation")])
     assert len(df) == 6 and df["stage1_id"].nunique() == 1 and (~df["stage1_cache_hit"]).sum() == 1
     assert df["method_epochs"].dropna().eq(2).all(), "--stage2-epochs reaches every MaC-Cal step"
 
@@ -147,14 +158,11 @@ def test_cost_reuses_the_comparison_trials(tmp_path):
 
 
 @pytest.mark.ray
-def test_report_regenerates_tables_byte_for_byte(tmp_path):
-    store = tmp_path / "results"
-    gamma = run_script("sensitivity_gamma.py", "--store", str(store), "--seeds", "1", "2", "--gammas", "0.9", "1.0",
-                       *TINY)
-    assert gamma.returncode == 0, gamma.stderr[-3000:]
-    ablation = run_script("ablation.py", "--store", str(store), "--seeds", "1", *TINY)
-    assert ablation.returncode == 0, ablation.stderr[-3000:]
+def test_report_regenerates_tables_byte_for_byte(gamma_and_ablation, tmp_path):
+    import shutil
 
+    store = tmp_path / "results"
+    shutil.copytree(gamma_and_ablation[0], store)
     first = run_script("report.py", "--store", str(store))
     assert first.returncode == 0, first.stderr[-3000:]
     assert f"skipped combine: not in the store (run: python studies/combine.py --store {store})" in first.stdout
@@ -164,15 +172,14 @@ def test_report_regenerates_tables_byte_for_byte(tmp_path):
                            "sensitivity_gamma_digits-noisy_small_cnn.md",
                            "sensitivity_gamma_digits-noisy_small_cnn.tex"}
     md = tables["sensitivity_gamma_digits-noisy_small_cnn.md"].decode()
-    assert [line.split(" | ")[0] for line in md.splitlines()[4:]] == ["| vanilla", "| MaC-Cal γ=0.9", "| MaC-Cal γ=1"]
+    assert [line.split(" | ")[0] for line in md.splitlines()[4:]] == ["| vanilla", "| MaC-Cal γ=0.8",
+                                                                        "| MaC-Cal γ=0.9", "| MaC-Cal γ=1"]
     assert md.count("**") == 2 * 4, "one bold best per metric column"
     assert r"\textbf{" in tables["ablation_digits-noisy_small_cnn.tex"].decode()
     figures = sorted(p.name for p in (report / "figures").iterdir())
     setup = "digits-noisy_small_cnn"
     assert figures == [f"ablation_{setup}_bars.png", f"ablation_{setup}_reliability.png",
                        f"sensitivity_gamma_{setup}_gamma.png", f"sensitivity_gamma_{setup}_reliability.png"]
-
-    import shutil
 
     shutil.rmtree(report)
     again = run_script("report.py", "--store", str(store))

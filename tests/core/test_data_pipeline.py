@@ -1,0 +1,155 @@
+"""The device pipeline (``stage1.data_pipeline: device``) on CPU tensors: the same batches, models and
+artifacts as the DataLoader pipeline where nothing is random, its own checkpoints, and the execution
+settings that never change a trial's identity."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from trial_fixtures import tiny_config
+
+from calib.config import config_hash, parse_trial_config, stage1_identity, trial_identity
+from calib.datasets import Augmentation, DatasetSplits, TensorData, TensorSplit, load_dataset
+from calib.training import train_stage1
+from calib.training.batches import DeviceBatches, LoaderBatches, resolve_pipeline
+from calib.training.compile import COMPILE_MODES, DEFAULT_MODE, resolve_compile_mode
+from calib.training.stage1 import _excess_seconds, precision_of, predict
+from calib.trial import run_trial
+
+CPU = torch.device("cpu")
+
+
+def digits() -> DatasetSplits:
+    return load_dataset("digits-noisy", "")
+
+
+def test_device_batches_are_the_loader_batches_without_augmentation():
+    data = digits()
+    loader = LoaderBatches(data.train, 64, torch.Generator().manual_seed(3), CPU, num_workers=0)
+    device = DeviceBatches(data, 64, torch.Generator().manual_seed(3), CPU, torch.Generator().manual_seed(0))
+    for epoch in range(2):  # the second epoch continues both generators
+        pairs = list(zip(loader, device, strict=True))
+        assert len(pairs) == 15, epoch  # ceil(898 / 64)
+        for (x_loader, y_loader), (x_device, y_device) in pairs:
+            assert torch.equal(x_loader, x_device) and torch.equal(y_loader, y_device)
+
+
+@pytest.mark.parametrize("stage1", [{}, {"mixup_alpha": 0.4}], ids=["plain", "mixup"])
+def test_both_pipelines_train_the_same_model_where_nothing_is_random(tmp_path, stage1):
+    models = {}
+    for pipeline in ("loader", "device"):
+        cfg = parse_trial_config(tiny_config(tmp_path, epochs=2, data_pipeline=pipeline, **stage1))
+        trained = train_stage1(cfg, digits(), CPU)
+        assert trained.pipeline == pipeline and trained.precision == "fp32" and trained.compile_mode == "off"
+        assert trained.compile_seconds == 0.0 and trained.peak_memory_bytes is None
+        models[pipeline] = trained
+    loader, device = models["loader"], models["device"]
+    assert [r["train_loss"] for r in loader.history] == [r["train_loss"] for r in device.history]
+    assert [r["val_ece"] for r in loader.history] == [r["val_ece"] for r in device.history]
+    for (name, a), (_, b) in zip(loader.model.state_dict().items(), device.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def augmented_digits() -> DatasetSplits:
+    """Digits as uint8 pixels with crop and flip: a small dataset that exercises the augmentation."""
+    data = digits()
+    images, labels = data.tensors.train.images, data.tensors.train.labels
+    pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8)
+    split = TensorSplit(pixels, labels, mean=(0.5,), std=(0.25,))
+    return dataclasses.replace(data, tensor_loader=lambda: TensorData(split, split, split, Augmentation(2, True)))
+
+
+def test_a_resumed_device_pipeline_draws_what_the_uninterrupted_run_drew(tmp_path):
+    cfg = parse_trial_config(tiny_config(tmp_path, epochs=3, data_pipeline="device"))
+    states = []
+    full = train_stage1(cfg, augmented_digits(), CPU, on_checkpoint=lambda state: states.append(copy.deepcopy(state)))
+    assert "augment_generator" in states[0]["batches"]
+    resumed = train_stage1(cfg, augmented_digits(), CPU, resume=states[0])
+    assert [r["train_loss"] for r in resumed.history] == [r["train_loss"] for r in full.history]
+    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_augmented_batches_stay_in_the_augmentations_range():
+    data = augmented_digits()
+    batches = DeviceBatches(data, 32, torch.Generator().manual_seed(0), CPU, torch.Generator().manual_seed(1))
+    x, y = next(iter(batches))
+    assert x.shape == (32, 1, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.int64
+    # zero padding normalised: (0 − 0.5) / 0.25 = −2 appears where a crop reached into the padding
+    assert x.min() >= -2.0 and x.max() <= 2.0 and (x == -2.0).any()
+
+
+def test_predict_reads_tensors_as_it_reads_the_dataset():
+    data = digits()
+    model = torch.nn.Module()
+    from calib.models import create_model
+
+    model = create_model("small_cnn", num_classes=10, in_channels=1)
+    from_dataset = predict(model, data.val, CPU)
+    from_tensors = predict(model, data.tensors.val, CPU)
+    for a, b in zip(from_dataset, from_tensors, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_pipeline_resolution():
+    data = digits()
+    assert resolve_pipeline("auto", data, CPU) == "loader"  # nothing changes on the CPU
+    assert resolve_pipeline("device", data, CPU) == "device"
+    assert resolve_pipeline("loader", data, CPU) == "loader"
+    without = dataclasses.replace(data, tensor_loader=None)
+    assert resolve_pipeline("auto", without, CPU) == "loader"
+    with pytest.raises(ValueError, match="needs a dataset with a tensor view"):
+        resolve_pipeline("device", without, CPU)
+
+
+def test_compile_mode_and_precision_resolution():
+    cuda = torch.device("cuda")
+    assert resolve_compile_mode("auto", "resnet110", CPU) == "off"  # never on the CPU
+    assert resolve_compile_mode("auto", "resnet110", cuda) == COMPILE_MODES["resnet110"] == "reduce-overhead"
+    assert resolve_compile_mode("auto", "wrn26_10", cuda) == DEFAULT_MODE
+    assert resolve_compile_mode("max-autotune", "wrn26_10", cuda) == "max-autotune"
+    assert resolve_compile_mode("off", "resnet110", cuda) == "off"
+    assert precision_of(CPU, "bf16") == "fp32" and precision_of(cuda, "bf16") == "bf16"
+    assert precision_of(cuda, "off") == "fp32"
+
+
+def test_compile_seconds_are_the_steps_excess_over_the_median():
+    assert _excess_seconds([40.0, 0.1, 0.1, 0.12, 0.1, 3.0]) == pytest.approx((40.0 - 0.11) + (3.0 - 0.11)
+                                                                               + (0.12 - 0.11))
+    assert _excess_seconds([]) == 0.0
+
+
+def test_execution_settings_change_no_identity(tmp_path):
+    base = parse_trial_config(tiny_config(tmp_path))
+    other = parse_trial_config(tiny_config(tmp_path, data_pipeline="device", compile="auto", channels_last=False))
+    assert config_hash(stage1_identity(base)) == config_hash(stage1_identity(other))
+    assert config_hash(trial_identity(base)) == config_hash(trial_identity(other))
+    assert other.stage1.data_pipeline == "device"
+    precision = parse_trial_config(tiny_config(tmp_path, amp="bf16"))  # what is trained: a new identity
+    assert config_hash(stage1_identity(precision)) != config_hash(stage1_identity(base))
+
+
+def test_the_store_records_how_stage1_ran(tmp_path):
+    result = run_trial(tiny_config(tmp_path, data_pipeline="device", method={"name": "vanilla"}))
+    assert result.stage1_execution == {"stage1_pipeline": "device", "stage1_precision": "fp32",
+                                       "stage1_compile_mode": "off", "stage1_peak_memory_bytes": None}
+    assert result.timings["stage1_compile_seconds"] == 0.0
+    from calib.store import read_trials, write_result
+
+    write_result(tmp_path / "store", result)
+    row = read_trials(tmp_path / "store").iloc[0]
+    assert row["stage1_pipeline"] == "device" and row["stage1_precision"] == "fp32"
+    assert row["stage1_data_pipeline"] == "device" and row["stage1_compile"] == "off"
+
+
+def test_auto_sizes_the_tensors_without_building_them():
+    from calib.training.batches import _tensor_bytes
+
+    data = digits()
+    assert _tensor_bytes(data) == 1797 * 1 * 8 * 8  # estimated as uint8 pixels: nothing decoded yet
+    assert "_tensors" not in data.__dict__
+    built = data.tensors.nbytes
+    assert _tensor_bytes(data) == built == 1797 * 64 * 4 + 1797 * 8  # float32 images and int64 labels
