@@ -11,7 +11,10 @@ calib study needs:
 * a cluster that can grow past the head node writes its store to shared storage (``s3://``, ``gs://``
   or a path under a mount listed in ``metadata.calib.shared_paths``);
 * every node's setup commands pin the Ray version the driver runs (``ray.__version__``);
-* ``head_node_type`` names an entry of ``available_node_types``.
+* ``head_node_type`` names an entry of ``available_node_types``;
+* an on-prem file (Ray's ``local`` provider, see :mod:`calib.cluster.onprem`) names its head, distinct
+  workers, an SSH user and a private key that exists here; its hosts report their GPUs only when Ray
+  starts, so the GPU rule is not applied to it.
 
 calib's own settings live under the top-level ``metadata`` key, which Ray's schema keeps free-form::
 
@@ -26,7 +29,6 @@ Every problem is reported, one ``error: <file>: <key>: <message>`` line each, an
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import difflib
@@ -35,7 +37,6 @@ import logging
 import math
 import posixpath
 import re
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,7 @@ import yaml
 
 from calib._config import ConfigError
 
-__all__ = ["Checked", "ClusterConfigError", "Problem", "check_cluster", "load_cluster_yaml", "main", "validate_cluster"]
+__all__ = ["Checked", "ClusterConfigError", "Problem", "check_cluster", "load_cluster_yaml", "validate_cluster"]
 
 CALIB_KEYS = ("store", "gpus_per_trial", "shared_paths")
 SHARED_SCHEMES = ("s3://", "gs://")
@@ -441,6 +442,40 @@ def _head_problems(config: dict[str, Any], raw: dict[str, Any]) -> list[Problem]
         f"node types: {', '.join(map(str, nodes)) or 'none'}."))]
 
 
+def _local_problems(config: dict[str, Any]) -> list[Problem]:
+    """Rule (e): an on-prem (``local`` provider) file names its hosts and how to log in to them."""
+    provider = config.get("provider") if isinstance(config.get("provider"), dict) else {}
+    auth = config.get("auth") if isinstance(config.get("auth"), dict) else {}
+    problems = []
+    for key in ("available_node_types", "head_node", "worker_nodes", "head_node_type"):
+        if key in config:
+            problems.append(Problem(key, (
+                "not allowed in an on-prem file: Ray's local provider makes one node type of the head and "
+                "`provider.worker_ips`; remove it (or regenerate with `python -m calib.cluster onprem`).")))
+    head = provider.get("head_ip")
+    if not isinstance(head, str) or not head.strip():
+        problems.append(Problem("provider.head_ip", f"must be the head's address (IP or host name), got {head!r}."))
+    workers = provider.get("worker_ips", [])
+    if not isinstance(workers, list) or not all(isinstance(w, str) and w.strip() for w in workers):
+        problems.append(Problem("provider.worker_ips", f"must be a list of worker addresses, got {workers!r}."))
+    else:
+        repeated = sorted({w for w in [head, *workers] if [head, *workers].count(w) > 1})
+        if repeated:
+            problems.append(Problem("provider.worker_ips", (
+                f"{', '.join(map(str, repeated))} appears more than once among the head and workers; each host once.")))
+    user = auth.get("ssh_user")
+    if not isinstance(user, str) or not user.strip():
+        problems.append(Problem("auth.ssh_user", f"must be the account that logs in to every host, got {user!r}."))
+    key = auth.get("ssh_private_key")
+    if not isinstance(key, str) or not key.strip():
+        problems.append(Problem("auth.ssh_private_key", (
+            f"must be the private key that logs in to every host, got {key!r}: the launcher uses it and copies it "
+            "to the head, which starts the workers with it.")))
+    elif not Path(key).expanduser().is_file():
+        problems.append(Problem("auth.ssh_private_key", f"`{key}` is not a file on this machine."))
+    return problems
+
+
 def _drop_followups(problems: list[Problem]) -> list[Problem]:
     """Each key once: a later problem on a key already reported (e.g. a non-list `setup_commands`) follows from it."""
     seen: set[str] = set()
@@ -468,6 +503,11 @@ def check_cluster(config: dict[str, Any], *, store: str | None = None, gpus_per_
 
     from calib.presets import PRESETS
 
+    provider = config.get("provider") if isinstance(config.get("provider"), dict) else {}
+    local = provider.get("type") == "local"
+    local_problems = _local_problems(config) if local else []
+    if local_problems:  # Ray's preparation of a local file aborts on these, with less to go on
+        return Checked(config, store, float(gpus_per_trial or 0), _drop_followups(local_problems))
     prepared, problems = ray_checks(config)
     view = prepared if prepared is not None else config
     head_problems = _head_problems(view, config)
@@ -486,7 +526,8 @@ def check_cluster(config: dict[str, Any], *, store: str | None = None, gpus_per_
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
         problems.append(Problem(source, f"must be a number >= 0 (GPUs each trial requests), got {gpus!r}."))
         gpus = 0.0
-    problems += _gpu_problems(view, float(gpus), source)
+    if not local:
+        problems += _gpu_problems(view, float(gpus), source)
 
     store_key = "--store" if store is not None else f"{_CALIB}.store"
     if store is None:
@@ -517,6 +558,10 @@ def _describe(checked: Checked) -> str:
     workers = [f"{name} ({resources(n)} × {n.get('min_workers', 0)}-{_worker_cap(name, n, head, global_max)})"
                for name, n in nodes.items() if name != head]
     head_text = f"{head} ({resources(nodes[head])})" if head in nodes else str(head)
+    provider = config.get("provider") if isinstance(config.get("provider"), dict) else {}
+    if provider.get("type") == "local":
+        head_text = f"{provider.get('head_ip')} (resources as Ray detects them)"
+        workers = [", ".join(map(str, provider.get("worker_ips", [])))] if provider.get("worker_ips") else []
     return (f"valid (ray {ray.__version__} schema; head: {head_text}; workers: {', '.join(workers) or 'none'}; "
             f"store {checked.store or 'not set'}; {checked.gpus_per_trial:g} GPU per trial)")
 
@@ -527,32 +572,3 @@ def validate_cluster(path: str | Path, *, store: str | None = None, gpus_per_tri
     if checked.problems:
         raise ClusterConfigError(str(path), checked.problems)
     return f"{path}: {_describe(checked)}"
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m calib.cluster", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    validate = sub.add_parser("validate", help="check a Ray cluster YAML offline: Ray's schema and calib's rules")
-    validate.add_argument("file", help="the cluster YAML, e.g. cluster.yaml")
-    validate.add_argument("--store", default=None,
-                          help="the store URI the studies will use (default: metadata.calib.store)")
-    validate.add_argument("--gpus-per-trial", type=float, default=None,
-                          help="GPUs each trial requests (default: metadata.calib.gpus_per_trial, else 1 as in "
-                               "--preset paper)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m calib.cluster validate FILE``: 0 and a summary line when valid, else 2 and one error per problem."""
-    args = _parser().parse_args(argv)
-    try:
-        print(validate_cluster(args.file, store=args.store, gpus_per_trial=args.gpus_per_trial))
-    except ConfigError as err:
-        for line in str(err).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from calib.cluster import main
+
+sys.exit(main())

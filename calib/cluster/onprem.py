@@ -1,0 +1,111 @@
+"""The on-premises cluster file: Ray's ``local`` provider (your own machines over SSH), made from cluster.yaml.
+
+``python -m calib.cluster onprem cluster.yaml --head-ip IP --worker-ips IP ... --ssh-user USER
+--ssh-key KEY --store URI -o cluster-onprem.yaml`` writes a launcher file whose provider is
+``{type: local, head_ip, worker_ips}`` and whose launcher sections are copied from cluster.yaml
+(:data:`SHARED_KEYS`: file mounts, rsync filters, setup commands with the Ray pin, and
+``metadata.calib``'s cluster-wide settings). cluster.yaml stays the one place these are written;
+regenerate the on-prem file after editing it. The head starts Ray with the v1 autoscaler
+(:data:`HEAD_START_RAY_COMMANDS`).
+
+``--venv DIR`` makes every command on the hosts run in that virtual environment (first setup command:
+activate it from ``~/.bashrc``, which Ray's command runner sources), for machines where the project's
+Python is a venv rather than the system's.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from calib._config import ConfigError
+
+__all__ = ["HEAD_START_RAY_COMMANDS", "SHARED_CALIB_KEYS", "SHARED_KEYS", "onprem_text", "render_onprem",
+           "venv_command"]
+
+# Launcher sections every provider runs the same way: what is copied to the nodes and what is installed.
+SHARED_KEYS = ("file_mounts", "rsync_filter", "rsync_exclude", "initialization_commands", "setup_commands",
+               "head_setup_commands", "worker_setup_commands")
+SHARED_CALIB_KEYS = ("gpus_per_trial", "shared_paths")
+# Ray 2.60's default autoscaler (v2) never records an on-prem head in its node state, so it never starts
+# the workers; the head runs the v1 autoscaler. Otherwise Ray's own `local` defaults.
+HEAD_START_RAY_COMMANDS = [
+    "ray stop",
+    "ulimit -c unlimited; RAY_enable_autoscaler_v2=0 ray start --head --port=6379 "
+    "--autoscaling-config=~/ray_bootstrap_config.yaml",
+]
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9-]{1,63})*$")
+
+
+def _address(value: str, flag: str) -> str:
+    """An IP address or a host name, else ConfigError naming ``flag``."""
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        if _HOSTNAME.match(value) and not value.replace(".", "").isdigit():
+            return value
+    raise ConfigError(f"{flag} {value!r} is neither an IP address nor a host name (e.g. 192.168.1.10 or gpu-01).")
+
+
+def venv_command(venv: str) -> str:
+    """The setup command that activates ``venv`` in every later command on the node (idempotent)."""
+    line = f"source {venv.rstrip('/')}/bin/activate"
+    quoted = shlex.quote(line)
+    return f"grep -qxF {quoted} ~/.bashrc 2>/dev/null || echo {quoted} >> ~/.bashrc"
+
+
+def render_onprem(source: dict[str, Any], *, head_ip: str, worker_ips: list[str], ssh_user: str, ssh_key: str,
+                  store: str | None = None, venv: str | None = None, cluster_name: str = "calib-onprem",
+                  ) -> dict[str, Any]:
+    """The on-prem launcher config for these hosts, with ``source``'s (cluster.yaml's) shared sections.
+
+    Raises ConfigError for a bad address, a repeated host, an empty user, or a key file that does not exist.
+    """
+    head = _address(head_ip, "--head-ip")
+    workers = [_address(ip, "--worker-ips") for ip in worker_ips]
+    repeated = sorted({ip for ip in [head, *workers] if [head, *workers].count(ip) > 1})
+    if repeated:
+        raise ConfigError(f"--head-ip/--worker-ips name {', '.join(repeated)} more than once; each host once.")
+    if not ssh_user.strip():
+        raise ConfigError("--ssh-user is empty: give the account the launcher logs in as on every host.")
+    key = Path(ssh_key).expanduser()
+    if not key.is_file():
+        raise ConfigError(f"--ssh-key {ssh_key!r} is not a file: give the private key that logs in to every host "
+                          "(the launcher copies it to the head, which uses it to start the workers).")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", cluster_name):
+        raise ConfigError(f"--cluster-name {cluster_name!r}: use letters, digits, '-' and '_'.")
+
+    config: dict[str, Any] = {
+        "cluster_name": cluster_name,
+        "provider": {"type": "local", "head_ip": head, "worker_ips": workers},
+        "auth": {"ssh_user": ssh_user, "ssh_private_key": str(key.resolve())},
+    }
+    for name in SHARED_KEYS:
+        if name in source:
+            config[name] = copy.deepcopy(source[name])
+    if venv is not None:
+        if not venv.strip() or any(c in venv for c in "'\"\n;&|`$"):
+            raise ConfigError(f"--venv {venv!r}: give the virtual environment's directory on the hosts "
+                              "(e.g. ~/venv), without quotes or shell characters.")
+        config["setup_commands"] = [venv_command(venv), *config.get("setup_commands", [])]
+    config["head_start_ray_commands"] = list(HEAD_START_RAY_COMMANDS)
+    shared = ((source.get("metadata") or {}).get("calib") or {})
+    calib = {k: copy.deepcopy(shared[k]) for k in SHARED_CALIB_KEYS if k in shared}
+    calib["store"] = store if store is not None else shared.get("store")
+    config["metadata"] = {"calib": {k: v for k, v in calib.items() if v is not None}}
+    return config
+
+
+def onprem_text(config: dict[str, Any], source_name: str, argv: list[str]) -> str:
+    """The YAML file, headed by where it came from and how to make it again."""
+    command = " ".join(shlex.quote(a) for a in ["python", "-m", "calib.cluster", "onprem", *argv])
+    header = (f"# Ray cluster launcher config for your own machines (Ray's `local` provider), generated from\n"
+              f"# {source_name}, whose file_mounts, rsync filters, setup commands and metadata.calib it copies.\n"
+              f"# Edit {source_name} and regenerate rather than editing this file:\n#     {command}\n\n")
+    return header + yaml.safe_dump(config, sort_keys=False, width=120)

@@ -1,0 +1,298 @@
+"""Two SSH hosts made on this machine, for running Ray's cluster launcher for real in a test.
+
+Each host is a network namespace joined to a bridge by a veth pair, with its own private address and
+a default route through the bridge (so Ray finds the host's address). It runs its own ``sshd`` as PID 1
+of its own PID, UTS (hostname) and mount namespaces: ``ray stop`` on one host sees only that host's
+processes; the host's ``/etc/passwd`` gives the login user a home directory of the lab, and a lab
+directory is mounted over ``/tmp``, so ``~/calib``, ``~/venv``, ``~/ray_bootstrap_key.pem`` and Ray's
+session files are per host, as on real machines. Everything else (the system, the Python running the
+tests) is this machine's.
+
+The hosts have no route beyond the bridge. Their Python is an overlay virtual environment per host
+(``~/venv``) that sees the packages of the Python running the tests, and pip is configured offline
+(``~/.config/pip/pip.conf``: no index, no build isolation), so the launcher's ``setup_commands`` find
+everything installed and ``pip install -e ~/calib`` installs each host's own copy without touching the
+test environment.
+
+Everything is created under one directory (outside /tmp, which the hosts replace) and torn down by
+:meth:`Lab.close`: the sshd process trees (killing PID 1 of a PID namespace kills every process in it,
+and the bind mounts go with the namespace), the namespaces, the bridge and veth pairs, the keys, and the
+directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import secrets
+import shutil
+import signal
+import site
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+TOOLS = ("ip", "unshare", "ssh", "ssh-keygen", "rsync")
+
+
+def missing_requirements() -> str | None:
+    """Why the lab cannot be built here (not root, a missing tool), or None."""
+    if sys.platform != "linux":
+        return "needs Linux network namespaces"
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, veth pairs, sshd)"
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None] + ([] if Path(SSHD).exists() else [SSHD])
+    if missing:
+        return f"missing {', '.join(missing)} (Debian: apt-get install openssh-server openssh-client rsync iproute2)"
+    return None
+
+
+def _sh(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+@dataclass
+class Host:
+    name: str
+    ip: str
+    netns: str
+    home: Path  # the login user's home on the host (its /etc/passwd says so)
+    tmp: Path  # mounted over /tmp on the host
+    process: subprocess.Popen | None = None
+
+    def ssh(self, lab: Lab, command: str, *, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run ``command`` on the host as the launcher would (a login shell), returning its output."""
+        return subprocess.run(
+            ["ssh", *lab.ssh_options(), f"{lab.user}@{self.ip}", f"bash --login -c {_quote(command)}"],
+            capture_output=True, text=True, timeout=timeout, env=lab.launcher_env())
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+@dataclass
+class Lab:
+    """The hosts, their shared key, and the environment to run the launcher in."""
+
+    root: Path
+    tag: str
+    gateway: str
+    hosts: list[Host]
+    key: Path
+    user: str
+    host_env: dict[str, str]
+    _links: list[str] = field(default_factory=list)
+    _control_dirs: set[Path] = field(default_factory=set)  # Ray's SSH control dirs that existed before
+    _made_sshd_dir: bool = False
+
+    @property
+    def head(self) -> Host:
+        return self.hosts[0]
+
+    @property
+    def workers(self) -> list[Host]:
+        return self.hosts[1:]
+
+    def ssh_options(self) -> list[str]:
+        return ["-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10"]
+
+    def launcher_env(self) -> dict[str, str]:
+        """This machine's environment for ``ray up`` and friends, with HOME and TMPDIR inside the lab."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTEST_"))}
+        home = self.root / "launcher"
+        env.update(HOME=str(home), TMPDIR=str(home / "tmp"), RAY_USAGE_STATS_ENABLED="0",
+                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        return env
+
+    # ------------------------------------------------------------------------------------ building
+
+    @classmethod
+    def create(cls, names: tuple[str, ...] = ("calib-head", "calib-worker")) -> Lab:
+        """The network, keys and per-host files; :meth:`start` then starts the hosts' sshd."""
+        tag = secrets.token_hex(3)
+        root = Path(tempfile.mkdtemp(prefix=f"calib-lab-{tag}-", dir="/var/tmp"))
+        subnet = _free_subnet()
+        user = os.environ.get("USER") or "root"
+        lab = cls(root=root, tag=tag, gateway=f"{subnet}.1", hosts=[], key=root / "key", user=user, host_env={},
+                  _control_dirs=_ray_control_dirs())
+        try:
+            lab._build(names, subnet)
+        except BaseException:
+            lab.close()
+            raise
+        return lab
+
+    def _build(self, names: tuple[str, ...], subnet: str) -> None:
+        (self.root / "launcher" / "tmp").mkdir(parents=True)
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"calib-lab-{self.tag}", "-f", str(self.key))
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.root / "hostkey"))
+        shutil.copy(self.key.with_suffix(".pub"), self.root / "authorized_keys")
+
+        bridge = f"cb{self.tag}"
+        _sh("ip", "link", "add", bridge, "type", "bridge")
+        self._links.append(bridge)
+        _sh("ip", "addr", "add", f"{self.gateway}/24", "dev", bridge)
+        _sh("ip", "link", "set", bridge, "up")
+        for i, name in enumerate(names):
+            host = Host(name=name, ip=f"{subnet}.{i + 2}", netns=f"calib-{self.tag}-{i}",
+                        home=self.root / name / "home", tmp=self.root / name / "tmp")
+            self.hosts.append(host)
+            outside, inside = f"cv{self.tag}{i}", f"cp{self.tag}{i}"
+            _sh("ip", "netns", "add", host.netns)
+            _sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+            self._links.append(outside)
+            _sh("ip", "link", "set", inside, "netns", host.netns)
+            _sh("ip", "link", "set", outside, "master", bridge)
+            _sh("ip", "link", "set", outside, "up")
+            inns = ("ip", "netns", "exec", host.netns)
+            _sh(*inns, "ip", "addr", "add", f"{host.ip}/24", "dev", inside)
+            _sh(*inns, "ip", "link", "set", inside, "up")
+            _sh(*inns, "ip", "link", "set", "lo", "up")
+            _sh(*inns, "ip", "route", "add", "default", "via", self.gateway)
+            host.tmp.mkdir(parents=True, mode=0o1777)
+            host.tmp.chmod(0o1777)
+            self._make_venv(host.home / "venv")
+            self._write_pip_config(host.home)
+
+    def start(self, host_env: dict[str, str] | None = None) -> None:
+        """Start each host's sshd; ``host_env`` is set in every login on the hosts (e.g. AWS settings)."""
+        self.host_env = dict(host_env or {})
+        for host in self.hosts:
+            self._start_sshd(host)
+        for host in self.hosts:
+            _wait_for_port(host.ip, 22, timeout=30)
+
+    def _write_pip_config(self, home: Path) -> None:
+        # Offline pip: requirements already in the overlay are satisfied without an index; an editable
+        # install builds with the test environment's setuptools.
+        (home / ".config" / "pip").mkdir(parents=True)
+        (home / ".config" / "pip" / "pip.conf").write_text(
+            "[global]\nno-index = true\ndisable-pip-version-check = true\n"
+            "[install]\nno-build-isolation = false\n")
+
+    def _make_venv(self, venv: Path) -> None:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        packages = next(venv.glob("lib/python*/site-packages"))
+        (packages / "_calib_lab_base.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+        python = venv / "bin" / "python"
+        for script, module in (("pip", "pip._internal.cli.main"), ("ray", "ray.scripts.scripts")):
+            path = venv / "bin" / script
+            path.write_text(f"#!{python}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
+            path.chmod(0o755)
+
+    def _start_sshd(self, host: Host) -> None:
+        sshd_dir = Path("/run/sshd")  # sshd's privilege-separation directory
+        if not sshd_dir.exists():
+            sshd_dir.mkdir(mode=0o755, parents=True)
+            self._made_sshd_dir = True
+        passwd = self.root / host.name / "passwd"
+        passwd.write_text(_with_home(Path("/etc/passwd").read_text(), self.user, host.home))
+        config = self.root / f"sshd-{host.name}.conf"
+        config.write_text("\n".join([
+            f"ListenAddress {host.ip}", "Port 22", f"HostKey {self.root / 'hostkey'}",
+            f"AuthorizedKeysFile {self.root / 'authorized_keys'}", "PidFile none", "UsePAM no", "StrictModes no",
+            "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "MaxStartups 100", "MaxSessions 100",
+            *(["SetEnv " + " ".join(f"{k}={v}" for k, v in self.host_env.items())] if self.host_env else []), ""]))
+        log = open(self.root / f"sshd-{host.name}.log", "wb")
+        host.process = subprocess.Popen(
+            ["ip", "netns", "exec", host.netns, "unshare", "--pid", "--uts", "--mount-proc", "--kill-child=SIGKILL",
+             "sh", "-c", f"hostname {host.name} && mount --bind {passwd} /etc/passwd && "
+                         f"mount --bind {host.tmp} /tmp && exec {SSHD} -D -e -f {config}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    # ----------------------------------------------------------------------------------- tearing down
+
+    def processes(self) -> list[int]:
+        """PIDs of every process left in the hosts' network namespaces."""
+        pids: list[int] = []
+        for host in self.hosts:
+            out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True).stdout
+            pids += [int(p) for p in out.split()]
+        return pids
+
+    def close(self) -> None:
+        """Kill what the lab started, delete its namespaces, links and files; never raises halfway."""
+        for host in self.hosts:
+            if host.process is not None and host.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(host.process.pid, signal.SIGKILL)  # unshare; --kill-child takes sshd, PID 1, and all
+                host.process.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while self.processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in self.processes():  # started in a namespace of ours by something that escaped the PID namespace
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for host in self.hosts:
+            subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
+        for link in reversed(self._links):
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        # The launcher's SSH control sockets: Ray puts them under /tmp/ray_ssh_<user>/<cluster>, whatever TMPDIR says.
+        for path in sorted(_ray_control_dirs() - self._control_dirs, key=lambda p: -len(p.parts)):
+            shutil.rmtree(path, ignore_errors=True)
+        if self._made_sshd_dir:
+            shutil.rmtree("/run/sshd", ignore_errors=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        """What of the lab still exists after :meth:`close` (empty when it cleaned up)."""
+        found = []
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        found += [f"network namespace {h.netns}" for h in self.hosts if h.netns in netns]
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        found += [f"link {name}" for name in self._links if f" {name}:" in links or f" {name}@" in links]
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if str(self.root).encode() in (proc / "cmdline").read_bytes():
+                        found.append(f"process {proc.name}")
+        if self.root.exists():
+            found.append(f"directory {self.root}")
+        found += [f"directory {p}" for p in sorted(_ray_control_dirs() - self._control_dirs)]
+        return found
+
+
+def _ray_control_dirs() -> set[Path]:
+    return {*Path("/tmp").glob("ray_ssh_*"), *Path("/tmp").glob("ray_ssh_*/*")}
+
+
+def _with_home(passwd: str, user: str, home: Path) -> str:
+    """``/etc/passwd`` text with ``user``'s home directory replaced by ``home``."""
+    lines = []
+    for line in passwd.splitlines():
+        fields = line.split(":")
+        if len(fields) == 7 and fields[0] == user:
+            fields[5] = str(home)
+        lines.append(":".join(fields))
+    return "\n".join(lines) + "\n"
+
+
+def _free_subnet() -> str:
+    """A 10.233.N /24 no interface on this machine uses."""
+    used = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    candidates = [n for n in range(256) if f" 10.233.{n}." not in used]
+    return f"10.233.{random.choice(candidates)}"
+
+
+def _wait_for_port(ip: str, port: int, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((ip, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {ip}:{port} after {timeout:.0f} s") from None
+            time.sleep(0.1)
+
+

@@ -1,0 +1,190 @@
+"""`ray up` for real: the README's on-prem commands, run literally, on two SSH hosts made on this machine.
+
+The hosts (:mod:`lab_hosts`) are network namespaces with their own sshd, hostname, processes, home and
+/tmp; the store is a moto S3 server on the bridge address both reach. The test sets the variables the
+README tells users to set, then runs each command of the README's ``onprem-commands`` block from a copy
+of this checkout: render the on-prem file from cluster.yaml, validate it, ``ray up`` (file mounts, setup
+commands, Ray on head and worker), wait for both nodes, the γ study through ``ray exec`` (twice: the
+second run must skip every trial), ``stop-workers`` and ``ray down``, after which no Ray process may be
+left on either host. A failing step fails the test with what broke: the setup command that failed, a
+host without the checkout at ``~/calib``, a Ray pin the validator refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from lab_hosts import Lab, missing_requirements
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+# Two seeds, one γ, 2 epochs: 2 Stage-I trainings and 4 trials. A Stage-I trial asks for both CPUs a host
+# has, so the two trainings run one on each host.
+STUDY_ARGS = "--seeds 1 2 --gammas 0.9 --epochs 2 --stage2-epochs 2 --cpus-per-trial 2 --cpus-per-cached-trial 1"
+TIMEOUTS = {"ray up": 300, "wait": 240, "study": 300, "ray down": 120}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def readme_commands(marker: str) -> list[str]:
+    """The shell commands of the README's ```sh block under ``<!-- marker ... -->``, continuations joined."""
+    text = README.read_text()
+    at = text.index(f"<!-- {marker}")
+    start = text.index("```sh\n", at) + len("```sh\n")
+    block = text[start:text.index("```", start)]
+    lines = block.replace("\\\n", " ").splitlines()
+    return [" ".join(line.split()) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _kind(command: str) -> str:
+    for needle, kind in (("calib.cluster onprem", "render"), ("calib.cluster validate", "validate"),
+                         ("ray up", "ray up"), ("calib.cluster wait", "wait"), ("studies/", "study"),
+                         ("calib.cluster stop-workers", "stop workers"), ("ray down", "ray down")):
+        if needle in command:
+            return kind
+    raise AssertionError(f"README command not understood by this test: {command}")
+
+
+def test_the_aws_commands_are_onprem_commands_run_by_the_launcher_test() -> None:
+    """Each AWS command is an on-prem command with cluster.yaml for cluster-onprem.yaml: the test runs them."""
+    onprem = readme_commands("onprem-commands")
+    aws = readme_commands("aws-commands")
+    assert [_kind(c) for c in onprem] == ["render", "validate", "ray up", "wait", "study", "stop workers",
+                                          "ray down"]
+    for command in aws:
+        assert command.replace("cluster.yaml", "cluster-onprem.yaml") in onprem, command
+
+
+def _copy_checkout(target: Path) -> None:
+    """What ``file_mounts: {~/calib: .}`` would send: tracked and untracked files git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+
+
+def what_broke(kind: str, output: str, lab: Lab, checkout: Path) -> list[str]:
+    """The launcher sections a failed step points at, one line each."""
+    found = []
+    text = _ANSI.sub("", output)
+    for line in text.splitlines():
+        if line.startswith("error: ") and ": setup_commands" in line:
+            found.append(f"the Ray pin or setup_commands, refused by the validator: {line[7:]}")
+    if kind == "ray up" and ("update-failed" in text or "Failed to setup" in text):
+        started = re.findall(r"\((\d+)/(\d+)\)\s+(.+)", text)
+        if started:
+            index, total, command = started[-1]
+            found.append(f"setup_commands[{index}] of {total} failed on the head: `{command.strip()}`")
+    reached = {"ray up": [lab.head], "wait": [lab.head]}.get(kind, lab.hosts if kind in ("study", "stop workers",
+                                                                                       "ray down") else [])
+    expected = (checkout / "pyproject.toml").read_bytes()
+    for host in reached:
+        copy = host.home / "calib" / "pyproject.toml"
+        if not copy.exists() or copy.read_bytes() != expected:
+            found.append(f"file_mounts: {host.name} has no copy of the checkout at ~/calib "
+                         f"(found {sorted(p.name for p in (host.home / 'calib').glob('*'))[:8] or 'nothing'})")
+    return found
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(missing_requirements() is not None, reason=f"launcher test: {missing_requirements()}")
+def test_ray_up_runs_the_readme_on_two_hosts(capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from calib.store import read_trials
+
+    commands = readme_commands("onprem-commands")
+    monkeypatch.setattr(logging.getLogger("werkzeug"), "level", logging.ERROR)  # moto's request log
+    lab = Lab.create()
+    server = None
+    transcript: list[str] = []
+    try:
+        server = ThreadedMotoServer(ip_address=lab.gateway, port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+        bucket = f"calib-lab-{uuid.uuid4().hex[:10]}"
+        boto3.client("s3", region_name="us-east-1", endpoint_url=aws["AWS_ENDPOINT_URL"],
+                     aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+        lab.start(host_env=aws)
+        for name, value in aws.items():  # this process reads the store too
+            monkeypatch.setenv(name, value)
+        checkout = lab.root / "checkout"
+        _copy_checkout(checkout)
+        store = f"s3://{bucket}/calib"
+        env = {**lab.launcher_env(), "HEAD_IP": lab.head.ip, "WORKER_IPS": " ".join(h.ip for h in lab.workers),
+               "NODES": str(len(lab.hosts)), "SSH_USER": lab.user, "SSH_KEY": str(lab.key), "VENV": "~/venv",
+               "STORE": store, "STUDY_ARGS": STUDY_ARGS}
+
+        def step(command: str) -> str:
+            kind = _kind(command)
+            started = time.monotonic()
+            proc = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=TIMEOUTS.get(kind, 120))
+            transcript.append(f"$ {command}   # {kind}: exit {proc.returncode}, {time.monotonic() - started:.0f} s")
+            if proc.returncode != 0:
+                tail = "\n".join(_ANSI.sub("", proc.stdout).splitlines()[-40:])
+                broke = what_broke(kind, proc.stdout, lab, checkout) or ["(no launcher section identified)"]
+                pytest.fail(f"`{command}` exited {proc.returncode}. What broke:\n  " + "\n  ".join(broke)
+                            + f"\nLast lines:\n{tail}", pytrace=False)
+            return _ANSI.sub("", proc.stdout)
+
+        outputs: dict[str, str] = {}
+        for command in commands:
+            kind = _kind(command)
+            outputs[kind] = step(command)
+            if kind == "ray up":
+                transcript += [line for line in outputs[kind].splitlines() if "Running setup commands" in line
+                               or "Starting the Ray runtime" in line or "up-to-date" in line][-3:]
+            if kind == "wait":
+                transcript += [line for line in outputs[kind].splitlines() if "nodes up" in line or "  head " in line
+                               or "  worker " in line]
+            if kind == "study":
+                first = outputs[kind]
+                table = [line for line in first.splitlines() if "±" in line or "trials:" in line]
+                transcript += table
+                assert table, f"the study printed no table:\n{first[-3000:]}"
+                rows = read_trials(store, study="sensitivity_gamma")
+                assert len(rows) == 4 and set(rows["status"]) == {"ok"}, rows[["method", "seed", "status"]]
+                assert set(rows["host"]) == {h.name for h in lab.hosts}, rows[["method", "seed", "host"]]
+                assert rows["node_id"].nunique() == len(lab.hosts)
+                second = step(command)
+                skipped = [line for line in second.splitlines() if "already in the store" in line]
+                transcript += skipped
+                assert skipped and "4 already in the store, 0 to run" in skipped[0], second[-3000:]
+                assert len(read_trials(store, study="sensitivity_gamma")) == 4
+            if kind == "stop workers":
+                transcript += [line for line in outputs[kind].splitlines() if "Ray on" in line]
+            if kind == "ray down":
+                deadline, leftover = time.monotonic() + 20, [0]
+                while leftover and time.monotonic() < deadline:
+                    time.sleep(1)
+                    leftover = [p for p in lab.processes() if not _cmdline(p).startswith((b"sshd", b"unshare"))]
+                transcript.append(f"Ray processes left on the hosts after ray down: {len(leftover)}")
+                assert not leftover, f"ray down left processes on the hosts: {[_cmdline(p)[:200] for p in leftover]}"
+    finally:
+        lab.close()
+        if server is not None:
+            server.stop()
+        with capsys.disabled():
+            print("\n[launcher test] " + "\n[launcher test] ".join(transcript))
+    assert not lab.leftovers(), lab.leftovers()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
