@@ -3,9 +3,9 @@
 Each host is a network namespace joined to a bridge by a veth pair, with its own private address and
 a default route through the bridge (so Ray finds the host's address). It runs its own ``sshd`` as PID 1
 of its own PID, UTS (hostname) and mount namespaces: ``ray stop`` on one host sees only that host's
-processes; the host's ``/etc/passwd`` gives the login user a home directory of the lab, and a lab
-directory is mounted over ``/tmp``, so ``~/calib``, ``~/venv``, ``~/ray_bootstrap_key.pem`` and Ray's
-session files are per host, as on real machines. Everything else (the system, the Python running the
+processes; the host's ``/etc/passwd`` gives the login user a home directory of the lab, and its logins
+get a ``TMPDIR`` of their own, so ``~/calib``, ``~/venv``, ``~/ray_bootstrap_key.pem`` and Ray's session
+files are per host, as on real machines. Everything else (the system, the Python running the
 tests) is this machine's.
 
 The hosts have no route beyond the bridge. Their Python is an overlay virtual environment per host
@@ -14,7 +14,8 @@ The hosts have no route beyond the bridge. Their Python is an overlay virtual en
 everything installed and ``pip install -e ~/calib`` installs each host's own copy without touching the
 test environment.
 
-Everything is created under one directory (outside /tmp, which the hosts replace) and torn down by
+Everything is created under one short-named directory (Ray's Unix sockets live under each host's
+``TMPDIR``, and a socket path has at most 107 bytes) and torn down by
 :meth:`Lab.close`: the sshd process trees (killing PID 1 of a PID namespace kills every process in it,
 and the bind mounts go with the namespace), the namespaces, the bridge and veth pairs, the keys, and the
 directory.
@@ -63,7 +64,7 @@ class Host:
     ip: str
     netns: str
     home: Path  # the login user's home on the host (its /etc/passwd says so)
-    tmp: Path  # mounted over /tmp on the host
+    tmp: Path  # TMPDIR of every login on the host
     process: subprocess.Popen | None = None
 
     def ssh(self, lab: Lab, command: str, *, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -118,7 +119,7 @@ class Lab:
     def create(cls, names: tuple[str, ...] = ("calib-head", "calib-worker")) -> Lab:
         """The network, keys and per-host files; :meth:`start` then starts the hosts' sshd."""
         tag = secrets.token_hex(3)
-        root = Path(tempfile.mkdtemp(prefix=f"calib-lab-{tag}-", dir="/var/tmp"))
+        root = Path(tempfile.mkdtemp(prefix=f"cl{tag}", dir="/var/tmp"))
         subnet = _free_subnet()
         user = os.environ.get("USER") or "root"
         lab = cls(root=root, tag=tag, gateway=f"{subnet}.1", hosts=[], key=root / "key", user=user, host_env={},
@@ -143,7 +144,7 @@ class Lab:
         _sh("ip", "link", "set", bridge, "up")
         for i, name in enumerate(names):
             host = Host(name=name, ip=f"{subnet}.{i + 2}", netns=f"calib-{self.tag}-{i}",
-                        home=self.root / name / "home", tmp=self.root / name / "tmp")
+                        home=self.root / f"h{i}" / "home", tmp=self.root / f"h{i}" / "t")
             self.hosts.append(host)
             outside, inside = f"cv{self.tag}{i}", f"cp{self.tag}{i}"
             _sh("ip", "netns", "add", host.netns)
@@ -193,7 +194,7 @@ class Lab:
         if not sshd_dir.exists():
             sshd_dir.mkdir(mode=0o755, parents=True)
             self._made_sshd_dir = True
-        passwd = self.root / host.name / "passwd"
+        passwd = host.home.parent / "passwd"
         passwd.write_text(_with_home(Path("/etc/passwd").read_text(), self.user, host.home))
         config = self.root / f"sshd-{host.name}.conf"
         config.write_text("\n".join([
@@ -201,12 +202,12 @@ class Lab:
             f"AuthorizedKeysFile {self.root / 'authorized_keys'}", "PidFile none", "UsePAM no", "StrictModes no",
             "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "MaxStartups 100", "MaxSessions 100",
-            *(["SetEnv " + " ".join(f"{k}={v}" for k, v in self.host_env.items())] if self.host_env else []), ""]))
+            "SetEnv " + " ".join(f"{k}={v}" for k, v in {"TMPDIR": host.tmp, **self.host_env}.items()), ""]))
         log = open(self.root / f"sshd-{host.name}.log", "wb")
         host.process = subprocess.Popen(
             ["ip", "netns", "exec", host.netns, "unshare", "--pid", "--uts", "--mount-proc", "--kill-child=SIGKILL",
              "sh", "-c", f"hostname {host.name} && mount --bind {passwd} /etc/passwd && "
-                         f"mount --bind {host.tmp} /tmp && exec {SSHD} -D -e -f {config}"],
+                         f"exec {SSHD} -D -e -f {config}"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 

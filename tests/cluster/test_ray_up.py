@@ -1,7 +1,7 @@
 """`ray up` for real: the README's on-prem commands, run literally, on two SSH hosts made on this machine.
 
 The hosts (:mod:`lab_hosts`) are network namespaces with their own sshd, hostname, processes, home and
-/tmp; the store is a moto S3 server on the bridge address both reach. The test sets the variables the
+TMPDIR; the store is a moto S3 server on the bridge address both reach. The test sets the variables the
 README tells users to set, then runs each command of the README's ``onprem-commands`` block from a copy
 of this checkout: render the on-prem file from cluster.yaml, validate it, ``ray up`` (file mounts, setup
 commands, Ray on head and worker), wait for both nodes, the γ study through ``ray exec`` (twice: the
