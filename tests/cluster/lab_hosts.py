@@ -10,9 +10,11 @@ tests) is this machine's.
 
 The hosts have no route beyond the bridge. Their Python is an overlay virtual environment per host
 (``~/venv``) that sees the packages of the Python running the tests, and pip is configured offline
-(``~/.config/pip/pip.conf``: no index, no build isolation), so the launcher's ``setup_commands`` find
-everything installed and ``pip install -e ~/calib`` installs each host's own copy without touching the
-test environment.
+(``~/.config/pip/pip.conf``: no index, no build isolation, no dependency resolution), so the launcher's
+``setup_commands`` find the pinned Ray and boto3 installed (a different pin fails: no index to get it
+from) and ``pip install -e ~/calib`` installs each host's own copy without touching the test
+environment. ``ray[default]``'s dashboard extras are not resolved: the hosts run Ray without its
+dashboard, as in CI's environment.
 
 Everything is created under one short-named directory (Ray's Unix sockets live under each host's
 ``TMPDIR``, and a socket path has at most 107 bytes) and torn down by
@@ -177,7 +179,7 @@ class Lab:
         (home / ".config" / "pip").mkdir(parents=True)
         (home / ".config" / "pip" / "pip.conf").write_text(
             "[global]\nno-index = true\ndisable-pip-version-check = true\n"
-            "[install]\nno-build-isolation = false\n")
+            "[install]\nno-build-isolation = false\nno-deps = true\n")
 
     def _make_venv(self, venv: Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
