@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from calib._config import ConfigError
+from calib.cluster.nodes import BOOTSTRAP_CONFIG
 from calib.cluster.onprem import SHARED_CALIB_KEYS, SHARED_KEYS, onprem_text, render_onprem
 from calib.cluster.validate import (
     Checked,
@@ -70,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     stop = sub.add_parser("stop-workers", formatter_class=HelpFormatter,
                           help="on an on-prem head: `ray stop` on every worker (before `ray down`, which stops the "
                                "head only)")
-    stop.add_argument("--config", default="~/ray_bootstrap_config.yaml",
+    stop.add_argument("--config", default=BOOTSTRAP_CONFIG,
                       help="the cluster file `ray up` put on the head")
     return parser
 

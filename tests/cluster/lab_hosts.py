@@ -69,16 +69,6 @@ class Host:
     tmp: Path  # TMPDIR of every login on the host
     process: subprocess.Popen | None = None
 
-    def ssh(self, lab: Lab, command: str, *, timeout: float = 60) -> subprocess.CompletedProcess:
-        """Run ``command`` on the host as the launcher would (a login shell), returning its output."""
-        return subprocess.run(
-            ["ssh", *lab.ssh_options(), f"{lab.user}@{self.ip}", f"bash --login -c {_quote(command)}"],
-            capture_output=True, text=True, timeout=timeout, env=lab.launcher_env())
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
-
 
 @dataclass
 class Lab:
@@ -102,10 +92,6 @@ class Lab:
     @property
     def workers(self) -> list[Host]:
         return self.hosts[1:]
-
-    def ssh_options(self) -> list[str]:
-        return ["-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-                "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10"]
 
     def launcher_env(self) -> dict[str, str]:
         """This machine's environment for ``ray up`` and friends, with HOME and TMPDIR inside the lab."""
