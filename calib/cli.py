@@ -15,7 +15,7 @@ from calib.config import Stage1Config
 from calib.datasets import DATASETS, DatasetNotFoundError
 from calib.models import MODELS
 from calib.presets import PRESETS, Preset
-from calib.search.tune import ExecutionOptions
+from calib.search.tune import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions
 
 __all__ = [
     "HelpFormatter",
@@ -142,6 +142,10 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
                         help="Ray Tune's experiment storage, a path or s3:// URI (default: <store>/_ray)")
     parser.add_argument("--max-concurrent", type=int, default=None,
                         help="cap on trials running at once (default: as many as the resources allow)")
+    parser.add_argument("--configs-per-trial", type=int, default=None,
+                        help=f"trials on an already trained Stage I that one Ray trial runs, their Stage II "
+                             f"trained together as one population; 1 runs each alone (default: "
+                             f"{DEFAULT_CONFIGS_PER_TRIAL}, and 1 in a search whose space changes Stage I)")
     parser.add_argument("--epochs", type=int, default=None,
                         help=f"Stage-I epochs, every dataset (default: {_per_preset(_epochs_of)})")
     parser.add_argument("--stage2-epochs", type=int, default=None,
@@ -217,6 +221,8 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         raise ConfigError(f"`--max-failures` must be >= 0 (retries of a failed trial), got {args.max_failures}.")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ConfigError(f"`--checkpoint-every` must be >= 1 (Stage-I epochs), got {args.checkpoint_every}.")
+    if args.configs_per_trial is not None and args.configs_per_trial < 1:
+        raise ConfigError(f"`--configs-per-trial` must be >= 1, got {args.configs_per_trial}.")
     if not args.checkpoint_min_seconds >= 0:
         raise ConfigError(f"`--checkpoint-min-seconds` must be >= 0, got {args.checkpoint_min_seconds}.")
     cpus = _resource(args, preset, "cpus_per_trial", None)
@@ -229,6 +235,7 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         max_failures=args.max_failures,
         checkpoint_every=preset.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every,
         checkpoint_min_seconds=args.checkpoint_min_seconds,
+        configs_per_trial=args.configs_per_trial,
     )
 
 

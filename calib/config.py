@@ -36,6 +36,7 @@ __all__ = [
     "Stage1Config",
     "TrialConfig",
     "config_hash",
+    "get_dotted",
     "parse_trial_config",
     "set_dotted",
     "stage1_identity",
@@ -301,6 +302,16 @@ def config_hash(identity: dict[str, Any]) -> str:
     """16 hex digits of the SHA-256 of the canonical JSON of ``identity``."""
     blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def get_dotted(config: dict[str, Any], key: str) -> Any:
+    """The value at ``key`` ("method.accuracy_weight", "seed") of a plain config; ``KeyError`` if absent."""
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(f"`{key}` is not in the trial config ({part!r} missing).")
+        node = node[part]
+    return node
 
 
 def set_dotted(config: dict[str, Any], key: str, value: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from calib.metrics import (
 )
 from calib.training import describe_device, resolve_device, seed_everything
 
-__all__ = ["TrialResult", "run_trial", "trial_id"]
+__all__ = ["TrialResult", "population_groups", "run_trial", "run_trials", "trial_id"]
 
 
 def trial_id(config: dict[str, Any] | TrialConfig) -> str:
@@ -65,17 +65,32 @@ class TrialResult:
     failed_epoch: int | None = None
     environment: dict[str, str | None] = field(default_factory=run_environment)
 
+    population_size: int = 1
+    pruned_epoch: int | None = None
+
     @classmethod
-    def failed(cls, config: TrialConfig, error: BaseException, started_at: dt.datetime) -> TrialResult:
+    def failed(cls, config: TrialConfig, error: BaseException, started_at: dt.datetime,
+               where: tuple[str, int | None] | None = None) -> TrialResult:
         """A ``failed`` result carrying the exception, its traceback's last frames, and the (stage, epoch)
-        the trial had reached (:mod:`calib.training.progress`)."""
+        the trial had reached: ``where``, else :mod:`calib.training.progress`'s last record."""
         text = "".join(traceback.format_exception_only(type(error), error)).strip()
         frames = "".join(traceback.format_tb(error.__traceback__)[-3:])
-        stage, epoch = progress.last() or (None, None)
+        stage, epoch = where or progress.last() or (None, None)
         return cls(
             config=config, trial_id=trial_id(config), stage1_id=config_hash(stage1_identity(config)),
             status="failed", error=f"{text}\n{frames}", started_at=started_at,
             finished_at=dt.datetime.now(dt.timezone.utc), failed_stage=stage, failed_epoch=epoch,
+        )
+
+    @classmethod
+    def pruned(cls, config: TrialConfig, epoch: int, metrics: dict[str, float],
+               started_at: dt.datetime) -> TrialResult:
+        """A ``pruned`` result: a scheduler stopped the trial after Stage-I epoch ``epoch`` (0-based);
+        ``metrics`` are the Stage-I model's validation values at that epoch."""
+        return cls(
+            config=config, trial_id=trial_id(config), stage1_id=config_hash(stage1_identity(config)),
+            status="pruned", metrics=dict(metrics), started_at=started_at,
+            finished_at=dt.datetime.now(dt.timezone.utc), pruned_epoch=epoch,
         )
 
 
@@ -129,6 +144,62 @@ def _corruption_metrics(
              "corrupted_ece_all": ece, "corrupted_accuracy_all": acc})
 
 
+def _evaluate(cfg: TrialConfig, artifact: Any, outcome: Any, device: torch.device
+              ) -> tuple[dict[str, float], dict[str, list]]:
+    """Metrics of ``outcome`` on val and test, the test reliability bins, OOD and corruption values."""
+    metrics: dict[str, float] = {}
+    for split, probs in (("val", outcome.val_probs), ("test", outcome.test_probs)):
+        labels = artifact.splits[split].labels.numpy()
+        scores = compute_all(probs.detach().cpu().double().numpy(), labels, num_bins=cfg.num_bins)
+        metrics.update({f"{split}_{k}": v for k, v in scores.items()})
+    counts, confidence, accuracy = reliability_bins(
+        outcome.test_probs.detach().cpu().double().numpy(), artifact.splits["test"].labels.numpy(),
+        num_bins=cfg.num_bins,
+    )
+    details = {"test_bin_count": counts.tolist(), "test_bin_confidence": confidence.tolist(),
+               "test_bin_accuracy": accuracy.tolist()}
+    ood_means, ood_per_set = _ood_metrics(cfg, artifact, outcome, device)
+    metrics.update(ood_means)
+    details.update(ood_per_set)
+    corrupted_means, corrupted_lists = _corruption_metrics(cfg, artifact, outcome, device)
+    metrics.update(corrupted_means)
+    details.update(corrupted_lists)
+    return metrics, details
+
+
+def _result(cfg: TrialConfig, artifact: Any, cache_hit: bool, outcome: Any, device: torch.device, *,
+            started_at: dt.datetime, load_seconds: float, method_seconds: float, population_size: int = 1
+            ) -> TrialResult:
+    evaluating = time.perf_counter()
+    metrics, details = _evaluate(cfg, artifact, outcome, device)
+    eval_seconds = time.perf_counter() - evaluating
+    return TrialResult(
+        config=cfg,
+        trial_id=config_hash(trial_identity(cfg)),
+        stage1_id=artifact.stage1_id,
+        metrics=metrics,
+        details=details,
+        history=[dict(row) for row in artifact.record["history"]] + outcome.history,
+        stage1_cache_hit=cache_hit,
+        timings={
+            "stage1_train_seconds": float(artifact.record["train_seconds"]),
+            "stage1_load_seconds": load_seconds,
+            "method_seconds": method_seconds,
+            "eval_seconds": eval_seconds,
+            "total_seconds": load_seconds + method_seconds + eval_seconds,
+            "stage1_images_per_second": float(artifact.record.get("images_per_second", 0.0)),
+            "stage1_compile_seconds": float(artifact.record.get("compile_seconds", 0.0)),
+        },
+        stage1_device=str(artifact.record.get("device")),
+        stage1_execution=stage1_execution(artifact.record),
+        stage1_resumed_from_epoch=None if cache_hit else artifact.record.get("resumed_from_epoch"),
+        started_at=started_at,
+        finished_at=dt.datetime.now(dt.timezone.utc),
+        device=describe_device(device),
+        population_size=population_size,
+    )
+
+
 def run_trial(
     config: dict[str, Any] | TrialConfig,
     *,
@@ -154,49 +225,80 @@ def run_trial(
     seed_everything(cfg.seed)
     progress.record("stage2", 0)  # the method's own loop refines the epoch
     outcome = METHODS.get(cfg.method.name)(cfg.method.params, artifact, seed=cfg.seed, device=device)
-    method_done = time.perf_counter()
+    return _result(cfg, artifact, cache_hit, outcome, device, started_at=started_at, load_seconds=loaded - start,
+                   method_seconds=time.perf_counter() - loaded)
 
-    metrics: dict[str, float] = {}
-    for split, probs in (("val", outcome.val_probs), ("test", outcome.test_probs)):
-        labels = artifact.splits[split].labels.numpy()
-        scores = compute_all(probs.detach().cpu().double().numpy(), labels, num_bins=cfg.num_bins)
-        metrics.update({f"{split}_{k}": v for k, v in scores.items()})
-    counts, confidence, accuracy = reliability_bins(
-        outcome.test_probs.detach().cpu().double().numpy(), artifact.splits["test"].labels.numpy(),
-        num_bins=cfg.num_bins,
-    )
-    details = {"test_bin_count": counts.tolist(), "test_bin_confidence": confidence.tolist(),
-               "test_bin_accuracy": accuracy.tolist()}
-    ood_means, ood_per_set = _ood_metrics(cfg, artifact, outcome, device)
-    metrics.update(ood_means)
-    details.update(ood_per_set)
-    corrupted_means, corrupted_lists = _corruption_metrics(cfg, artifact, outcome, device)
-    metrics.update(corrupted_means)
-    details.update(corrupted_lists)
-    evaluated = time.perf_counter()
 
-    history = [dict(row) for row in artifact.record["history"]] + outcome.history
-    return TrialResult(
-        config=cfg,
-        trial_id=config_hash(trial_identity(cfg)),
-        stage1_id=artifact.stage1_id,
-        metrics=metrics,
-        details=details,
-        history=history,
-        stage1_cache_hit=cache_hit,
-        timings={
-            "stage1_train_seconds": float(artifact.record["train_seconds"]),
-            "stage1_load_seconds": loaded - start,
-            "method_seconds": method_done - loaded,
-            "eval_seconds": evaluated - method_done,
-            "total_seconds": evaluated - start,
-            "stage1_images_per_second": float(artifact.record.get("images_per_second", 0.0)),
-            "stage1_compile_seconds": float(artifact.record.get("compile_seconds", 0.0)),
-        },
-        stage1_device=str(artifact.record.get("device")),
-        stage1_execution=stage1_execution(artifact.record),
-        stage1_resumed_from_epoch=None if cache_hit else artifact.record.get("resumed_from_epoch"),
-        started_at=started_at,
-        finished_at=dt.datetime.now(dt.timezone.utc),
-        device=describe_device(device),
-    )
+def population_groups(configs: Sequence[TrialConfig]) -> list[list[int]]:
+    """Indices of ``configs`` that train together: same Stage I, same method, equal population key.
+
+    Configs whose method has no population form groups of one. Order: first appearance.
+    """
+    groups: dict[Any, list[int]] = {}
+    for i, cfg in enumerate(configs):
+        spec = METHODS.get(cfg.method.name)
+        key: Any = ("alone", i)
+        if spec.population_key is not None:
+            key = (config_hash(stage1_identity(cfg)), cfg.method.name, cfg.device,
+                   spec.population_key(cfg.method.params))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def run_trials(
+    configs: Sequence[dict[str, Any] | TrialConfig],
+    *,
+    on_result: Callable[[TrialResult], None] | None = None,
+) -> list[TrialResult]:
+    """Several trials in one process: each Stage-I artifact is loaded once, and the Stage II of configs
+    in one :func:`population_groups` group trains as one population (docs/architecture.md §6).
+
+    Each config gets its own result, equal to its :func:`run_trial` up to floating-point reassociation;
+    a config that fails gets a ``failed`` result and the others go on. ``on_result`` receives each
+    result as soon as it exists (to store it). ``method_seconds`` of a population member is the
+    population's time divided by its size; a Stage I trained here counts as the first config's
+    (``stage1_cache_hit`` false for it alone).
+    """
+    cfgs = [parse_trial_config(c) for c in configs]
+    results: list[TrialResult | None] = [None] * len(cfgs)
+
+    def done(i: int, result: TrialResult) -> None:
+        results[i] = result
+        if on_result is not None:
+            on_result(result)
+
+    for group in population_groups(cfgs):
+        members = [cfgs[i] for i in group]
+        first = members[0]
+        started_at = dt.datetime.now(dt.timezone.utc)
+        start = time.perf_counter()
+        progress.reset()
+        device = resolve_device(first.device)
+        try:
+            artifact, cache_hit = get_or_train_stage1(first, device)
+            loaded = time.perf_counter()
+            spec = METHODS.get(first.method.name)
+            seed_everything(first.seed)
+            progress.record("stage2", 0)
+            if spec.run_population is not None:
+                outcomes = spec.run_population([c.method.params for c in members], artifact,
+                                               seeds=[c.seed for c in members], device=device)
+            else:
+                outcomes = [spec(first.method.params, artifact, seed=first.seed, device=device)]
+        except Exception as err:
+            for i, cfg in zip(group, members, strict=True):
+                done(i, TrialResult.failed(cfg, err, started_at))
+            continue
+        method_seconds = (time.perf_counter() - loaded) / len(members)
+        for k, (i, cfg, outcome) in enumerate(zip(group, members, outcomes, strict=True)):
+            if isinstance(outcome, BaseException):
+                done(i, TrialResult.failed(cfg, outcome, started_at, where=("stage2", getattr(outcome, "epoch", None))))
+                continue
+            try:  # a Stage I trained here is the first config's: the others found it trained
+                result = _result(cfg, artifact, cache_hit or k > 0, outcome, device, started_at=started_at,
+                                 load_seconds=loaded - start, method_seconds=method_seconds,
+                                 population_size=len(members))
+            except Exception as err:
+                result = TrialResult.failed(cfg, err, started_at, where=("stage2", None))
+            done(i, result)
+    return [r for r in results if r is not None]

@@ -1,9 +1,13 @@
 """Search a method's hyperparameters with Optuna (TPE by default) through Ray Tune.
 
-Samples ``--num-trials`` configs from a search-space file, runs each as a trial into the store and
-prints the best trials by the validation objective(s) (for two objectives, the Pareto front), then
-the fANOVA importance of each parameter and a slice plot (written to <store>/report/). The test split
-never drives the search; its numbers are shown for the selected trials only.
+Samples configs from a search-space file until the study holds ``--num-trials`` finished trials,
+runs each as a trial into the store and prints the best trials by the validation objective(s) (for
+two objectives, the Pareto front), then the fANOVA importance of each parameter and a slice plot
+(written to <store>/report/). Re-running a study resumes it: its stored trials are told to the
+sampler first and only the missing ones run; a larger --num-trials extends it. The Optuna study is
+kept in <store>/optuna/ (optuna-dashboard opens it). --scheduler asha|hyperband stops unpromising
+trials during Stage I (stored as pruned). The test split never drives the search; its numbers are
+shown for the selected trials only.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from calib.config import set_dotted
 from calib.metrics import higher_is_better
 from calib.presets import base_config
 from calib.report import format_mean_ci, report_step
-from calib.search import SAMPLERS, load_search_space, run_search
+from calib.search import SAMPLERS, SCHEDULERS, SchedulerSettings, load_search_space, run_search
 from calib.search.importance import importance_report
+from calib.search.journal import journal_location
 from calib.store import read_finished
 
 
@@ -62,11 +67,20 @@ def print_best(trials, space, objectives: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = study_parser(__doc__, study=None, study_default="search_<name of the space file>")
     parser.add_argument("--space", required=True, help="search-space YAML file (search_spaces/*.yaml)")
-    parser.add_argument("--num-trials", type=int, default=20, help="number of sampled trials")
+    parser.add_argument("--num-trials", type=int, default=20,
+                        help="finished trials the study should hold; the stored ones count, only the rest run")
     parser.add_argument("--objective", nargs="+", default=["val_ece"],
                         help="validation metric(s) to optimise; two give a multi-objective search")
     parser.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="Optuna sampler")
     parser.add_argument("--sampler-seed", type=int, default=0, help="seed of the Optuna sampler")
+    parser.add_argument("--scheduler", default="none", choices=SCHEDULERS,
+                        help="stop unpromising trials during Stage I: Ray Tune's ASHA or HyperBand, on the "
+                             "objective's per-epoch validation value (spaces that change Stage I only)")
+    parser.add_argument("--grace-period", type=int, default=None,
+                        help="ASHA: Stage-I epochs every trial runs before it can be stopped (default: a sixth "
+                             "of the Stage-I epochs: quick 10, paper 58)")
+    parser.add_argument("--reduction-factor", type=float, default=3.0,
+                        help="ASHA / HyperBand: η, a trial continues past a rung if in the best 1/η")
     args = parser.parse_args(argv)
     if args.num_trials < 1:
         parser.error(f"--num-trials must be >= 1, got {args.num_trials}")
@@ -83,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
                        download=args.download, device=args.device)
     for key, value in space.base.items():
         base = set_dotted(base, key, value)
-    print(f"[{study}] {args.num_trials} trials · sampler {args.sampler} · objective {args.objective} · "
+    print(f"[{study}] sampler {args.sampler} · objective {args.objective} · "
           f"{dataset}/{arch} seed {seed} · store {paths.store}")
+    scheduler = SchedulerSettings(args.scheduler, args.grace_period, args.reduction_factor)
     run = run_search(base, space, store=paths.store, study=study, num_trials=args.num_trials,
                      objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
-                     options=execution_options(args, preset))
+                     options=execution_options(args, preset), scheduler=scheduler)
     trials = read_finished(paths.store, study, run.trial_ids)
     with report_step(study, "best-trials table"):
         print_best(trials, space, args.objective)
@@ -99,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         for note in importance.notes:
             print(f"[{study}] {note}")
         print(f"importances and slice plot: {', '.join(str(f) for f in importance.files)}")
-    print(f"\nstore: {paths.store} (study={study}, {len(trials)} finished trials)")
+    print(f"\nstore: {paths.store} (study={study}, {len(trials)} finished trials; Optuna study: "
+          f"{journal_location(paths.store, study)})")
     return study_exit_code(study, paths.store, run.failed, len(trials))
 
 

@@ -36,7 +36,7 @@ DATASETS: Registry[DatasetInfo] = Registry("dataset")
 """Dataset name → :class:`DatasetInfo`. Defined before the modules below import it to register."""
 
 # Importing the modules runs their registrations; they import DATASETS from this package.
-from calib.datasets import cifar, digits, synthetic, tiny_imagenet  # noqa: E402,F401
+from calib.datasets import cifar, digits, fashion_mnist, synthetic, tiny_imagenet  # noqa: E402,F401
 from calib.datasets.ood import DEFAULT_OOD, OOD_SETS, OODSet, load_ood  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,11 +45,22 @@ class MethodSpec:
     """``run(params, artifact, seed=..., device=...)`` turns a Stage-I artifact into an outcome.
 
     Methods work on the artifact's cached features and logits (docs/architecture.md): no backbone forward.
+
+    A method that can train several configs at once on one artifact (a population, docs/architecture.md
+    §6) also gives ``run_population(params_list, artifact, seeds=..., device=...)``, which returns one
+    outcome or exception per config, each equal to the config's own ``run``; ``population_key(params)``
+    says which configs can share a population (equal keys).
     """
 
     config: type
     run: Callable[..., MethodOutcome]
     description: str
+    run_population: Callable[..., list[MethodOutcome | BaseException]] | None = None
+    population_key: Callable[[Any], Hashable] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.run_population is None) != (self.population_key is None):
+            raise ValueError("`run_population` and `population_key` go together: give both or neither.")
 
     def __call__(
         self, params: Any, artifact: Stage1Artifact, *, seed: int, device: torch.device

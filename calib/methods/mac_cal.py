@@ -25,16 +25,19 @@ from calib.methods._registry import METHODS
 
 if TYPE_CHECKING:
     from calib.artifacts import Stage1Artifact
-from calib.methods.heads import MaskableHead
+from calib.methods.heads import MaskableHead, StackedLinears
 
 __all__ = [
     "FittedMacCal",
     "MacCalConfig",
+    "RestrictedSGD",
     "clip_threshold",
     "fit_mac_cal",
-    "restricted_sgd_step",
+    "fit_mac_cal_population",
+    "population_key",
     "retention_update",
     "run_mac_cal",
+    "run_mac_cal_population",
     "sample_weight_masks",
 ]
 
@@ -142,26 +145,57 @@ def sample_weight_masks(
     ]
 
 
-def restricted_sgd_step(
-    optimizer: torch.optim.Optimizer, weights: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
-) -> None:
-    """Eq. 11, W ← W − η·(M ⊙ update): an SGD step in which dropped weights and their momentum stay put.
+class RestrictedSGD:
+    """SGD with momentum and weight decay whose whole update can be masked: Eq. 11, W ← W − η·(M ⊙ update).
 
-    Autograd already gives dropped weights a zero gradient, but weight decay and momentum would still
-    move them (pitfall P2); this restores them, and their momentum buffers, after the step.
+    ``step(keep)`` takes one 0/1 float tensor per parameter (None: no restriction): where it is 0 the
+    weight and its momentum buffer stay exactly as they were. Autograd already gives dropped weights a
+    zero gradient, but weight decay and momentum would still move them (pitfall P2). Elsewhere the
+    update is ``torch.optim.SGD``'s (dampening 0, no Nesterov): d = g + λ·W, b ← μ·b + d (b = d at
+    the first step), W ← W − η·b. Written with multiplications by the mask, not ``torch.where``
+    (several times slower on the CPU); pass the same ``keep`` list object for as long as the masks hold.
     """
-    saved = []
-    for w in weights:
-        buffer = optimizer.state.get(w, {}).get("momentum_buffer")
-        saved.append((w.detach().clone(), None if buffer is None else buffer.clone()))
-    optimizer.step()
-    with torch.no_grad():
-        for w, mask, (old_w, old_buffer) in zip(weights, masks, saved, strict=True):
-            keep = mask.bool()
-            w.copy_(torch.where(keep, w, old_w))
-            buffer = optimizer.state.get(w, {}).get("momentum_buffer")
-            if buffer is not None:
-                buffer.copy_(torch.where(keep, buffer, torch.zeros_like(buffer) if old_buffer is None else old_buffer))
+
+    def __init__(self, params: Sequence[torch.Tensor], *, lr: float, momentum: float, weight_decay: float) -> None:
+        self.params = list(params)
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+        self._keep: Sequence[torch.Tensor | None] | None = None
+        self._decay: list[torch.Tensor | None] = []
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def _momentum_factors(self, keep: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """μ where the mask keeps a weight, exactly 1 where it drops it (its buffer stays)."""
+        if keep is not self._keep:
+            self._keep = keep
+            self._decay = [None if k is None else torch.where(k.bool(), self.momentum, 1.0).to(k.dtype) for k in keep]
+        return self._decay
+
+    @torch.no_grad()
+    def step(self, keep: Sequence[torch.Tensor | None]) -> None:
+        factors = self._momentum_factors(keep) if self.momentum else [None] * len(keep)
+        for i, (p, mask, factor) in enumerate(zip(self.params, keep, factors, strict=True)):
+            update = p.grad if p.grad is not None else torch.zeros_like(p)
+            if self.weight_decay:
+                update = update.add(p, alpha=self.weight_decay)
+            if mask is not None:
+                update = update * mask  # dropped: no gradient, no weight decay
+            if self.momentum:
+                old = self.buffers[i]
+                if old is None:
+                    update = update.clone() if mask is None else update
+                elif factor is None:
+                    update = old.mul(self.momentum).add_(update)
+                else:
+                    update = update.addcmul_(old, factor)  # μ·b + d where kept, b + 0 where dropped
+                self.buffers[i] = update
+            if mask is None:
+                p.add_(update, alpha=-self.lr)
+            else:
+                p.addcmul_(update, mask, value=-self.lr)
 
 
 @dataclass
@@ -190,6 +224,18 @@ class FittedMacCal:
         return self.head(features, masks=self.last_masks, weight_scale=self._train_scale(q))
 
 
+POPULATION_FIELDS = ("epochs", "lr", "momentum", "weight_decay", "batch_size", "head", "bottleneck_width",
+                     "head_init", "masked_forward", "mask_resample", "stats_pass")
+"""The fields that configs training in one population share (the loop's shape and the optimiser); the
+others (γ, β, θ_0, q_0, q_min, the adaptation, the restriction, scaling, inference weights) and the
+seed may differ from member to member."""
+
+
+def population_key(params: MacCalConfig) -> tuple:
+    """Configs with equal keys can train in one population (:func:`fit_mac_cal_population`)."""
+    return tuple(getattr(params, name) for name in POPULATION_FIELDS)
+
+
 def fit_mac_cal(
     params: MacCalConfig,
     inputs: torch.Tensor,
@@ -205,91 +251,195 @@ def fit_mac_cal(
     """Train MaC-Cal's head on ``inputs`` (cached features, or images when ``feature_fn`` is given).
 
     ``feature_fn`` maps a minibatch of inputs to features, e.g. a frozen backbone's ``features``;
-    ``run_trial`` never passes one (Stage II runs on cached features), the benchmark does.
+    ``run_trial`` never passes one (Stage II runs on cached features), the benchmark does. This is a
+    population of one: the same loop as :func:`fit_mac_cal_population`, so a config's result does not
+    depend on whether it trained alone or with others.
     """
-    generator = torch.Generator().manual_seed(seed)
+    (fitted,) = fit_mac_cal_population([(params, seed)], inputs, labels, num_features=num_features,
+                                       num_classes=num_classes, device=device, head_state=head_state,
+                                       feature_fn=feature_fn)
+    if isinstance(fitted, BaseException):
+        raise fitted
+    return fitted
+
+
+def _initial_head(params: MacCalConfig, seed: int, widths: list[int],
+                  head_state: dict[str, torch.Tensor] | None) -> MaskableHead:
     torch.manual_seed(seed)
-    widths = [num_features, params.bottleneck_width, num_classes] if params.head == "bottleneck" \
-        else [num_features, num_classes]
     head = MaskableHead(widths)
     if params.head_init == "stage1":
         if head_state is None:
             raise ValueError("head_init='stage1' needs the Stage-I head weights (head_state).")
         head.layers[0].load_state_dict(head_state)
-    head = head.to(device)
-    optimizer = torch.optim.SGD(head.parameters(), lr=params.lr, momentum=params.momentum,
-                                weight_decay=params.weight_decay)
+    return head
+
+
+def _population_masks(stack: StackedLinears, retention: Sequence[float],
+                      generators: Sequence[torch.Generator]) -> list[torch.Tensor]:
+    """Eq. 8 per member, from the member's own generator, stacked: one (K, out, in) mask per layer."""
+    per_member = [
+        [torch.bernoulli(torch.full(w.shape[1:], q), generator=g) for w in stack.weights]
+        for q, g in zip(retention, generators, strict=True)
+    ]
+    device = stack.weights[0].device
+    return [torch.stack([m[i] for m in per_member]).to(device) for i in range(len(stack.weights))]
+
+
+def _kept(masks: list[torch.Tensor] | None, restrict: torch.Tensor, depth: int) -> list[torch.Tensor | None]:
+    """Per weight matrix, where the update may move it (Eq. 11): the mask, for members with gradient
+    restriction; everywhere (None) when no member restricts."""
+    if masks is None or not bool(restrict.any()):
+        return [None] * depth
+    return [torch.maximum(m, (~restrict).to(m.dtype)) for m in masks]
+
+
+def fit_mac_cal_population(
+    members: Sequence[tuple[MacCalConfig, int]],
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    num_features: int,
+    num_classes: int,
+    device: torch.device,
+    head_state: dict[str, torch.Tensor] | None = None,
+    feature_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> list[FittedMacCal | FloatingPointError]:
+    """Train one MaC-Cal head per ``(params, seed)`` member, all at once, on the same inputs.
+
+    The heads are stacked (:class:`~calib.methods.heads.StackedLinears`); each member keeps its own
+    initialisation (``torch.manual_seed(seed)``), CPU generator (masks and minibatch order, drawn in
+    the order a lone run draws them), q_t, θ_t and statistics, so each result equals the member's own
+    run up to floating-point reassociation. Members must share :func:`population_key`. A member whose
+    loss becomes non-finite gets a ``FloatingPointError`` (with its ``epoch``) instead of a result;
+    the others go on.
+    """
+    if not members:
+        return []
+    first = members[0][0]
+    if any(population_key(p) != population_key(first) for p, _ in members):
+        raise ValueError(f"Population members must share {', '.join(POPULATION_FIELDS)}; got "
+                         f"{sorted({population_key(p) for p, _ in members})}.")
+    params_list = [p for p, _ in members]
+    size = len(members)
+    widths = [num_features, first.bottleneck_width, num_classes] if first.head == "bottleneck" \
+        else [num_features, num_classes]
+    heads = [_initial_head(p, seed, widths, head_state) for p, seed in members]
+    generators = [torch.Generator().manual_seed(seed) for _, seed in members]
+    stack = StackedLinears([h.layers for h in heads], relu_after=range(len(widths) - 2)).to(device)
+    optimizer = RestrictedSGD([*stack.weights, *stack.biases], lr=first.lr, momentum=first.momentum,
+                              weight_decay=first.weight_decay)
+    restrict = torch.tensor([p.gradient_restriction for p in params_list], device=device).view(-1, 1, 1)
+    unrestricted = [None] * len(stack.biases)  # biases are never masked
     features_of = feature_fn if feature_fn is not None else (lambda batch: batch)
     n = inputs.shape[0]
-    q = params.retention_init
-    fitted = FittedMacCal(head, params, None, q)
-    for epoch in range(params.epochs):
+    retention = [p.retention_init for p in params_list]
+    fitted = [FittedMacCal(head, p, None, q) for head, p, q in zip(heads, params_list, retention, strict=True)]
+    failures: dict[int, FloatingPointError] = {}
+    for epoch in range(first.epochs):
         progress.record("stage2", epoch)
-        head.train()
-        masks = sample_weight_masks(head, q, generator) if params.masked_forward else None
-        scale = fitted._train_scale(q) if params.masked_forward else 1.0
-        total_loss, correct, confidence = 0.0, 0, 0.0
-        for idx in torch.randperm(n, generator=generator).split(params.batch_size):
-            if params.masked_forward and params.mask_resample == "step":
-                masks = sample_weight_masks(head, q, generator)
+        stack.train()
+        masks = _population_masks(stack, retention, generators) if first.masked_forward else None
+        keep = _kept(masks, restrict, len(stack.weights))
+        order = torch.stack([torch.randperm(n, generator=g) for g in generators])  # (K, n)
+        scale = None
+        if first.masked_forward and any(p.train_mask_scaling == "inverted" for p in params_list):
+            scale = torch.tensor([f._train_scale(q) for f, q in zip(fitted, retention, strict=True)], device=device)
+        sums = torch.zeros(size, 3, dtype=torch.float64, device=device)  # loss·B, correct, confidence
+        for idx in order.split(first.batch_size, dim=1):
+            if first.masked_forward and first.mask_resample == "step":
+                masks = _population_masks(stack, retention, generators)
+                keep = _kept(masks, restrict, len(stack.weights))
             with torch.no_grad():
-                h = features_of(inputs[idx].to(device, non_blocking=True))
+                if feature_fn is None:
+                    h = inputs[idx].to(device, non_blocking=True)
+                else:
+                    h = torch.stack([features_of(inputs[i].to(device, non_blocking=True)) for i in idx])
             y = labels[idx].to(device, non_blocking=True)
-            logits = head(h, masks=masks, weight_scale=scale)
-            loss = F.cross_entropy(logits, y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if params.gradient_restriction and masks is not None:
-                restricted_sgd_step(optimizer, head.weights, masks)
-            else:
-                optimizer.step()
+            logits = stack(h, masks=masks, weight_scale=scale)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(size, -1).mean(1)
+            optimizer.zero_grad()
+            loss.sum().backward()
+            optimizer.step([*keep, *unrestricted])
             with torch.no_grad():
-                probs = logits.detach().softmax(1)
-                total_loss += float(loss) * y.shape[0]
-                correct += int((probs.argmax(1) == y).sum())
-                confidence += float(probs.max(1).values.sum())
-        accuracy, mean_conf = correct / n, confidence / n
-        if params.stats_pass == "clean":
-            accuracy, mean_conf = _clean_stats(head, inputs, labels, features_of, masks, scale, params, device)
-        threshold = clip_threshold(epoch, params)
-        fitted.history.append({
-            "stage": "stage2", "epoch": epoch, "lr": params.lr, "train_loss": total_loss / n,
-            "train_accuracy": accuracy, "train_confidence": mean_conf,
-            "retention_prob": q if params.masked_forward else None,
-            "clip_threshold": threshold if params.adaptive_retention != "none" else None,
-        })
-        if not math.isfinite(total_loss):
-            raise FloatingPointError(f"MaC-Cal training loss became {total_loss} at Stage-II epoch {epoch}.")
-        fitted.last_masks, fitted.last_retention = masks, q
-        if params.masked_forward and params.adaptive_retention != "none":
-            q = retention_update(q, accuracy, mean_conf, threshold, params)
-    return fitted
+                confidence, predicted = logits.detach().softmax(2).max(2)
+                sums += torch.stack([loss.detach().double() * y.shape[1], (predicted == y).sum(1).double(),
+                                     confidence.sum(1).double()], dim=1)
+        total_loss, correct, confidence_sum = sums.T.tolist()
+        if first.stats_pass == "clean":
+            correct, confidence_sum = _clean_stats(stack, inputs, labels, features_of, masks, scale, first, device)
+        for k, (params, member) in enumerate(zip(params_list, fitted, strict=True)):
+            if k in failures:
+                continue
+            q = retention[k]
+            accuracy, mean_conf = correct[k] / n, confidence_sum[k] / n
+            threshold = clip_threshold(epoch, params)
+            member.history.append({
+                "stage": "stage2", "epoch": epoch, "lr": params.lr, "train_loss": total_loss[k] / n,
+                "train_accuracy": accuracy, "train_confidence": mean_conf,
+                "retention_prob": q if params.masked_forward else None,
+                "clip_threshold": threshold if params.adaptive_retention != "none" else None,
+            })
+            if not math.isfinite(total_loss[k]):
+                failures[k] = FloatingPointError(
+                    f"MaC-Cal training loss became {total_loss[k] / n} at Stage-II epoch {epoch}.")
+                failures[k].epoch = epoch  # type: ignore[attr-defined]
+                continue
+            member.last_masks = None if masks is None else [m[k] for m in masks]
+            member.last_retention = q
+            if params.masked_forward and params.adaptive_retention != "none":
+                retention[k] = retention_update(q, accuracy, mean_conf, threshold, params)
+        if len(failures) == size:
+            break
+    for k, member in enumerate(fitted):
+        stack.copy_member_into(k, member.head.layers)
+        member.head.to(device)
+    return [failures.get(k, member) for k, member in enumerate(fitted)]
 
 
 @torch.no_grad()
-def _clean_stats(head, inputs, labels, features_of, masks, scale, params, device) -> tuple[float, float]:
-    head.eval()
-    correct, confidence = 0, 0.0
+def _clean_stats(stack, inputs, labels, features_of, masks, scale, params, device) -> tuple[list, list]:
+    """Acc_t and Conf_t sums per member from a pass over all training inputs with the epoch's masks."""
+    stack.eval()
+    size = stack.size
+    sums = torch.zeros(size, 2, dtype=torch.float64, device=device)
     for idx in torch.arange(inputs.shape[0]).split(max(params.batch_size, 1024)):
-        probs = head(features_of(inputs[idx].to(device)), masks=masks, weight_scale=scale).softmax(1)
-        correct += int((probs.argmax(1) == labels[idx].to(device)).sum())
-        confidence += float(probs.max(1).values.sum())
-    return correct / inputs.shape[0], confidence / inputs.shape[0]
+        h = features_of(inputs[idx].to(device))
+        probs = stack(h.unsqueeze(0).expand(size, -1, -1), masks=masks, weight_scale=scale).softmax(2)
+        confidence, predicted = probs.max(2)
+        sums += torch.stack([(predicted == labels[idx].to(device)).sum(1).double(),
+                             confidence.sum(1).double()], dim=1)
+    correct, confidence_sum = sums.T.tolist()
+    return correct, confidence_sum
+
+
+def _outcome(fitted: FittedMacCal, artifact: Stage1Artifact) -> MethodOutcome:
+    return MethodOutcome.from_predictor(
+        lambda features, logits: fitted.logits(features).double().softmax(1).cpu(), artifact, fitted.history
+    )
 
 
 def run_mac_cal(
     params: MacCalConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device
 ) -> MethodOutcome:
     """Stage II of MaC-Cal on the artifact's cached training features; evaluated on val and test."""
+    (outcome,) = run_mac_cal_population([params], artifact, seeds=[seed], device=device)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def run_mac_cal_population(
+    params: Sequence[MacCalConfig], artifact: Stage1Artifact, *, seeds: Sequence[int], device: torch.device
+) -> list[MethodOutcome | BaseException]:
+    """Stage II of several configs sharing :func:`population_key`, trained together on the artifact."""
     train = artifact.splits["train"]
-    fitted = fit_mac_cal(
-        params, train.features, train.labels, num_features=artifact.num_features,
-        num_classes=artifact.num_classes, seed=seed, device=device,
-        head_state=artifact.head_state() if params.head_init == "stage1" else None,
+    needs_head = any(p.head_init == "stage1" for p in params)
+    fitted = fit_mac_cal_population(
+        list(zip(params, seeds, strict=True)), train.features, train.labels, num_features=artifact.num_features,
+        num_classes=artifact.num_classes, device=device, head_state=artifact.head_state() if needs_head else None,
     )
-    return MethodOutcome.from_predictor(
-        lambda features, logits: fitted.logits(features).double().softmax(1).cpu(), artifact, fitted.history
-    )
+    return [f if isinstance(f, BaseException) else _outcome(f, artifact) for f in fitted]
 
 
-METHODS.register("mac_cal")(MethodSpec(MacCalConfig, run_mac_cal, "MaC-Cal: masked bottleneck head retraining"))
+METHODS.register("mac_cal")(MethodSpec(MacCalConfig, run_mac_cal, "MaC-Cal: masked bottleneck head retraining",
+                                         run_population=run_mac_cal_population, population_key=population_key))

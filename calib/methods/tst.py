@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,6 +28,7 @@ from calib import progress
 from calib._config import check
 from calib.methods._base import MethodOutcome, MethodSpec
 from calib.methods._registry import METHODS
+from calib.methods.heads import StackedLinears
 from calib.metrics.nll import NLL_FLOOR
 
 if TYPE_CHECKING:
@@ -39,10 +40,13 @@ __all__ = [
     "TSTConfig",
     "TSTHead",
     "fit_tst",
+    "fit_tst_population",
     "latent_encoder",
     "make_optimizer",
+    "population_key",
     "run_on_artifact",
     "run_tst",
+    "run_tst_population",
     "train_stage_two_head",
 ]
 
@@ -244,12 +248,116 @@ def fit_tst(
     seed: int,
     device: torch.device,
 ) -> FittedStageTwoHead:
-    """A new :class:`TSTHead` (initialised from ``seed``) trained by :func:`train_stage_two_head`."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        head = TSTHead(train_features.shape[1], params.latent_dim, num_classes)
-    return train_stage_two_head(head, params, train_features, train_labels, val_features, val_labels,
-                                seed=seed, device=device)
+    """A new :class:`TSTHead` (initialised from ``seed``) trained on cached features: a population of
+    one (:func:`fit_tst_population`), so a config's result does not depend on who trained beside it."""
+    (fitted,) = fit_tst_population([(params, seed)], train_features, train_labels, val_features, val_labels,
+                                   num_classes=num_classes, device=device)
+    if isinstance(fitted, BaseException):
+        raise fitted
+    return fitted
+
+
+POPULATION_FIELDS = ("epochs", "optimizer", "lr", "momentum", "weight_decay", "batch_size", "latent_dim")
+"""What configs training in one TST population share; ``checkpoint`` and the seed may differ."""
+
+
+def population_key(params: TSTConfig) -> tuple:
+    """Configs with equal keys can train in one population (:func:`fit_tst_population`)."""
+    return tuple(getattr(params, name) for name in POPULATION_FIELDS)
+
+
+def _tst_layers(head: TSTHead) -> list[nn.Linear]:
+    return [head.encoder[0], head.encoder[2], head.decoder]
+
+
+def fit_tst_population(
+    members: Sequence[tuple[TSTConfig, int]],
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    val_features: torch.Tensor,
+    val_labels: torch.Tensor,
+    *,
+    num_classes: int,
+    device: torch.device,
+) -> list[FittedStageTwoHead | FloatingPointError]:
+    """One TST head per ``(params, seed)`` member, trained side by side as :func:`train_stage_two_head`
+    trains one: each member's initialisation (``seed``), minibatch order (its own CPU generator),
+    validation NLL after every epoch and checkpoint choice are its own. Members share
+    :func:`population_key`. A member whose loss becomes non-finite gets a ``FloatingPointError`` (with its
+    ``epoch``); the others go on.
+    """
+    if not members:
+        return []
+    first = members[0][0]
+    if any(population_key(p) != population_key(first) for p, _ in members):
+        raise ValueError(f"Population members must share {', '.join(POPULATION_FIELDS)}; got "
+                         f"{sorted({population_key(p) for p, _ in members})}.")
+    size = len(members)
+    heads = []
+    for _, seed in members:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            heads.append(TSTHead(train_features.shape[1], first.latent_dim, num_classes))
+    generators = [torch.Generator().manual_seed(seed) for _, seed in members]
+    stack = StackedLinears([_tst_layers(h) for h in heads], relu_after={0}).to(device)
+    optimizer = make_optimizer(first, stack.parameters())
+    features, labels = train_features.to(device, torch.float32), train_labels.to(device)
+    val_h = val_features.to(device, torch.float32).unsqueeze(0).expand(size, -1, -1)
+    val_y = val_labels.to(device)
+    fitted = [FittedStageTwoHead(h, eval_seed=seed, device=device, best_epoch=first.epochs - 1)
+              for h, (_, seed) in zip(heads, members, strict=True)]
+    best_loss = [math.inf] * size
+    best_state: list[list[torch.Tensor] | None] = [None] * size
+    failures: dict[int, FloatingPointError] = {}
+    n = features.shape[0]
+    for epoch in range(first.epochs):
+        progress.record("stage2", epoch)
+        stack.train()
+        order = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(device)
+        sums = torch.zeros(size, 3, dtype=torch.float64, device=device)  # loss·B, correct, confidence
+        for idx in order.split(first.batch_size, dim=1):
+            y = labels[idx]
+            logits = stack(features[idx])
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(size, -1).mean(1)
+            optimizer.zero_grad(set_to_none=True)
+            loss.sum().backward()
+            optimizer.step()
+            with torch.no_grad():
+                confidences, predictions = logits.detach().softmax(2).max(2)
+                sums += torch.stack([loss.detach().double() * y.shape[1], (predictions == y).sum(1).double(),
+                                     confidences.sum(1).double()], dim=1)
+        total_loss, correct, confidence = sums.T.tolist()
+        stack.eval()
+        with torch.no_grad():
+            val_probs = stack(val_h).double().softmax(2)
+        for k, ((params, _), member) in enumerate(zip(members, fitted, strict=True)):
+            if k in failures:
+                continue
+            if not math.isfinite(total_loss[k]):
+                failures[k] = FloatingPointError(f"Stage-II training loss became {total_loss[k]} at epoch {epoch}.")
+                failures[k].epoch = epoch  # type: ignore[attr-defined]
+                continue
+            val_loss = _nll(val_probs[k], val_y)
+            member.history.append({
+                "stage": "stage2", "epoch": epoch, "lr": params.lr, "train_loss": total_loss[k] / n,
+                "train_accuracy": correct[k] / n, "train_confidence": confidence[k] / n,
+                "val_accuracy": float((val_probs[k].argmax(1) == val_y).double().mean()), "val_loss": val_loss,
+            })
+            if params.checkpoint == "best_val_loss" and val_loss < best_loss[k]:
+                best_loss[k], member.best_epoch = val_loss, epoch
+                best_state[k] = [t[k].detach().clone() for t in (*stack.weights, *stack.biases)]
+        if len(failures) == size:
+            break
+    for k, member in enumerate(fitted):
+        stack.copy_member_into(k, _tst_layers(member.head))
+        if best_state[k] is not None:
+            depth = len(stack.weights)
+            with torch.no_grad():
+                for i, layer in enumerate(_tst_layers(member.head)):
+                    layer.weight.copy_(best_state[k][i])
+                    layer.bias.copy_(best_state[k][depth + i])
+        member.head.to(device)
+    return [failures.get(k, member) for k, member in enumerate(fitted)]
 
 
 def run_on_artifact(fit: Callable[..., FittedStageTwoHead], params: TSTConfig, artifact: Stage1Artifact, *,
@@ -267,4 +375,16 @@ def run_tst(params: TSTConfig, artifact: Stage1Artifact, *, seed: int, device: t
     return run_on_artifact(fit_tst, params, artifact, seed=seed, device=device)
 
 
-METHODS.register("tst")(MethodSpec(TSTConfig, run_tst, "TST: new d→3Z→Z→C head retrained on frozen features"))
+def run_tst_population(
+    params: Sequence[TSTConfig], artifact: Stage1Artifact, *, seeds: Sequence[int], device: torch.device
+) -> list[MethodOutcome | BaseException]:
+    """TST's Stage II of several configs sharing :func:`population_key`, trained together on the artifact."""
+    train, val = artifact.splits["train"], artifact.splits["val"]
+    fitted = fit_tst_population(list(zip(params, seeds, strict=True)), train.features, train.labels,
+                                val.features, val.labels, num_classes=artifact.num_classes, device=device)
+    return [f if isinstance(f, BaseException) else MethodOutcome.from_predictor(f.predict, artifact, f.history)
+            for f in fitted]
+
+
+METHODS.register("tst")(MethodSpec(TSTConfig, run_tst, "TST: new d→3Z→Z→C head retrained on frozen features",
+                                   run_population=run_tst_population, population_key=population_key))

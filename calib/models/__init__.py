@@ -21,7 +21,9 @@ __all__ = [
     "DenseBottleneck",
     "DenseNet",
     "DenseTransition",
+    "HeResNet",
     "ModelFactory",
+    "OptionABlock",
     "SmallCNN",
     "WideResNet",
     "create_model",
@@ -35,6 +37,7 @@ MODELS: Registry[ModelFactory] = Registry("architecture")
 
 # Importing the modules runs their registrations; they import MODELS from this package.
 from calib.models.densenet import DenseBottleneck, DenseNet, DenseTransition  # noqa: E402
+from calib.models.he_resnet import HeResNet, OptionABlock  # noqa: E402
 from calib.models.resnet import Bottleneck, CifarResNet  # noqa: E402
 from calib.models.small_cnn import SmallCNN  # noqa: E402
 from calib.models.wide_resnet import BasicBlock, WideResNet  # noqa: E402

@@ -56,19 +56,27 @@ class ProgressDisplay:
         self.sign = 1.0 if higher_is_better(objective.split("_", 1)[1]) else -1.0
         self.started_at = clock()
         self.done = self.failed = self.pruned = 0
-        self.running: set[str] = set()
+        self.running: dict[str, int] = {}
         self.best: tuple[float, str] | None = None
         self._last_draw = -math.inf
         self._line_open = False
 
     # events -------------------------------------------------------------------------------------
-    def trial_started(self, key: str) -> None:
-        self.running.add(key)
+    def trial_started(self, key: str, size: int = 1) -> None:
+        """A Tune trial ``key`` started; it runs ``size`` configs (a population, or 1)."""
+        self.running[key] = size
         self._update()
+
+    def _ended(self, key: str) -> None:
+        """One config of Tune trial ``key`` ended."""
+        if key in self.running:
+            self.running[key] -= 1
+            if self.running[key] <= 0:
+                del self.running[key]
 
     def trial_finished(self, key: str, calib_id: str, value: float | None) -> None:
         """A trial stored its row; ``value`` is its objective (None if it has none)."""
-        self.running.discard(key)
+        self._ended(key)
         self.done += 1
         if value is not None and math.isfinite(value) and (self.best is None or self.sign * value > self.best[0]):
             self.best = (self.sign * value, calib_id)
@@ -76,13 +84,13 @@ class ProgressDisplay:
 
     def trial_pruned(self, key: str) -> None:
         """A scheduler stopped the trial early."""
-        self.running.discard(key)
+        self._ended(key)
         self.pruned += 1
         self._update()
 
     def trial_failed(self, key: str, calib_id: str, error: str) -> None:
         """A trial ended as a ``failed`` row: one line with its short error."""
-        self.running.discard(key)
+        self._ended(key)
         self.failed += 1
         self._message(f"[{self.study}] trial {calib_id} failed: {error} (traceback: the store's `error` column)")
         self._update()
@@ -110,7 +118,7 @@ class ProgressDisplay:
     # rendering ----------------------------------------------------------------------------------
     def line(self) -> str:
         """The progress line: counts, best objective so far, elapsed time and ETA."""
-        parts = [f"[{self.study}] {self.done}/{self.total} done", f"{len(self.running)} running",
+        parts = [f"[{self.study}] {self.done}/{self.total} done", f"{sum(self.running.values())} running",
                  f"{self.failed} failed"]
         if self.pruned:
             parts.append(f"{self.pruned} pruned")

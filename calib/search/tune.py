@@ -7,7 +7,9 @@ anything is scheduled, trials already in the store are skipped: re-running a stu
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import json
 import logging
 import os
 import socket
@@ -33,7 +35,7 @@ from calib.store import completed_trial_ids, write_result
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
 from calib.trial import TrialResult, run_trial, trial_id
 
-__all__ = ["ExecutionOptions", "StudyRun", "init_ray", "run_grid", "run_search"]
+__all__ = ["SCHEDULERS", "ExecutionOptions", "SchedulerSettings", "StudyRun", "init_ray", "run_grid", "run_search"]
 
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 # A failed trial is one calib line (ProgressDisplay); its traceback is in the store's `error` column.
@@ -48,9 +50,6 @@ RAY_NOISE: dict[str, tuple[str, ...]] = {
     "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled",),
     # the list of failed trials at the end of a run: calib prints one line per failed trial
     "ray.tune.tune": ("Trials did not complete",),
-    # Optuna's GridSampler stops its study once every grid point is told, which in Tune's ask-and-tell
-    # loop (outside study.optimize) only logs this; the search is complete either way
-    "ray.tune.search.optuna.optuna_search": ("`Study.stop` is supposed to be invoked inside",),
 }
 
 
@@ -68,6 +67,11 @@ class ExecutionOptions:
     sooner than ``checkpoint_min_seconds`` after the previous one (or the trial's start). Each Tune
     checkpoint also makes Tune snapshot the experiment state (``CheckpointConfig(num_to_keep=1)``), so
     checkpointing every fast epoch costs more than a retry would save.
+
+    ``configs_per_trial``: how many trials on a stored Stage-I artifact one Tune trial runs, their
+    Stage II trained as one population (:func:`calib.trial.run_trials`); ``None`` means
+    :data:`DEFAULT_CONFIGS_PER_TRIAL` where every config is such a trial, 1 otherwise. A config of a
+    population that fails is retried in the same process up to ``max_failures`` times.
     """
 
     address: str | None = None
@@ -80,6 +84,7 @@ class ExecutionOptions:
     max_failures: int = 0
     checkpoint_every: int = 1
     checkpoint_min_seconds: float = 60.0
+    configs_per_trial: int | None = None
     verbose: bool = True
 
     def resources(self, role: str) -> dict[str, float]:
@@ -168,11 +173,18 @@ def quiet_ray_logs() -> None:
 
 
 STAGE1_CHECKPOINT = "stage1.pt"
+STAGE1_EPOCHS = "stage1_epochs"
+"""The result key of Stage-I epochs completed, in a trial's per-epoch reports: the schedulers' time."""
+DEFAULT_CONFIGS_PER_TRIAL = 16
+"""Configs per Tune trial on a stored Stage I without ``--configs-per-trial`` (benchmarks/search_throughput.py)."""
 
 
-def _checkpointing(every: int, min_seconds: float) -> tuple[dict[str, Any] | None, Any]:
-    """The Stage-I state of this trial's last Tune checkpoint (a retry), and the callback that reports
-    a new checkpoint every ``every`` epochs, at least ``min_seconds`` after the previous one."""
+def _checkpointing(every: int, min_seconds: float, report_epochs: bool = False,
+                   started: dt.datetime | None = None) -> tuple[dict[str, Any] | None, Any]:
+    """The Stage-I state of this trial's last Tune checkpoint (a retry, or a trial a scheduler paused),
+    and the callback that reports a new checkpoint every ``every`` epochs, at least ``min_seconds``
+    after the previous one. ``report_epochs``: every epoch is also a result, with the epoch's
+    validation metrics and :data:`STAGE1_EPOCHS`, for a scheduler to act on."""
     import torch
     from ray import tune
 
@@ -185,31 +197,57 @@ def _checkpointing(every: int, min_seconds: float) -> tuple[dict[str, Any] | Non
 
     def on_checkpoint(state: dict[str, Any]) -> None:
         nonlocal last_report
-        if (state["epoch"] + 1) % every == 0 and time.monotonic() - last_report >= min_seconds:
-            with tempfile.TemporaryDirectory() as folder:
-                torch.save(state, Path(folder) / STAGE1_CHECKPOINT)
-                tune.report({"stage1_epoch": state["epoch"]}, checkpoint=tune.Checkpoint.from_directory(folder))
-            last_report = time.monotonic()
+        due = (state["epoch"] + 1) % every == 0 and time.monotonic() - last_report >= min_seconds
+        if not (due or report_epochs):
+            return
+        metrics: dict[str, Any] = {"stage1_epoch": state["epoch"]}
+        if report_epochs:
+            row = state["history"][-1]
+            metrics.update({STAGE1_EPOCHS: state["epoch"] + 1, "calib_started_at": (started or dt.datetime.now(
+                dt.timezone.utc)).isoformat(),
+                            **{k: v for k, v in row.items() if k.startswith("val_") and v is not None}})
+        if not due:
+            tune.report(metrics)
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            torch.save(state, Path(folder) / STAGE1_CHECKPOINT)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+        last_report = time.monotonic()
 
     return resume, on_checkpoint
 
 
-def _execute(config: dict[str, Any], store: str, options: ExecutionOptions) -> dict[str, float]:
-    """Run one trial and store it; a failure is stored as a ``failed`` row and re-raised for Tune.
+def _summary(result: TrialResult) -> dict[str, Any]:
+    """What the driver learns of a stored trial: its id, status and validation metrics (a trial's final
+    result lists them as JSON under ``calib_results``, one per config)."""
+    return {"calib_trial_id": result.trial_id, "status": result.status,
+            **{k: v for k, v in result.metrics.items() if k.startswith("val_")}}
 
-    Torch uses as many threads as the CPUs Ray assigned to the trial.
-    """
+
+def _worker_threads() -> str | None:
+    """Give torch as many threads as the CPUs Ray assigned to this trial; the Ray node id."""
     import ray
     import torch
 
     context = ray.get_runtime_context() if ray.is_initialized() else None
     cpus = context.get_assigned_resources().get("CPU", 1.0) if context else 1.0
     torch.set_num_threads(max(1, int(cpus)))
-    node_id = context.get_node_id() if context else None
+    return context.get_node_id() if context else None
+
+
+def _execute(config: dict[str, Any], store: str, options: ExecutionOptions,
+             report_epochs: bool = False) -> dict[str, Any]:
+    """Run one trial and store it; a failure is stored as a ``failed`` row and re-raised for Tune.
+
+    Torch uses as many threads as the CPUs Ray assigned to the trial. ``report_epochs``: report every
+    Stage-I epoch (for a scheduler, which may stop the trial there: the driver stores it as pruned).
+    """
+    node_id = _worker_threads()
     cfg = parse_trial_config(config)
     started = dt.datetime.now(dt.timezone.utc)
     try:
-        resume, on_checkpoint = _checkpointing(options.checkpoint_every, options.checkpoint_min_seconds)
+        resume, on_checkpoint = _checkpointing(options.checkpoint_every, options.checkpoint_min_seconds,
+                                               report_epochs, started)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ArtifactWarning)
             result = run_trial(cfg, on_checkpoint=on_checkpoint, resume=resume)
@@ -222,17 +260,72 @@ def _execute(config: dict[str, Any], store: str, options: ExecutionOptions) -> d
         if not issubclass(w.category, ArtifactWarning):
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     # A healed artifact is news for the user at the driver (workers' output does not reach it).
-    return {**result.metrics, "calib_trial_id": result.trial_id, "calib_notes": "\n".join(notes)}
+    final = {**result.metrics, "calib_trial_id": result.trial_id, "calib_notes": "\n".join(notes),
+             "calib_results": json.dumps([_summary(result)])}
+    if report_epochs:
+        final[STAGE1_EPOCHS] = cfg.stage1.epochs
+    return final
 
 
-def _grid_config(tune_config: dict[str, Any]) -> dict[str, Any]:
-    return tune_config["trial"]["config"]
+def _stored_summaries(store: str, study: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """:func:`_summary` of the trials among ``ids`` already stored as ``ok``."""
+    from calib.store import read_trials
+
+    if not ids:
+        return {}
+    rows = read_trials(store, study=study, filters=pads.field("trial_id").isin(list(ids))
+                       & (pads.field("status") == "ok"))
+    metrics = [c for c in rows.columns if c.startswith("val_")]
+    return {r["trial_id"]: {"calib_trial_id": r["trial_id"], "status": "ok",
+                            **{m: float(r[m]) for m in metrics if pd.notna(r[m])}} for _, r in rows.iterrows()}
+
+
+def _execute_population(configs: Sequence[dict[str, Any]], store: str, options: ExecutionOptions
+                        ) -> dict[str, Any]:
+    """Run several trials in this process (:func:`calib.trial.run_trials`) and store each as it ends.
+
+    Configs already stored as ``ok`` (a retry of this Tune trial, a repeated proposal) are not run
+    again. A config that fails is stored as ``failed`` and retried here up to ``max_failures`` times;
+    the others are unaffected. The result lists every config's summary under ``calib_results``.
+    """
+    from calib.trial import run_trials
+
+    node_id = _worker_threads()
+    cfgs = [parse_trial_config(c) for c in configs]
+    ids = [trial_id(c) for c in cfgs]
+    summaries = _stored_summaries(store, cfgs[0].study, ids)
+    pending = [c for c, i in zip(cfgs, ids, strict=True) if i not in summaries]
+    notes: list[str] = []
+    for _attempt in range(options.max_failures + 1):
+        if not pending:
+            break
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ArtifactWarning)
+            results = run_trials(pending, on_result=lambda r: write_result(store, r, node_id=node_id, known_new=True))
+        notes += [str(w.message) for w in caught if issubclass(w.category, ArtifactWarning)]
+        summaries.update({r.trial_id: _summary(r) for r in results})
+        pending = [c for c, r in zip(pending, results, strict=True) if r.status != "ok"]
+    ordered = [summaries[i] for i in ids]
+    first = ordered[0]
+    return {**{k: v for k, v in first.items() if k.startswith("val_")}, "calib_trial_id": first["calib_trial_id"],
+            "calib_results": json.dumps(ordered), "calib_notes": "\n".join(dict.fromkeys(notes))}
+
+
+def _grid_configs(tune_config: dict[str, Any]) -> list[dict[str, Any]]:
+    return tune_config["trial"]["configs"]
+
+
+def _run_configs(configs: list[dict[str, Any]], store: str, options: ExecutionOptions,
+                 report_epochs: bool = False) -> dict[str, Any]:
+    if len(configs) == 1:
+        return _execute(configs[0], store, options, report_epochs)
+    return _execute_population(configs, store, options)
 
 
 def _grid_trainable(tune_config: dict[str, Any], *, store: str, options: ExecutionOptions) -> None:
     from ray import tune
 
-    tune.report(_execute(_grid_config(tune_config), store, options))
+    tune.report(_run_configs(_grid_configs(tune_config), store, options))
 
 
 def _search_config(base: dict[str, Any], sampled: dict[str, Any]) -> dict[str, Any]:
@@ -242,11 +335,15 @@ def _search_config(base: dict[str, Any], sampled: dict[str, Any]) -> dict[str, A
     return config
 
 
+def _search_configs(base: dict[str, Any], tune_config: dict[str, Any]) -> list[dict[str, Any]]:
+    return [_search_config(base, member["params"]) for member in tune_config["population"]]
+
+
 def _search_trainable(tune_config: dict[str, Any], *, base: dict[str, Any], store: str,
-                      options: ExecutionOptions) -> None:
+                      options: ExecutionOptions, report_epochs: bool) -> None:
     from ray import tune
 
-    tune.report(_execute(_search_config(base, tune_config), store, options))
+    tune.report(_run_configs(_search_configs(base, tune_config), store, options, report_epochs))
 
 
 def _placement(resources: dict[str, float]) -> Any:
@@ -275,6 +372,25 @@ def assign_roles(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return trainers + cached
 
 
+def batch_roles(roles: Sequence[dict[str, Any]], configs_per_trial: int) -> list[dict[str, Any]]:
+    """Tune trials of :func:`assign_roles`'s entries: each ``"stage1"`` trial alone, the ``"cached"``
+    ones in chunks of up to ``configs_per_trial`` that share a Stage I (population members next to
+    each other), as ``{"configs": [...], "role": ...}``."""
+    from calib.trial import population_groups
+
+    trials = [{"configs": [r["config"]], "role": "stage1"} for r in roles if r["role"] == "stage1"]
+    cached = [r["config"] for r in roles if r["role"] == "cached"]
+    by_stage1: dict[str, list[dict[str, Any]]] = {}
+    parsed = [parse_trial_config(c) for c in cached]
+    for group in population_groups(parsed):
+        key = config_hash(stage1_identity(parsed[group[0]]))
+        by_stage1.setdefault(key, []).extend(cached[i] for i in group)
+    for configs in by_stage1.values():
+        trials += [{"configs": configs[i:i + configs_per_trial], "role": "cached"}
+                   for i in range(0, len(configs), configs_per_trial)]
+    return trials
+
+
 def _failure_line(store: str, study: str, calib_id: str, trial: Any) -> str:
     """What a failed trial died of, in one line: its stored row's stage, epoch and first error line,
     or, when the trial could not store a row (its worker was killed), the first line of Ray's error."""
@@ -300,41 +416,76 @@ def _failure_line(store: str, study: str, calib_id: str, trial: Any) -> str:
     return f"{type(cause).__name__}: {cause}".strip().splitlines()[0]
 
 
-def _progress_callback(display: ProgressDisplay, calib_id_of: Callable[[dict[str, Any]], str],
-                       store: str, max_failures: int) -> Any:
-    """A Tune callback that feeds Tune's trial events to ``display``; ``calib_id_of(trial.config)`` is
-    the trial's store id, whose failed row in ``store`` says what a failed trial died of."""
+def _store_pruned(store: str, config: dict[str, Any], result: dict[str, Any]) -> str:
+    """Store a trial that a scheduler stopped during Stage I as a ``pruned`` row; returns its id."""
+    cfg = parse_trial_config(config)
+    started = result.get("calib_started_at")
+    pruned = TrialResult.pruned(
+        cfg, epoch=int(result.get("stage1_epoch", -1)),
+        metrics={k: float(v) for k, v in result.items() if k.startswith("val_") and isinstance(v, (int, float))},
+        started_at=dt.datetime.fromisoformat(started) if started else dt.datetime.now(dt.timezone.utc),
+    )
+    write_result(store, pruned)
+    return pruned.trial_id
+
+
+def _progress_callback(display: ProgressDisplay | None, configs_of: Callable[[dict[str, Any]], list[dict[str, Any]]],
+                       store: str, study: str, max_failures: int) -> Any:
+    """A Tune callback that stores the trials a scheduler pruned and feeds Tune's trial events to
+    ``display`` (None: store only); ``configs_of(trial.config)`` are the trial configs a Tune trial
+    runs, whose rows in ``store`` say what a failed one died of."""
     from ray import tune
 
-    objective = display.objective
+    def failed(trial: Any, config: dict[str, Any]) -> tuple[str, str]:
+        calib_id = trial_id(config)
+        return calib_id, _failure_line(store, study, calib_id, trial)
 
     class ProgressCallback(tune.Callback):
         def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            display.trial_started(trial.trial_id)
+            if display:
+                display.trial_started(trial.trial_id, len(configs_of(trial.config)))
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             result = trial.last_result or {}
-            if "calib_trial_id" not in result:  # stopped before its final report: a scheduler pruned it
-                display.trial_pruned(trial.trial_id)
+            if "calib_results" not in result:  # stopped before its final report: a scheduler pruned it
+                for config in configs_of(trial.config):
+                    _store_pruned(store, config, result)
+                if display:
+                    display.trial_pruned(trial.trial_id)
+                return
+            if not display:
                 return
             for note in filter(None, str(result.get("calib_notes", "")).splitlines()):
                 display.note(note)
-            display.trial_finished(trial.trial_id, result["calib_trial_id"], result.get(objective))
+            for config, summary in zip(configs_of(trial.config), json.loads(result["calib_results"]), strict=True):
+                if summary["status"] == "ok":
+                    display.trial_finished(trial.trial_id, summary["calib_trial_id"], summary.get(display.objective))
+                else:
+                    display.trial_failed(trial.trial_id, *failed(trial, config))
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            calib_id = calib_id_of(trial.config)
-            display.trial_failed(trial.trial_id, calib_id, _failure_line(store, display.study, calib_id, trial))
+            if not display:
+                return
+            configs = configs_of(trial.config)
+            done = completed_trial_ids(store, study, trial_ids=[trial_id(c) for c in configs])
+            for config in configs:
+                if trial_id(config) not in done:
+                    display.trial_failed(trial.trial_id, *failed(trial, config))
+                else:
+                    display.trial_finished(trial.trial_id, trial_id(config), None)
 
         def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            calib_id = calib_id_of(trial.config)
-            display.trial_retrying(trial.trial_id, calib_id, trial.run_metadata.num_failures, max_failures,
-                                   _failure_line(store, display.study, calib_id, trial))
+            if display:
+                calib_id, line = failed(trial, configs_of(trial.config)[0])
+                display.trial_retrying(trial.trial_id, calib_id, trial.run_metadata.num_failures, max_failures, line)
 
         def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-            display.tick()
+            if display:
+                display.tick()
 
         def on_experiment_end(self, trials: list, **info: Any) -> None:
-            display.close()
+            if display:
+                display.close()
 
     return ProgressCallback()
 
@@ -404,20 +555,19 @@ def run_grid(
         tune.with_parameters(_grid_trainable, store=store, options=options),
         lambda spec: _placement(options.resources(spec["trial"]["role"])),
     )
-    callbacks = []
-    if options.verbose:
-        display = ProgressDisplay(study, len(pending), objective)
-        callbacks.append(_progress_callback(display, lambda c: trial_id(_grid_config(c)), store,
-                                            options.max_failures))
+    display = ProgressDisplay(study, len(pending), objective) if options.verbose else None
+    callbacks = [_progress_callback(display, _grid_configs, store, study, options.max_failures)]
     tuner = tune.Tuner(
         trainable,
-        param_space={"trial": tune.grid_search(assign_roles(pending))},
+        param_space={"trial": tune.grid_search(batch_roles(assign_roles(pending), options.configs_per_trial
+                                                           or DEFAULT_CONFIGS_PER_TRIAL))},
         tune_config=tune.TuneConfig(max_concurrent_trials=options.max_concurrent, reuse_actors=True,
                                     trial_dirname_creator=_trial_dirname),
         run_config=_run_config(store, study, options, callbacks),
     )
-    results = tuner.fit()
-    run.failed = sum(1 for r in results if r.error is not None)
+    tuner.fit()
+    stored = completed_trial_ids(store, study, trial_ids=[trial_id(c) for c in pending])
+    run.failed = len(pending) - len(stored)
     run.seconds = time.perf_counter() - start
     return run
 
@@ -425,8 +575,8 @@ def run_grid(
 def _sampler(name: str, space: SearchSpace, seed: int, multi_objective: bool) -> Any:
     import optuna
 
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)
+    if name == "tpe":  # the constant liar keeps concurrent and batched asks apart (Optuna's advice)
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
@@ -438,6 +588,86 @@ def _sampler(name: str, space: SearchSpace, seed: int, multi_objective: bool) ->
 
 
 SAMPLERS = ("tpe", "random", "grid")
+SCHEDULERS = ("none", "asha", "hyperband")
+SCHEDULER_METRICS = ("val_ece", "val_accuracy")
+"""The validation metrics Stage I reports after every epoch: the objectives a scheduler can act on."""
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """An early-stopping scheduler for searches over Stage-I settings (Ray Tune's ASHA or HyperBand).
+
+    Time is Stage-I epochs. ``grace_period``: epochs every trial runs before ASHA may stop it (None:
+    a sixth of the Stage-I epochs, at least 1); ``reduction_factor``: η, the fraction 1/η of trials
+    promoted at each rung. HyperBand pauses and resumes trials, so under it every Stage-I epoch is
+    checkpointed.
+    """
+
+    name: str = "none"
+    grace_period: int | None = None
+    reduction_factor: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.name not in SCHEDULERS:
+            raise ConfigError(f"`--scheduler` must be one of {', '.join(SCHEDULERS)}, got {self.name!r}.")
+        if self.grace_period is not None and self.grace_period < 1:
+            raise ConfigError(f"`--grace-period` must be >= 1 (Stage-I epochs), got {self.grace_period}.")
+        if not self.reduction_factor > 1:
+            raise ConfigError(f"`--reduction-factor` must be > 1, got {self.reduction_factor}.")
+
+    def make(self, objective: str, mode: str, epochs: int) -> Any:
+        """The Ray Tune scheduler for a search whose trials train ``epochs`` Stage-I epochs, or None."""
+        from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
+
+        if self.name == "asha":
+            grace = self.grace_period or max(1, epochs // 6)
+            return ASHAScheduler(time_attr=STAGE1_EPOCHS, metric=objective, mode=mode, max_t=epochs,
+                                 grace_period=min(grace, epochs), reduction_factor=self.reduction_factor,
+                                 stop_last_trials=False)
+        if self.name == "hyperband":
+            return HyperBandScheduler(time_attr=STAGE1_EPOCHS, metric=objective, mode=mode, max_t=epochs,
+                                      reduction_factor=self.reduction_factor, stop_last_trials=False)
+        return None
+
+
+def stage1_parameters(base: dict[str, Any], space: SearchSpace) -> list[str]:
+    """The parameters of ``space`` whose values change the Stage-I artifact (each probed at its edges)."""
+    def stage1_hash(config: dict[str, Any]) -> str:
+        return config_hash(stage1_identity(parse_trial_config(config)))
+
+    probe = base
+    for key, dist in space.parameters.items():
+        probe = set_dotted(probe, key, dist.probe_values()[0][1])
+    reference = stage1_hash(probe)
+    return [key for key, dist in space.parameters.items()
+            if any(stage1_hash(set_dotted(probe, key, value)) != reference for _, value in dist.probe_values()[1:])]
+
+
+def resumed_seed(seed: int, history: Sequence[str]) -> int:
+    """The sampler seed of a search run whose Optuna study already holds trials of these store ids
+    (in order): ``seed`` for a new study, else a hash of both."""
+    if not history:
+        return seed
+    return int(config_hash({"seed": seed, "history": list(history)}), 16) % 2**32
+
+
+def _open_study(store: str, study: str, objectives: Sequence[str], modes: Sequence[str], sampler: Any) -> Any:
+    """The search's Optuna study in the store's journal (:mod:`calib.search.journal`), created or loaded."""
+    import optuna
+
+    from calib.search.journal import journal_location, optuna_storage
+
+    directions = ["maximize" if m == "max" else "minimize" for m in modes]
+    opened = optuna.create_study(study_name=study, storage=optuna_storage(store, study), sampler=sampler,
+                                 directions=directions, load_if_exists=True)
+    stored = opened.user_attrs.get("objectives")
+    if stored is not None and list(stored) != list(objectives):
+        raise ConfigError(
+            f"Study {study!r} was searched for {stored} (its Optuna journal {journal_location(store, study)}); "
+            f"got --objective {list(objectives)}. Use the same objectives, or another --study.")
+    if stored is None:
+        opened.set_user_attr("objectives", list(objectives))
+    return opened
 
 
 def run_search(
@@ -451,15 +681,24 @@ def run_search(
     sampler: str = "tpe",
     seed: int = 0,
     options: ExecutionOptions = ExecutionOptions(),
+    scheduler: SchedulerSettings = SchedulerSettings(),
 ) -> StudyRun:
-    """Sample ``num_trials`` configs from ``space`` with Optuna (through Ray Tune's OptunaSearch).
+    """Search ``space`` with Optuna until the study holds ``num_trials`` finished trials.
 
-    Objectives are validation metrics (``val_*``): the test split never drives the search.
+    Finished trials (``ok`` or ``pruned``) of ``study`` already in the store count toward
+    ``num_trials`` and are told to the sampler first (:func:`calib.search.searcher.sync_with_store`):
+    a re-run resumes a killed search, and a larger ``num_trials`` extends it. The Optuna study is
+    persisted in the store (:mod:`calib.search.journal`). Objectives are validation metrics (``val_*``):
+    the test split never drives the search. ``scheduler`` stops unpromising trials during Stage I
+    (stored as ``pruned``); a space that leaves Stage I alone gets none and runs its configs
+    ``options.configs_per_trial`` per Tune trial (populations).
     """
     import optuna
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
-    from ray.tune.search.optuna import OptunaSearch
+
+    from calib.search.searcher import PopulationSearcher, sync_with_store
+    from calib.store import read_trials
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -482,46 +721,78 @@ def run_search(
     storage.check_writable(store)
     check_manifest(store, study, manifest)
     modes = ["max" if higher_is_better(o.removeprefix("val_")) else "min" for o in objectives]
-    multi = len(objectives) > 1
-    class FinalResultOptunaSearch(OptunaSearch):
-        """OptunaSearch that skips a trial's Stage-I checkpoint reports: the objective exists only at the end."""
+    stage1_keys = stage1_parameters(base, space)
+    notes = []
+    if scheduler.name != "none" and not stage1_keys:
+        notes.append(f"no scheduler: every trial of this space runs on a stored Stage I (--scheduler "
+                     f"{scheduler.name} stops trials during Stage I)")
+        scheduler = SchedulerSettings()
+    if scheduler.name != "none":
+        if len(objectives) > 1 or objectives[0] not in SCHEDULER_METRICS:
+            raise ConfigError(f"--scheduler {scheduler.name} needs one objective among the Stage-I per-epoch "
+                              f"metrics {', '.join(SCHEDULER_METRICS)}; got --objective {' '.join(objectives)}.")
+        if (options.configs_per_trial or 1) > 1:
+            raise ConfigError(f"--scheduler {scheduler.name} stops single trials: it needs --configs-per-trial 1, "
+                              f"got {options.configs_per_trial}.")
+        if scheduler.name == "hyperband":  # paused trials resume from their last epoch
+            options = dataclasses.replace(options, checkpoint_every=1, checkpoint_min_seconds=0.0)
+            # Each epoch's checkpoint forces a Tune snapshot: the known price of HyperBand's pauses, not news.
+            os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    configs_per_trial = options.configs_per_trial or (1 if stage1_keys else DEFAULT_CONFIGS_PER_TRIAL)
 
-        def on_trial_result(self, trial_id: str, result: dict) -> None:
-            if all(name in result for name in objectives):
-                super().on_trial_result(trial_id, result)
+    optuna_study = _open_study(store, study, objectives, modes, None)
+    # A resumed search must not replay the first run's random draws: its sampler seed also depends on
+    # the trials the study already holds (deterministic for a given history).
+    history = [t.user_attrs.get("calib_trial_id", "") for t in optuna_study.trials]
+    optuna_study.sampler = _sampler(sampler, space, resumed_seed(seed, history), len(objectives) > 1)
+    finished = read_trials(store, study=study, filters=pads.field("status").isin(["ok", "pruned"]))
+    distributions = space.optuna_space()
+    told = sync_with_store(optuna_study, finished, distributions, objectives)
+    remaining = max(0, num_trials - len(finished))
+    if options.verbose:
+        print(f"[{study}] {num_trials} trials: {len(finished)} already in the store"
+              + (f" ({told} told to the sampler now)" if told else "")
+              + f", {remaining} to run" + (f", {configs_per_trial} per Ray trial" if configs_per_trial > 1 else "")
+              + (f" · scheduler {scheduler.name}" if scheduler.name != "none" else ""), flush=True)
+        for note in notes:
+            print(f"[{study}] {note}", flush=True)
 
-    searcher = FinalResultOptunaSearch(
-        space=space.optuna_space(),
-        metric=list(objectives) if multi else objectives[0],
-        mode=modes if multi else modes[0],
-        sampler=_sampler(sampler, space, seed, multi),
-    )
+    def all_ok() -> list[str]:
+        rows = read_trials(store, study=study, columns=["trial_id", "finished_at"],
+                           filters=pads.field("status") == "ok")
+        return rows.sort_values("finished_at")["trial_id"].tolist()
+
+    if remaining == 0:
+        return StudyRun(trial_ids=all_ok(), skipped=len(finished), seconds=time.perf_counter() - start)
+    searcher = PopulationSearcher(
+        optuna_study, distributions, objectives=objectives, modes=modes, budget=remaining,
+        configs_per_trial=configs_per_trial, calib_id_of=lambda params: trial_id(_search_config(base, params)),
+        stored=set(finished["trial_id"]))
     max_concurrent = options.max_concurrent or max(1, int((os.cpu_count() or 1) // max(options.cpus_per_trial, 1)))
-    def resources(sampled: dict[str, Any]) -> Any:
-        cfg = parse_trial_config(_search_config(base, sampled))
-        return _placement(options.resources("cached" if stage1_exists(cfg) else "stage1"))
+
+    def resources(tune_config: dict[str, Any]) -> Any:
+        configs = [parse_trial_config(c) for c in _search_configs(base, tune_config)]
+        return _placement(options.resources("cached" if all(stage1_exists(c) for c in configs) else "stage1"))
 
     trainable = tune.with_resources(
-        tune.with_parameters(_search_trainable, base=base, store=store, options=options), resources)
+        tune.with_parameters(_search_trainable, base=base, store=store, options=options,
+                             report_epochs=scheduler.name != "none"), resources)
     init_ray(options.address)
     record_manifest(store, study, manifest)
-    callbacks = []
-    if options.verbose:
-        display = ProgressDisplay(study, num_trials, objectives[0])
-        callbacks.append(_progress_callback(display, lambda c: trial_id(_search_config(base, c)), store,
-                                            options.max_failures))
+    display = ProgressDisplay(study, remaining, objectives[0]) if options.verbose else None
+    epochs = parse_trial_config(probe).stage1.epochs
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
             search_alg=ConcurrencyLimiter(searcher, max_concurrent=max_concurrent),
-            num_samples=num_trials, reuse_actors=True, trial_dirname_creator=_trial_dirname,
+            scheduler=scheduler.make(objectives[0], modes[0], epochs),
+            num_samples=-(-remaining // configs_per_trial), reuse_actors=True, trial_dirname_creator=_trial_dirname,
         ),
-        run_config=_run_config(store, study, options, callbacks),
+        run_config=_run_config(store, study, options, [_progress_callback(
+            display, lambda c: _search_configs(base, c), store, study, options.max_failures)]),
     )
-    results = tuner.fit()
-    ids = [r.metrics["calib_trial_id"] for r in results if r.metrics and "calib_trial_id" in r.metrics]
-    return StudyRun(trial_ids=ids, failed=sum(1 for r in results if r.error is not None),
-                    seconds=time.perf_counter() - start)
-
-
-
+    tuner.fit()
+    done = set(read_trials(store, study=study, columns=["trial_id"],
+                           filters=pads.field("status").isin(["ok", "pruned"]))["trial_id"])
+    failed = sum(1 for i in searcher.asked_ids if i not in done)
+    return StudyRun(trial_ids=all_ok(), skipped=len(finished), failed=failed, seconds=time.perf_counter() - start)

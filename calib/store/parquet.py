@@ -73,6 +73,7 @@ def trial_row(result: TrialResult, *, node_id: str | None = None) -> dict[str, A
         "started_at": result.started_at, "finished_at": result.finished_at, "device": result.device,
         "stage1_device": result.stage1_device, "stage1_resumed_from_epoch": result.stage1_resumed_from_epoch,
         "failed_stage": result.failed_stage, "failed_epoch": result.failed_epoch,
+        "pruned_epoch": result.pruned_epoch, "population_size": result.population_size,
         "cifar100_test_norm": cfg.cifar100_test_norm,
         "node_id": node_id, "config_json": json.dumps(cfg.to_dict(), sort_keys=True),
     }
@@ -114,15 +115,18 @@ def _trial_path(store: str, kind: str, study: str, trial_id: str) -> str:
     return storage.join(store, kind, f"study={validate_study_name(study)}", f"{trial_id}.parquet")
 
 
-def write_result(store: str | os.PathLike, result: TrialResult, *, node_id: str | None = None) -> str:
+def write_result(store: str | os.PathLike, result: TrialResult, *, node_id: str | None = None,
+                 known_new: bool = False) -> str:
     """Write ``result`` into ``store`` (history first, then the trial row); returns the trial file.
 
-    A trial already stored as ``ok`` is left untouched: the existing file is returned.
+    A trial already stored as ``ok`` is left untouched: the existing file is returned. ``known_new``:
+    the caller has just checked that it is not (a population, :func:`calib.trial.run_trials`), so the
+    store is not read again for it.
     """
     store = storage.normalize(store)
     study = result.config.study
     path = _trial_path(store, "trials", study, result.trial_id)
-    if result.trial_id in completed_trial_ids(store, study, trial_ids=[result.trial_id]):
+    if not known_new and result.trial_id in completed_trial_ids(store, study, trial_ids=[result.trial_id]):
         return path
     rows = [{"trial_id": result.trial_id, "method": result.config.method.name, "seed": result.config.seed, **h}
             for h in result.history]

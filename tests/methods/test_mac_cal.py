@@ -10,9 +10,9 @@ from torch.nn import functional as F
 from calib.methods.heads import MaskableHead
 from calib.methods.mac_cal import (
     MacCalConfig,
+    RestrictedSGD,
     clip_threshold,
     fit_mac_cal,
-    restricted_sgd_step,
     retention_update,
     sample_weight_masks,
 )
@@ -70,13 +70,13 @@ class TestRestrictedStep:
         torch.manual_seed(0)
         weight = torch.nn.Parameter(torch.randn(4, 6))
         mask = (torch.arange(24).reshape(4, 6) % 2).float()
-        opt = torch.optim.SGD([weight], lr=0.1, momentum=0.9, weight_decay=0.1)
+        opt = RestrictedSGD([weight], lr=0.1, momentum=0.9, weight_decay=0.1)
         before = weight.detach().clone()
         for _ in range(3):
             opt.zero_grad()
             (weight * mask).sum().backward()
-            restricted_sgd_step(opt, [weight], [mask]) if restricted else opt.step()
-        return before, weight.detach(), mask, opt.state[weight]["momentum_buffer"]
+            opt.step([mask if restricted else None])
+        return before, weight.detach(), mask, opt.buffers[0]
 
     def test_dropped_weights_and_momentum_stay_put(self):
         before, after, mask, buffer = self._step(restricted=True)
@@ -84,6 +84,20 @@ class TestRestrictedStep:
         assert torch.equal(after[dropped], before[dropped])
         assert torch.all(buffer[dropped] == 0)
         assert torch.all(after[~dropped] != before[~dropped])
+
+    def test_unrestricted_step_is_torch_sgd(self):
+        torch.manual_seed(0)
+        ours, theirs = torch.nn.Parameter(torch.randn(4, 6)), torch.nn.Parameter(torch.randn(4, 6))
+        with torch.no_grad():
+            theirs.copy_(ours)
+        mine = RestrictedSGD([ours], lr=0.1, momentum=0.9, weight_decay=0.1)
+        reference = torch.optim.SGD([theirs], lr=0.1, momentum=0.9, weight_decay=0.1)
+        for step in range(3):
+            for p in (ours, theirs):
+                p.grad = torch.full_like(p, float(step + 1)) * torch.arange(24.0).reshape(4, 6)
+            mine.step([None])
+            reference.step()
+            torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-6, atol=1e-7)
 
     def test_plain_sgd_leaks_weight_decay_into_dropped_weights(self):
         before, after, mask, _ = self._step(restricted=False)  # pitfall P2

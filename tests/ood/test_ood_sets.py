@@ -10,7 +10,8 @@ from calib._config import ConfigError
 from calib.config import parse_trial_config
 from calib.datasets import DEFAULT_OOD, OOD_SETS, DatasetNotFoundError, load_ood
 from calib.datasets.cifar import CIFAR_MEAN, CIFAR_STD
-from calib.datasets.ood import NUM_PATCHES, natural_patches
+from calib.datasets.fashion_mnist import FASHION_MNIST_MEAN, FASHION_MNIST_STD, fashion_mnist_eval_transform
+from calib.datasets.ood import NUM_FASHION_PATCHES, NUM_PATCHES, natural_patches, upsampled_digits
 from calib.trial import run_trial
 
 
@@ -22,6 +23,64 @@ def test_natural_patches_are_fixed_and_in_the_digits_format():
     assert 0.25 < float((noisy - clean).std()) < 0.35  # digits-noisy's σ = 0.3
     images, labels = load_ood("natural-patches", "", False, "digits-noisy").tensors
     assert images.shape == (NUM_PATCHES, 1, 8, 8) and torch.all(labels == 0)
+
+
+def test_digits_patches_are_unchanged():
+    # Pinned when the 28×28 patches were added: the digits' OOD set stays the same images.
+    clean, noisy = natural_patches(noisy=False), natural_patches(noisy=True)
+    assert float(clean.sum(dtype=np.float64)) == pytest.approx(20053.1822565, rel=1e-9)
+    assert float(noisy.sum(dtype=np.float64)) == pytest.approx(19954.1135317, rel=1e-9)
+    assert float(clean[0, 0, 3, 5]) == pytest.approx(0.6867403, abs=1e-7)
+
+
+def _pixels(images: torch.Tensor) -> np.ndarray:
+    """The uint8 pixels behind Fashion-MNIST-normalised images (checked to be whole levels 0..255)."""
+    levels = (images.double() * FASHION_MNIST_STD[0] + FASHION_MNIST_MEAN[0]) * 255
+    assert torch.allclose(levels, levels.round(), atol=1e-4) and levels.min() > -0.5 and levels.max() < 255.5
+    return levels.round().to(torch.uint8).numpy()
+
+
+@pytest.mark.parametrize(("name", "count"), [("digits", 630), ("natural-patches", NUM_FASHION_PATCHES)])
+def test_fashion_mnist_ood_sets(name, count):
+    from PIL import Image
+
+    assert name in DEFAULT_OOD["fashion-mnist"] and "fashion-mnist" in OOD_SETS.get(name).compatible
+    images, labels = load_ood(name, "", False, "fashion-mnist").tensors
+    assert images.shape == (count, 1, 28, 28) and images.dtype == torch.float32 and torch.all(labels == 0)
+    sample = list(range(0, count, 10))
+    pixels = _pixels(images[sample])
+    transform = fashion_mnist_eval_transform()
+    for k in (0, 1, len(sample) - 1):  # Fashion-MNIST's evaluation transform of the uint8 image, bit for bit
+        expected = transform(Image.fromarray(pixels[k, 0]))
+        assert torch.equal(images[sample[k]].view(torch.int32), expected.view(torch.int32))
+    if name == "natural-patches":  # each patch stretched to the full range
+        assert (pixels.min(axis=(1, 2, 3)) == 0).all() and (pixels.max(axis=(1, 2, 3)) == 255).all()
+        first = natural_patches(noisy=False, side=28, count=51)  # the first 51 of the set
+        assert np.array_equal(pixels[:6, 0], np.rint(first[::10, 0] * 255))
+
+
+def test_upsampled_digits_are_bilinear():
+    from calib.datasets.digits import digits_arrays, digits_split_indices
+
+    images, labels = digits_arrays()
+    small = images[digits_split_indices(labels)[2]][:, 0].astype(np.float64)
+    # Half-pixel centres: output pixel y samples the input at (y + 1/2) · 8/28 − 1/2, clamped to [0, 7].
+    position = np.clip((np.arange(28) + 0.5) * 8 / 28 - 0.5, 0, 7)
+    low = np.floor(position).astype(int)
+    high, frac = np.minimum(low + 1, 7), position - low
+    rows = small[:, low] * (1 - frac)[None, :, None] + small[:, high] * frac[None, :, None]
+    expected = rows[:, :, low] * (1 - frac) + rows[:, :, high] * frac
+    upsampled = upsampled_digits()
+    assert upsampled.shape == (630, 1, 28, 28)
+    np.testing.assert_allclose(upsampled[:, 0], expected, atol=1e-6)
+    images, _ = load_ood("digits", "", False, "fashion-mnist").tensors
+    assert np.abs(_pixels(images)[:, 0] - expected * 255).max() <= 0.5 + 1e-9  # the nearest level (ties: either)
+
+
+def test_load_ood_checks_the_in_distribution():
+    with pytest.raises(ValueError, match=r"OOD set 'digits' fits the in-distribution datasets fashion-mnist, "
+                                         r"got in_distribution='digits-noisy'\."):
+        load_ood("digits", "", False, "digits-noisy")
 
 
 def test_svhn_test_split_in_torchvision_layout(tmp_path, monkeypatch):
@@ -53,6 +112,13 @@ def test_defaults_and_compatibility(make_config):
     assert DEFAULT_OOD["cifar10"] == ("cifar100", "svhn") and DEFAULT_OOD["cifar100"] == ("cifar10", "svhn")
     with pytest.raises(ConfigError, match=r"`ood_datasets` must hold OOD sets in the input format of 'digits-noisy'"):
         parse_trial_config({**make_config(), "ood_datasets": ["svhn"]})
+    assert DEFAULT_OOD["fashion-mnist"] == ("digits", "natural-patches")
+    fashion = {**make_config(), "dataset": "fashion-mnist", "arch": "resnet20"}
+    assert parse_trial_config({**fashion, "ood_datasets": ["digits", "natural-patches"]}).ood_datasets
+    with pytest.raises(ConfigError, match=r"in the input format of 'digits-noisy'; 'digits' fits fashion-mnist"):
+        parse_trial_config({**make_config(), "ood_datasets": ["digits"]})
+    with pytest.raises(ConfigError, match=r"in the input format of 'fashion-mnist'; 'svhn' fits cifar10"):
+        parse_trial_config({**fashion, "ood_datasets": ["svhn"]})
 
 
 def test_trial_ood_metrics_match_an_independent_auroc(make_config):

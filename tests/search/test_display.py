@@ -89,4 +89,16 @@ def test_a_retry_is_announced_and_does_not_count_as_a_failure():
     progress.trial_started("a")
     progress.trial_retrying("a", "id-a", 1, 2, "RayActorError: the actor died")
     assert out.getvalue().splitlines()[-1] == "[demo] trial id-a failed: RayActorError: the actor died; retry 1 of 2"
-    assert progress.failed == 0 and progress.running == {"a"}
+    assert progress.failed == 0 and progress.running == {"a": 1}
+
+
+def test_a_population_counts_each_config():
+    progress, out, _ = display(interactive=False)
+    progress.trial_started("p", 3)
+    assert " · 3 running · " in out.getvalue().splitlines()[-1]
+    progress.trial_finished("p", "id-1", 0.08)
+    progress.trial_failed("p", "id-2", "FloatingPointError: loss became nan")
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith("[demo] 1/4 done · 1 running · 1 failed")
+    progress.trial_finished("p", "id-3", 0.05)
+    assert progress.running == {} and progress.done == 2

@@ -50,6 +50,11 @@ def test_gamma_study_trains_stage1_once_per_seed_and_resumes(gamma_and_ablation)
     assert sorted(trainings["seed"]) == [2, 3], "Stage I must be trained exactly once per seed"
     assert df.groupby("seed")["stage1_id"].nunique().eq(1).all()
     assert df["node_id"].notna().all()
+    # per seed: the Stage-I trainer alone, then the seed's cached MaC-Cal configs as one population
+    cached = df[(df["method"] == "mac_cal") & df["stage1_cache_hit"]]
+    assert (cached["population_size"] > 1).all()
+    assert cached["population_size"].eq(cached.groupby("seed")["trial_id"].transform("size")).all()
+    assert df.loc[df["method"] == "vanilla", "population_size"].eq(1).all()
     history = pd.read_parquet(store / "history", filters=[("study", "==", "sensitivity_gamma")])
     assert set(history["stage"]) == {"stage1", "stage2"}
 
