@@ -56,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             for name in ("none", "asha"):
                 study = f"mixup_{name}_{seed}"
+                # Each arm its own artifacts: the arms propose the same first α values, and a Stage I the
+                # other arm trained would be a cache hit, neither trained nor prunable here.
                 base = base_config(preset, study=study, dataset="digits-noisy", seed=1, method={"name": "vanilla"},
-                                   data_root=str(root / "data"), artifact_root=str(root / "artifacts"))
+                                   data_root=str(root / "data"), artifact_root=str(root / "artifacts" / name))
                 if args.epochs:
                     base = set_dotted(base, "stage1.epochs", args.epochs)
                     base = set_dotted(base, "stage1.milestones", [args.epochs // 2, args.epochs * 3 // 4])

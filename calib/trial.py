@@ -250,22 +250,27 @@ def run_trials(
     *,
     on_result: Callable[[TrialResult], None] | None = None,
 ) -> list[TrialResult]:
-    """Several trials in one process: each Stage-I artifact is loaded once, and the Stage II of configs
-    in one :func:`population_groups` group trains as one population (docs/architecture.md §6).
+    """Several trials in one process: the configs of one :func:`population_groups` group load their
+    Stage-I artifact once and train their Stage II as one population (docs/architecture.md §6).
 
     Each config gets its own result, equal to its :func:`run_trial` up to floating-point reassociation;
     a config that fails gets a ``failed`` result and the others go on. ``on_result`` receives each
-    result as soon as it exists (to store it). ``method_seconds`` of a population member is the
+    result as soon as it exists (to store it); if it raises for one, the others are still passed to
+    it and the first such error is raised at the end. ``method_seconds`` of a population member is the
     population's time divided by its size; a Stage I trained here counts as the first config's
     (``stage1_cache_hit`` false for it alone).
     """
     cfgs = [parse_trial_config(c) for c in configs]
     results: list[TrialResult | None] = [None] * len(cfgs)
+    unstored: list[BaseException] = []
 
     def done(i: int, result: TrialResult) -> None:
         results[i] = result
         if on_result is not None:
-            on_result(result)
+            try:
+                on_result(result)
+            except Exception as err:  # the other configs are still stored; this error is raised at the end
+                unstored.append(err)
 
     for group in population_groups(cfgs):
         members = [cfgs[i] for i in group]
@@ -301,4 +306,6 @@ def run_trials(
             except Exception as err:
                 result = TrialResult.failed(cfg, err, started_at, where=("stage2", None))
             done(i, result)
+    if unstored:
+        raise unstored[0]
     return [r for r in results if r is not None]

@@ -11,7 +11,7 @@ import torch
 if TYPE_CHECKING:
     from calib.artifacts import Stage1Artifact
 
-__all__ = ["MethodOutcome", "MethodSpec", "Predictor"]
+__all__ = ["MethodOutcome", "MethodSpec", "Predictor", "guarded"]
 
 
 Predictor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -66,3 +66,11 @@ class MethodSpec:
         self, params: Any, artifact: Stage1Artifact, *, seed: int, device: torch.device
     ) -> MethodOutcome:
         return self.run(params, artifact, seed=seed, device=device)
+
+
+def guarded(make: Callable[..., MethodOutcome], *args: Any) -> MethodOutcome | BaseException:
+    """``make(*args)``, or the exception it raised: one population member's failure stays its own."""
+    try:
+        return make(*args)
+    except Exception as err:
+        return err

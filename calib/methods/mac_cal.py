@@ -20,12 +20,12 @@ from torch.nn import functional as F
 
 from calib import progress
 from calib._config import ConfigError, check
-from calib.methods._base import MethodOutcome, MethodSpec
+from calib.methods._base import MethodOutcome, MethodSpec, guarded
 from calib.methods._registry import METHODS
+from calib.methods.heads import MaskableHead, StackedLinears
 
 if TYPE_CHECKING:
     from calib.artifacts import Stage1Artifact
-from calib.methods.heads import MaskableHead, StackedLinears
 
 __all__ = [
     "FittedMacCal",
@@ -274,15 +274,12 @@ def _initial_head(params: MacCalConfig, seed: int, widths: list[int],
     return head
 
 
-def _population_masks(stack: StackedLinears, retention: Sequence[float],
-                      generators: Sequence[torch.Generator]) -> list[torch.Tensor]:
-    """Eq. 8 per member, from the member's own generator, stacked: one (K, out, in) mask per layer."""
-    per_member = [
-        [torch.bernoulli(torch.full(w.shape[1:], q), generator=g) for w in stack.weights]
-        for q, g in zip(retention, generators, strict=True)
-    ]
-    device = stack.weights[0].device
-    return [torch.stack([m[i] for m in per_member]).to(device) for i in range(len(stack.weights))]
+def _population_masks(heads: Sequence[MaskableHead], retention: Sequence[float],
+                      generators: Sequence[torch.Generator], device: torch.device) -> list[torch.Tensor]:
+    """Eq. 8 per member, from the member's own generator, stacked: one (K, out, in) mask per layer
+    (``heads`` give the shapes; they stay on the CPU while the stack trains)."""
+    per_member = [sample_weight_masks(h, q, g) for h, q, g in zip(heads, retention, generators, strict=True)]
+    return [torch.stack([m[i] for m in per_member]).to(device) for i in range(len(per_member[0]))]
 
 
 def _kept(masks: list[torch.Tensor] | None, restrict: torch.Tensor, depth: int) -> list[torch.Tensor | None]:
@@ -338,8 +335,8 @@ def fit_mac_cal_population(
     for epoch in range(first.epochs):
         progress.record("stage2", epoch)
         stack.train()
-        masks = _population_masks(stack, retention, generators) if first.masked_forward else None
-        keep = _kept(masks, restrict, len(stack.weights))
+        masks = _population_masks(heads, retention, generators, device) if first.masked_forward else None
+        keep = [*_kept(masks, restrict, len(stack.weights)), *unrestricted]  # one list per draw: see RestrictedSGD
         order = torch.stack([torch.randperm(n, generator=g) for g in generators])  # (K, n)
         scale = None
         if first.masked_forward and any(p.train_mask_scaling == "inverted" for p in params_list):
@@ -347,8 +344,8 @@ def fit_mac_cal_population(
         sums = torch.zeros(size, 3, dtype=torch.float64, device=device)  # loss·B, correct, confidence
         for idx in order.split(first.batch_size, dim=1):
             if first.masked_forward and first.mask_resample == "step":
-                masks = _population_masks(stack, retention, generators)
-                keep = _kept(masks, restrict, len(stack.weights))
+                masks = _population_masks(heads, retention, generators, device)
+                keep = [*_kept(masks, restrict, len(stack.weights)), *unrestricted]
             with torch.no_grad():
                 if feature_fn is None:
                     h = inputs[idx].to(device, non_blocking=True)
@@ -359,7 +356,7 @@ def fit_mac_cal_population(
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(size, -1).mean(1)
             optimizer.zero_grad()
             loss.sum().backward()
-            optimizer.step([*keep, *unrestricted])
+            optimizer.step(keep)
             with torch.no_grad():
                 confidence, predicted = logits.detach().softmax(2).max(2)
                 sums += torch.stack([loss.detach().double() * y.shape[1], (predicted == y).sum(1).double(),
@@ -397,7 +394,10 @@ def fit_mac_cal_population(
 
 
 @torch.no_grad()
-def _clean_stats(stack, inputs, labels, features_of, masks, scale, params, device) -> tuple[list, list]:
+def _clean_stats(stack: StackedLinears, inputs: torch.Tensor, labels: torch.Tensor,
+                 features_of: Callable[[torch.Tensor], torch.Tensor], masks: list[torch.Tensor] | None,
+                 scale: torch.Tensor | None, params: MacCalConfig, device: torch.device
+                 ) -> tuple[list[float], list[float]]:
     """Acc_t and Conf_t sums per member from a pass over all training inputs with the epoch's masks."""
     stack.eval()
     size = stack.size
@@ -438,7 +438,7 @@ def run_mac_cal_population(
         list(zip(params, seeds, strict=True)), train.features, train.labels, num_features=artifact.num_features,
         num_classes=artifact.num_classes, device=device, head_state=artifact.head_state() if needs_head else None,
     )
-    return [f if isinstance(f, BaseException) else _outcome(f, artifact) for f in fitted]
+    return [f if isinstance(f, BaseException) else guarded(_outcome, f, artifact) for f in fitted]
 
 
 METHODS.register("mac_cal")(MethodSpec(MacCalConfig, run_mac_cal, "MaC-Cal: masked bottleneck head retraining",

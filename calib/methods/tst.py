@@ -5,10 +5,11 @@ frozen extractor's cached TRAIN features h ∈ R^d (no backbone forward):
 
     h → Linear(d, 3Z) → ReLU → Linear(3Z, Z) = z (the "last hidden layer") → Linear(Z, C) = logits
 
-with cross-entropy. Z is ``latent_dim``. The training loop here is shared with V-TST (``vtst.py``):
-:class:`StageTwoHead` says how a head computes its training loss and its predictive probabilities,
-and :func:`train_stage_two_head` trains any such head and evaluates it on the cached validation
-features after every epoch (``checkpoint="best_val_loss"`` keeps the epoch with the lowest NLL).
+with cross-entropy. Z is ``latent_dim``. TST trains with :func:`fit_tst_population` (its heads
+stacked, a lone run being a population of one); V-TST (``vtst.py``) with :func:`train_stage_two_head`,
+which trains any :class:`StageTwoHead` (training loss and predictive probabilities) the same way.
+Both evaluate on the cached validation features after every epoch (``checkpoint="best_val_loss"``
+keeps the epoch with the lowest NLL).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch.nn import functional as F
 
 from calib import progress
 from calib._config import check
-from calib.methods._base import MethodOutcome, MethodSpec
+from calib.methods._base import MethodOutcome, MethodSpec, guarded
 from calib.methods._registry import METHODS
 from calib.methods.heads import StackedLinears
 from calib.metrics.nll import NLL_FLOOR
@@ -382,7 +383,7 @@ def run_tst_population(
     train, val = artifact.splits["train"], artifact.splits["val"]
     fitted = fit_tst_population(list(zip(params, seeds, strict=True)), train.features, train.labels,
                                 val.features, val.labels, num_classes=artifact.num_classes, device=device)
-    return [f if isinstance(f, BaseException) else MethodOutcome.from_predictor(f.predict, artifact, f.history)
+    return [f if isinstance(f, BaseException) else guarded(MethodOutcome.from_predictor, f.predict, artifact, f.history)
             for f in fitted]
 
 

@@ -38,7 +38,9 @@ def journal_location(store: str | os.PathLike, study: str) -> str:
 class ObjectStoreJournalBackend(BaseJournalBackend):
     """Optuna's ``BaseJournalBackend`` on an object store: each :meth:`append_logs` is one new object
     ``<location>/<sequence number, 10 digits>.jsonl``; :meth:`read_logs` reads them in order (the
-    objects it has read once are kept in memory)."""
+    objects it has read once are kept in memory). One writer per study: object stores have no
+    append and pyarrow no conditional PUT, so two drivers on one study would overwrite each other
+    (calib runs one driver per search)."""
 
     def __init__(self, location: str) -> None:
         self.location = location.rstrip("/")
@@ -46,9 +48,13 @@ class ObjectStoreJournalBackend(BaseJournalBackend):
         self._objects: list[str] = []
 
     def _refresh(self) -> None:
-        names = [n for n in storage.list_files(self.location) if n.endswith(".jsonl") and "/" not in n]
-        for name in names[len(self._objects):]:
-            text = storage.read_bytes(storage.join(self.location, name)).decode()
+        """Read the objects after the last one read, probing by name (no listing)."""
+        while True:
+            name = f"{len(self._objects):010d}.jsonl"
+            try:
+                text = storage.read_bytes(storage.join(self.location, name)).decode()
+            except FileNotFoundError:
+                return
             self._logs.extend(json.loads(line) for line in text.splitlines() if line)
             self._objects.append(name)
 

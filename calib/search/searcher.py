@@ -37,7 +37,8 @@ def _values(result: dict[str, Any], objectives: Sequence[str]) -> list[float] | 
     return [float(v) for v in values]
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, values: Any = None, state: TrialState | None = None) -> None:
+def _tell(study: optuna.Study, trial: optuna.Trial | int, values: Any = None, state: TrialState | None = None
+          ) -> None:
     """``study.tell``; Optuna's GridSampler calls ``study.stop()`` once the grid is done, which raises
     outside ``study.optimize`` after the trial is stored: the search is complete either way."""
     try:
@@ -58,12 +59,15 @@ class PopulationSearcher(Searcher):
     ``calib_id_of(params)`` is the store id of a config; it is kept as the Optuna trial's
     ``calib_trial_id`` user attribute. A proposal whose id is among ``stored`` (or asked before) is
     told FAIL with the user attribute ``repeats_stored_trial`` and another is asked instead, so a
-    search never runs a config twice.
+    search never runs a config twice; after :data:`MAX_REPEATS` of them the search asks no more.
+    ``stored_results(ids)``: the summaries of those ids stored ``ok``, read when a Tune trial errors
+    (its configs that were stored before the error are told COMPLETE).
     """
 
     def __init__(self, study: optuna.Study, space: dict[str, BaseDistribution], *, objectives: Sequence[str],
                  modes: Sequence[str], budget: int, configs_per_trial: int,
-                 calib_id_of: Callable[[dict[str, Any]], str], stored: Collection[str] = ()) -> None:
+                 calib_id_of: Callable[[dict[str, Any]], str], stored: Collection[str] = (),
+                 stored_results: Callable[[list[str]], dict[str, dict[str, Any]]] | None = None) -> None:
         single = len(objectives) == 1
         super().__init__(metric=objectives[0] if single else list(objectives), mode=modes[0] if single else list(modes))
         self.study, self.space = study, space
@@ -73,6 +77,7 @@ class PopulationSearcher(Searcher):
         self.asked = 0
         self.asked_ids: list[str] = []
         self.known = set(stored)
+        self.stored_results = stored_results
         self.repeats = 0
         self._live: dict[str, list[optuna.Trial]] = {}
 
@@ -92,30 +97,42 @@ class PopulationSearcher(Searcher):
             trial.set_user_attr("calib_trial_id", calib_id)
             if calib_id in self.known:  # a config the study has already run: not run twice
                 trial.set_user_attr("repeats_stored_trial", True)
-                _tell(self.study, trial, state=TrialState.FAIL)
+                _tell(self.study, trial.number, state=TrialState.FAIL)
                 self.repeats += 1
-                if self.repeats > MAX_REPEATS:
-                    raise RuntimeError(f"The sampler proposed {self.repeats} configs the study has already run: "
-                                       f"the space looks exhausted ({len(self.known)} configs stored).")
+                if self.repeats > MAX_REPEATS:  # the space looks exhausted: ask no more
+                    self.budget = self.asked + len(population)
+                    break
                 continue
             self.known.add(calib_id)
             self.asked_ids.append(calib_id)
             population.append(trial)
+        if not population:
+            return Searcher.FINISHED
         self.asked += len(population)
         self._live[trial_id] = population
         return {"population": [{"number": t.number, "params": t.params} for t in population]}
 
+    def _report(self, trial: optuna.Trial, result: dict[str, Any]) -> None:
+        key = f"stage1_{self.objectives[0]}"
+        if len(self.objectives) == 1 and STAGE1_EPOCHS in result and key in result:
+            step = int(result[STAGE1_EPOCHS])
+            if step not in trial.study.trials[trial.number].intermediate_values:
+                trial.report(float(result[key]), step=step)
+
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-        """A Stage-I epoch of a one-config trial: its objective becomes an intermediate value."""
+        """A Stage-I epoch of a one-config trial: its ``stage1_<objective>`` becomes an intermediate value."""
         population = self._live.get(trial_id, [])
-        if len(population) == 1 and len(self.objectives) == 1 and STAGE1_EPOCHS in result \
-                and self.objectives[0] in result and "calib_results" not in result:  # not the final result
-            population[0].report(float(result[self.objectives[0]]), step=int(result[STAGE1_EPOCHS]))
+        if len(population) == 1:
+            self._report(population[0], result)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         population = self._live.pop(trial_id, [])
         outcomes = {r["calib_trial_id"]: r for r in json.loads((result or {}).get("calib_results", "[]"))}
+        if error and self.stored_results is not None:  # configs the failed Tune trial did store ok count
+            outcomes = self.stored_results([t.user_attrs["calib_trial_id"] for t in population])
         stopped = not error and not outcomes
+        if stopped and len(population) == 1 and result:
+            self._report(population[0], result)  # the epoch that got it stopped (Tune kept it from us)
         for trial in population:
             outcome = outcomes.get(trial.user_attrs["calib_trial_id"])
             values = _values(outcome, self.objectives) if outcome and outcome["status"] == "ok" else None
@@ -137,7 +154,7 @@ def sync_with_store(study: optuna.Study, rows: pd.DataFrame, space: dict[str, Ba
     fall outside ``space`` is not told.
     """
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)  # no public API for this
+        _tell(study, trial.number, state=TrialState.FAIL)
     known = {t.user_attrs.get("calib_trial_id")
              for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))}
     added = 0

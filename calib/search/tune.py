@@ -1,7 +1,8 @@
 """Running trials through Ray Tune: grids of explicit configs, and Optuna searches over a space.
 
-This is the only module that imports Ray. Each Tune trial calls :func:`calib.trial.run_trial` and
-writes its result into the store from the worker, so a finished trial survives the driver. Before
+This is the only module that imports Ray (with the searcher it uses). Each Tune trial calls
+:func:`calib.trial.run_trial`, or :func:`calib.trial.run_trials` for a population of configs, and
+writes each result into the store from the worker, so a finished trial survives the driver. Before
 anything is scheduled, trials already in the store are skipped: re-running a study resumes it.
 """
 
@@ -201,11 +202,11 @@ def _checkpointing(every: int, min_seconds: float, report_epochs: bool = False,
         if not (due or report_epochs):
             return
         metrics: dict[str, Any] = {"stage1_epoch": state["epoch"]}
-        if report_epochs:
+        if report_epochs:  # under stage1_val_*: the final result's val_* are the method's, not Stage I's
             row = state["history"][-1]
-            metrics.update({STAGE1_EPOCHS: state["epoch"] + 1, "calib_started_at": (started or dt.datetime.now(
-                dt.timezone.utc)).isoformat(),
-                            **{k: v for k, v in row.items() if k.startswith("val_") and v is not None}})
+            metrics.update({STAGE1_EPOCHS: state["epoch"] + 1,
+                            "calib_started_at": (started or dt.datetime.now(dt.timezone.utc)).isoformat(),
+                            **{f"stage1_{k}": v for k, v in row.items() if k.startswith("val_") and v is not None}})
         if not due:
             tune.report(metrics)
             return
@@ -374,18 +375,14 @@ def assign_roles(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def batch_roles(roles: Sequence[dict[str, Any]], configs_per_trial: int) -> list[dict[str, Any]]:
     """Tune trials of :func:`assign_roles`'s entries: each ``"stage1"`` trial alone, the ``"cached"``
-    ones in chunks of up to ``configs_per_trial`` that share a Stage I (population members next to
-    each other), as ``{"configs": [...], "role": ...}``."""
+    ones in chunks of up to ``configs_per_trial`` of one population group (configs of methods without
+    populations alone), as ``{"configs": [...], "role": ...}``."""
     from calib.trial import population_groups
 
     trials = [{"configs": [r["config"]], "role": "stage1"} for r in roles if r["role"] == "stage1"]
     cached = [r["config"] for r in roles if r["role"] == "cached"]
-    by_stage1: dict[str, list[dict[str, Any]]] = {}
-    parsed = [parse_trial_config(c) for c in cached]
-    for group in population_groups(parsed):
-        key = config_hash(stage1_identity(parsed[group[0]]))
-        by_stage1.setdefault(key, []).extend(cached[i] for i in group)
-    for configs in by_stage1.values():
+    for group in population_groups([parse_trial_config(c) for c in cached]):
+        configs = [cached[i] for i in group]
         trials += [{"configs": configs[i:i + configs_per_trial], "role": "cached"}
                    for i in range(0, len(configs), configs_per_trial)]
     return trials
@@ -420,9 +417,11 @@ def _store_pruned(store: str, config: dict[str, Any], result: dict[str, Any]) ->
     """Store a trial that a scheduler stopped during Stage I as a ``pruned`` row; returns its id."""
     cfg = parse_trial_config(config)
     started = result.get("calib_started_at")
+    epoch = result.get("stage1_epoch")
     pruned = TrialResult.pruned(
-        cfg, epoch=int(result.get("stage1_epoch", -1)),
-        metrics={k: float(v) for k, v in result.items() if k.startswith("val_") and isinstance(v, (int, float))},
+        cfg, epoch=None if epoch is None else int(epoch),
+        metrics={k.removeprefix("stage1_"): float(v) for k, v in result.items()
+                 if k.startswith("stage1_val_") and isinstance(v, (int, float))},
         started_at=dt.datetime.fromisoformat(started) if started else dt.datetime.now(dt.timezone.utc),
     )
     write_result(store, pruned)
@@ -572,7 +571,7 @@ def run_grid(
     return run
 
 
-def _sampler(name: str, space: SearchSpace, seed: int, multi_objective: bool) -> Any:
+def _sampler(name: str, space: SearchSpace, seed: int) -> Any:
     import optuna
 
     if name == "tpe":  # the constant liar keeps concurrent and batched asks apart (Optuna's advice)
@@ -616,16 +615,18 @@ class SchedulerSettings:
             raise ConfigError(f"`--reduction-factor` must be > 1, got {self.reduction_factor}.")
 
     def make(self, objective: str, mode: str, epochs: int) -> Any:
-        """The Ray Tune scheduler for a search whose trials train ``epochs`` Stage-I epochs, or None."""
+        """The Ray Tune scheduler for a search whose trials train ``epochs`` Stage-I epochs, or None.
+
+        It reads ``stage1_<objective>``, which only the per-epoch Stage-I reports carry."""
         from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
 
         if self.name == "asha":
             grace = self.grace_period or max(1, epochs // 6)
-            return ASHAScheduler(time_attr=STAGE1_EPOCHS, metric=objective, mode=mode, max_t=epochs,
+            return ASHAScheduler(time_attr=STAGE1_EPOCHS, metric=f"stage1_{objective}", mode=mode, max_t=epochs,
                                  grace_period=min(grace, epochs), reduction_factor=self.reduction_factor,
                                  stop_last_trials=False)
         if self.name == "hyperband":
-            return HyperBandScheduler(time_attr=STAGE1_EPOCHS, metric=objective, mode=mode, max_t=epochs,
+            return HyperBandScheduler(time_attr=STAGE1_EPOCHS, metric=f"stage1_{objective}", mode=mode, max_t=epochs,
                                       reduction_factor=self.reduction_factor, stop_last_trials=False)
         return None
 
@@ -683,7 +684,8 @@ def run_search(
     options: ExecutionOptions = ExecutionOptions(),
     scheduler: SchedulerSettings = SchedulerSettings(),
 ) -> StudyRun:
-    """Search ``space`` with Optuna until the study holds ``num_trials`` finished trials.
+    """Search ``space`` with Optuna: run the trials the study lacks to hold ``num_trials`` finished ones
+    (a trial that fails leaves the study short; a re-run tries again).
 
     Finished trials (``ok`` or ``pruned``) of ``study`` already in the store count toward
     ``num_trials`` and are told to the sampler first (:func:`calib.search.searcher.sync_with_store`):
@@ -744,11 +746,15 @@ def run_search(
     # A resumed search must not replay the first run's random draws: its sampler seed also depends on
     # the trials the study already holds (deterministic for a given history).
     history = [t.user_attrs.get("calib_trial_id", "") for t in optuna_study.trials]
-    optuna_study.sampler = _sampler(sampler, space, resumed_seed(seed, history), len(objectives) > 1)
+    optuna_study.sampler = _sampler(sampler, space, resumed_seed(seed, history))
     finished = read_trials(store, study=study, filters=pads.field("status").isin(["ok", "pruned"]))
     distributions = space.optuna_space()
     told = sync_with_store(optuna_study, finished, distributions, objectives)
     remaining = max(0, num_trials - len(finished))
+    if space.is_finite() and remaining > len(space.grid()) - len(finished):
+        notes.append(f"the space has {len(space.grid())} configs and {len(finished)} are stored: "
+                     f"{max(0, len(space.grid()) - len(finished))} can run, not {remaining}")
+        remaining = max(0, len(space.grid()) - len(finished))
     if options.verbose:
         print(f"[{study}] {num_trials} trials: {len(finished)} already in the store"
               + (f" ({told} told to the sampler now)" if told else "")
@@ -767,7 +773,7 @@ def run_search(
     searcher = PopulationSearcher(
         optuna_study, distributions, objectives=objectives, modes=modes, budget=remaining,
         configs_per_trial=configs_per_trial, calib_id_of=lambda params: trial_id(_search_config(base, params)),
-        stored=set(finished["trial_id"]))
+        stored=set(finished["trial_id"]), stored_results=lambda ids: _stored_summaries(store, study, ids))
     max_concurrent = options.max_concurrent or max(1, int((os.cpu_count() or 1) // max(options.cpus_per_trial, 1)))
 
     def resources(tune_config: dict[str, Any]) -> Any:

@@ -11,7 +11,7 @@ from trial_fixtures import tiny_config
 
 from calib.config import set_dotted
 from calib.search import ExecutionOptions, SchedulerSettings, load_search_space, run_search
-from calib.search.journal import ObjectStoreJournalBackend, journal_location, optuna_storage
+from calib.search.journal import ObjectStoreJournalBackend, export_journal, journal_location, optuna_storage
 from calib.search.tune import resumed_seed, stage1_parameters
 from calib.store import read_trials
 
@@ -122,6 +122,29 @@ def test_asha_prunes_stage1_trials_and_a_rerun_counts_them(tmp_path):
     assert rerun.skipped == 5 and len(read_trials(store, study="asha")) == 5
 
 
+def test_hyperband_search_stores_every_trial_once(tmp_path):
+    base = tiny_config(tmp_path, study="hb", epochs=6, method={"name": "vanilla"})
+    space = load_search_space(ROOT / "search_spaces" / "mixup.yaml")
+    store = str(tmp_path / "store")
+    run_search(base, space, store=store, study="hb", num_trials=4, options=ExecutionOptions(
+        verbose=False, max_concurrent=2, configs_per_trial=1), scheduler=SchedulerSettings("hyperband"))
+    rows = read_trials(store, study="hb")
+    assert len(rows) == 4 and rows["trial_id"].is_unique and set(rows["status"]) <= {"ok", "pruned"}
+    study = optuna.load_study(study_name="hb", storage=optuna_storage(store, "hb"))
+    assert {t.user_attrs["calib_trial_id"]: t.state.name for t in study.trials} == {
+        r.trial_id: {"ok": "COMPLETE", "pruned": "PRUNED"}[r.status] for r in rows.itertuples()}
+
+
+def test_a_finite_space_runs_each_config_once(tmp_path):
+    base = tiny_config(tmp_path, study="grid", stage2_epochs=1)
+    space = tmp_path / "space.yaml"
+    space.write_text("base: {method.name: mac_cal}\nparameters:\n"
+                     "  method.accuracy_weight: {distribution: categorical, choices: [0.9, 1.0]}\n")
+    store = str(tmp_path / "store")
+    run = run_search(base, load_search_space(space), store=store, study="grid", num_trials=5, options=QUIET)
+    assert len(run.trial_ids) == 2 and len(read_trials(store, study="grid")) == 2
+
+
 def test_scheduler_refuses_objectives_stage1_does_not_report(tmp_path):
     from calib._config import ConfigError
 
@@ -134,7 +157,7 @@ def test_scheduler_refuses_objectives_stage1_does_not_report(tmp_path):
         SchedulerSettings("median")
 
 
-def test_object_store_journal_round_trip(s3):
+def test_object_store_journal_round_trip(s3, tmp_path):
     bucket, _ = s3
     store = f"s3://{bucket}/results"
     study = optuna.create_study(study_name="j", storage=optuna_storage(store, "j"))
@@ -143,6 +166,10 @@ def test_object_store_journal_round_trip(s3):
     assert [t.value for t in again.trials] == [t.value for t in study.trials]
     logs = list(ObjectStoreJournalBackend(journal_location(store, "j")).read_logs(0))
     assert logs and pd.Series([log["op_code"] for log in logs]).notna().all()
+    exported = export_journal(store, "j", tmp_path / "j.journal")
+    local = optuna.load_study(study_name="j", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(exported))))
+    assert [t.value for t in local.trials] == [t.value for t in study.trials]
 
 
 def test_a_proposal_of_a_stored_config_is_not_run_again():
