@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +11,7 @@ import torch
 if TYPE_CHECKING:
     from calib.artifacts import Stage1Artifact
 
-__all__ = ["MethodOutcome", "MethodSpec", "Predictor", "guarded"]
+__all__ = ["MethodOutcome", "MethodSpec", "Predictor", "check_population", "guarded"]
 
 
 Predictor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -74,3 +74,10 @@ def guarded(make: Callable[..., MethodOutcome], *args: Any) -> MethodOutcome | B
         return make(*args)
     except Exception as err:
         return err
+
+
+def check_population(params: Sequence[Any], key: Callable[[Any], Hashable], fields: Sequence[str]) -> None:
+    """Raise ``ValueError`` unless every config of ``params`` has the same ``key`` (made of ``fields``)."""
+    keys = {key(p) for p in params}
+    if len(keys) > 1:
+        raise ValueError(f"Population members must share {', '.join(fields)}; got {sorted(keys)}.")

@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 from calib import progress
 from calib._config import ConfigError, check
-from calib.methods._base import MethodOutcome, MethodSpec, guarded
+from calib.methods._base import MethodOutcome, MethodSpec, check_population, guarded
 from calib.methods._registry import METHODS
 from calib.methods.heads import MaskableHead, StackedLinears
 
@@ -313,9 +313,7 @@ def fit_mac_cal_population(
     if not members:
         return []
     first = members[0][0]
-    if any(population_key(p) != population_key(first) for p, _ in members):
-        raise ValueError(f"Population members must share {', '.join(POPULATION_FIELDS)}; got "
-                         f"{sorted({population_key(p) for p, _ in members})}.")
+    check_population([p for p, _ in members], population_key, POPULATION_FIELDS)
     params_list = [p for p, _ in members]
     size = len(members)
     widths = [num_features, first.bottleneck_width, num_classes] if first.head == "bottleneck" \
