@@ -8,6 +8,7 @@ whether ASHA's mean best ECE lies inside the no-scheduler CI:
 
     python benchmarks/search_scheduler.py                  # 24 trials × 3 seeds per arm, 2 cores: ~25 min
     python benchmarks/search_scheduler.py --num-trials 8 --seeds 0 --epochs 20
+    python benchmarks/search_scheduler.py --workdir w --grace-period 15   # reuses w's no-scheduler searches
 """
 
 from __future__ import annotations
@@ -55,11 +56,13 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, list[tuple[int, float, int]]] = {"none": [], "asha": []}
         for seed in args.seeds:
             for name in ("none", "asha"):
-                study = f"mixup_{name}_{seed}"
+                # ASHA's studies are named by their settings, so a rerun with other settings is a new search
+                label = "none" if name == "none" else f"asha_g{args.grace_period or 'auto'}_r{args.reduction_factor:g}"
+                study = f"mixup_{label}_{seed}"
                 # Each arm its own artifacts: the arms propose the same first α values, and a Stage I the
                 # other arm trained would be a cache hit, neither trained nor prunable here.
                 base = base_config(preset, study=study, dataset="digits-noisy", seed=1, method={"name": "vanilla"},
-                                   data_root=str(root / "data"), artifact_root=str(root / "artifacts" / name))
+                                   data_root=str(root / "data"), artifact_root=str(root / "artifacts" / label))
                 if args.epochs:
                     base = set_dotted(base, "stage1.epochs", args.epochs)
                     base = set_dotted(base, "stage1.milestones", [args.epochs // 2, args.epochs * 3 // 4])

@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop unpromising trials during Stage I: Ray Tune's ASHA or HyperBand, on the "
                              "objective's per-epoch validation value (spaces that change Stage I only)")
     parser.add_argument("--grace-period", type=int, default=None,
-                        help="ASHA: Stage-I epochs every trial runs before it can be stopped (default: a sixth "
-                             "of the Stage-I epochs: quick 10, paper 58)")
+                        help="ASHA: Stage-I epochs every trial runs before it can be stopped (default: a quarter "
+                             "of the Stage-I epochs: quick 15, paper 87)")
     parser.add_argument("--reduction-factor", type=float, default=3.0,
                         help="ASHA / HyperBand: η, a trial continues past a rung if in the best 1/η")
     args = parser.parse_args(argv)

@@ -597,9 +597,11 @@ class SchedulerSettings:
     """An early-stopping scheduler for searches over Stage-I settings (Ray Tune's ASHA or HyperBand).
 
     Time is Stage-I epochs. ``grace_period``: epochs every trial runs before ASHA may stop it (None:
-    a sixth of the Stage-I epochs, at least 1); ``reduction_factor``: η, the fraction 1/η of trials
-    promoted at each rung. HyperBand pauses and resumes trials, so under it every Stage-I epoch is
-    checkpointed.
+    a quarter of the Stage-I epochs, at least 1: on the quick preset the validation ECE of epochs 5
+    and 10 ranks the trials of a Mixup α search against their final ECE, Spearman −0.16 to −0.64, and
+    from epoch 15 with it, +0.32 to +0.89; benchmarks/search_scheduler.py); ``reduction_factor``: η,
+    the fraction 1/η of trials promoted at each rung. HyperBand pauses and resumes trials, so under it
+    every Stage-I epoch is checkpointed.
     """
 
     name: str = "none"
@@ -621,7 +623,7 @@ class SchedulerSettings:
         from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
 
         if self.name == "asha":
-            grace = self.grace_period or max(1, epochs // 6)
+            grace = self.grace_period or max(1, epochs // 4)
             return ASHAScheduler(time_attr=STAGE1_EPOCHS, metric=f"stage1_{objective}", mode=mode, max_t=epochs,
                                  grace_period=min(grace, epochs), reduction_factor=self.reduction_factor,
                                  stop_last_trials=False)
