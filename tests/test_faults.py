@@ -133,8 +133,9 @@ def test_a_killed_trial_is_retried_from_its_last_stage1_checkpoint(tmp_path):
 @pytest.mark.ray
 def test_killed_driver_resumes_without_duplicates(tmp_path):
     store = tmp_path / "results"
+    # One config per Ray trial: a population writes its rows within milliseconds, too fast to kill between.
     args = ["--store", str(store), "--seeds", "1", "2", "--gammas", "0.8", "0.9", "1.0", "--epochs", "4",
-            "--stage2-epochs", "3"]
+            "--stage2-epochs", "3", "--configs-per-trial", "1"]
     total = 2 * 4
     proc = subprocess.Popen([sys.executable, str(ROOT / "studies" / "sensitivity_gamma.py"), *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

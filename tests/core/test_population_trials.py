@@ -51,3 +51,21 @@ def test_a_failing_config_fails_its_own_row(configs, monkeypatch):
     results = run_trials(configs)
     assert [r.status for r in results] == ["ok", "ok", "ok", "failed", "failed", "ok"]
     assert "TST head exploded" in results[3].error and results[3].failed_stage == "stage2"
+
+
+def test_a_rerun_population_skips_its_stored_configs(configs, tmp_path):
+    import json
+
+    from calib.search.tune import ExecutionOptions, _execute_population
+    from calib.store import read_trials, write_result
+
+    store = str(tmp_path / "store")
+    first = write_result(store, run_trial(configs[0]))
+    mtime = (tmp_path / "store" / first.split("/store/", 1)[1]).stat().st_mtime_ns
+    result = _execute_population(configs[:3], store, ExecutionOptions(verbose=False))
+    summaries = json.loads(result["calib_results"])
+    assert [s["status"] for s in summaries] == ["ok"] * 3
+    rows = read_trials(store, study="test")
+    assert len(rows) == 3 and rows["trial_id"].is_unique
+    assert (tmp_path / "store" / first.split("/store/", 1)[1]).stat().st_mtime_ns == mtime
+    assert sorted(rows["population_size"]) == [1, 2, 2]  # the stored one ran alone; the rest together
