@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-trials", type=int, default=24, help="trials per search")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampler seeds (one search each)")
     parser.add_argument("--epochs", type=int, default=None, help="Stage-I epochs (default: the quick preset's 60)")
-    parser.add_argument("--grace-period", type=int, default=None, help="ASHA grace period (default: a sixth)")
+    parser.add_argument("--grace-period", type=int, default=None, help="ASHA grace period (default: a quarter)")
     parser.add_argument("--reduction-factor", type=float, default=3.0, help="ASHA η")
     parser.add_argument("--workdir", default=None, help="store and artifacts here (default: a temporary folder)")
     args = parser.parse_args(argv)

@@ -80,6 +80,7 @@ class PopulationSearcher(Searcher):
         self.stored_results = stored_results
         self.repeats = 0
         self._live: dict[str, list[optuna.Trial]] = {}
+        self._reported: dict[int, set[int]] = {}  # Optuna trial number -> steps reported
 
     def save(self, checkpoint_path: str) -> None:
         """Nothing to save: the Optuna journal in the store is the searcher's state."""
@@ -116,8 +117,10 @@ class PopulationSearcher(Searcher):
         key = f"stage1_{self.objectives[0]}"
         if len(self.objectives) == 1 and STAGE1_EPOCHS in result and key in result:
             step = int(result[STAGE1_EPOCHS])
-            if step not in trial.study.trials[trial.number].intermediate_values:
+            steps = self._reported.setdefault(trial.number, set())
+            if step not in steps:
                 trial.report(float(result[key]), step=step)
+                steps.add(step)
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         """A Stage-I epoch of a one-config trial: its ``stage1_<objective>`` becomes an intermediate value."""
@@ -134,6 +137,7 @@ class PopulationSearcher(Searcher):
         if stopped and len(population) == 1 and result:
             self._report(population[0], result)  # the epoch that got it stopped (Tune kept it from us)
         for trial in population:
+            self._reported.pop(trial.number, None)
             outcome = outcomes.get(trial.user_attrs["calib_trial_id"])
             values = _values(outcome, self.objectives) if outcome and outcome["status"] == "ok" else None
             if values is not None:

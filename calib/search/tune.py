@@ -8,6 +8,7 @@ anything is scheduled, trials already in the store are skipped: re-running a stu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -17,7 +18,7 @@ import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,23 @@ def _worker_threads() -> str | None:
     return context.get_node_id() if context else None
 
 
+@contextlib.contextmanager
+def _artifact_notes(notes: list[str]) -> Iterator[None]:
+    """Collect the ``ArtifactWarning`` messages raised inside into ``notes``: a healed artifact is news
+    for the user at the driver, which workers' output does not reach. Other warnings go where they
+    would have gone (the worker's log)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ArtifactWarning)
+        try:
+            yield
+        finally:
+            for w in caught:
+                if issubclass(w.category, ArtifactWarning):
+                    notes.append(str(w.message))
+                else:
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
 def _execute(config: dict[str, Any], store: str, options: ExecutionOptions,
              report_epochs: bool = False) -> dict[str, Any]:
     """Run one trial and store it; a failure is stored as a ``failed`` row and re-raised for Tune.
@@ -246,21 +264,16 @@ def _execute(config: dict[str, Any], store: str, options: ExecutionOptions,
     node_id = _worker_threads()
     cfg = parse_trial_config(config)
     started = dt.datetime.now(dt.timezone.utc)
+    notes: list[str] = []
     try:
         resume, on_checkpoint = _checkpointing(options.checkpoint_every, options.checkpoint_min_seconds,
                                                report_epochs, started)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ArtifactWarning)
+        with _artifact_notes(notes):
             result = run_trial(cfg, on_checkpoint=on_checkpoint, resume=resume)
     except Exception as err:
         write_result(store, TrialResult.failed(cfg, err, started), node_id=node_id)
         raise
     write_result(store, result, node_id=node_id)
-    notes = [str(w.message) for w in caught if issubclass(w.category, ArtifactWarning)]
-    for w in caught:  # the others go where they would have gone: the worker's log
-        if not issubclass(w.category, ArtifactWarning):
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    # A healed artifact is news for the user at the driver (workers' output does not reach it).
     final = {**result.metrics, "calib_trial_id": result.trial_id, "calib_notes": "\n".join(notes),
              "calib_results": json.dumps([_summary(result)])}
     if report_epochs:
@@ -300,10 +313,8 @@ def _execute_population(configs: Sequence[dict[str, Any]], store: str, options: 
     for _attempt in range(options.max_failures + 1):
         if not pending:
             break
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ArtifactWarning)
+        with _artifact_notes(notes):
             results = run_trials(pending, on_result=lambda r: write_result(store, r, node_id=node_id, known_new=True))
-        notes += [str(w.message) for w in caught if issubclass(w.category, ArtifactWarning)]
         summaries.update({r.trial_id: _summary(r) for r in results})
         pending = [c for c, r in zip(pending, results, strict=True) if r.status != "ok"]
     ordered = [summaries[i] for i in ids]

@@ -53,11 +53,14 @@ def test_a_failing_config_fails_its_own_row(configs, monkeypatch):
     assert "TST head exploded" in results[3].error and results[3].failed_stage == "stage2"
 
 
-def test_a_rerun_population_skips_its_stored_configs(configs, tmp_path):
+def test_a_rerun_population_skips_its_stored_configs(configs, tmp_path, monkeypatch):
     import json
 
+    from calib.search import tune
     from calib.search.tune import ExecutionOptions, _execute_population
     from calib.store import read_trials, write_result
+
+    monkeypatch.setattr(tune, "_worker_threads", lambda: None)  # the worker's Ray context: none in this process
 
     store = str(tmp_path / "store")
     first = write_result(store, run_trial(configs[0]))
