@@ -63,14 +63,17 @@ from filelock import FileLock
 from torch.utils.data import ConcatDataset, Dataset
 
 from calib import storage
+from calib._config import ConfigError
 from calib.config import TrialConfig, config_hash, stage1_identity
 from calib.datasets import load_dataset, load_ood
 from calib.datasets.corruptions import SEVERITIES, load_corrupted
+from calib.datasets.subsets import TrainingSubset, restrict_training
 from calib.metrics import compute_all, softmax64
 from calib.models import CalibModel, create_model
 from calib.training import describe_device, predict, prepare_model, train_stage1
 
 __all__ = [
+    "METHOD_SPLITS",
     "SPLITS",
     "ArtifactWarning",
     "CorruptArtifactError",
@@ -78,7 +81,9 @@ __all__ = [
     "Stage1Artifact",
     "corrupted_split",
     "get_or_train_stage1",
+    "method_split",
     "ood_split",
+    "stage1_data",
     "stage1_dir",
     "stage1_exists",
 ]
@@ -354,10 +359,14 @@ def _fetch_split(artifact: Stage1Artifact, name: str) -> SplitCache | None:
 
 
 def _compute_split(artifact: Stage1Artifact, name: str, make: Callable[[], Dataset], cfg: TrialConfig,
-                   device: torch.device) -> SplitCache:
-    """Predict the split with the Stage-I model, store it with its sidecar, and publish both (data first)."""
+                   device: torch.device, seed: int | None = None) -> SplitCache:
+    """Predict the split with the Stage-I model, store it with its sidecar, and publish both (data first).
+
+    ``seed`` seeds torch's generator first: the random draws of an augmenting transform."""
     path = artifact.path / name
     model = prepare_model(artifact.load_model(device), device, cfg.stage1.channels_last)
+    if seed is not None:
+        torch.manual_seed(seed)
     features, logits, labels = predict(model, make(), device, num_workers=cfg.num_workers, amp=cfg.stage1.amp,
                                        channels_last=cfg.stage1.channels_last)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
@@ -371,7 +380,7 @@ def _compute_split(artifact: Stage1Artifact, name: str, make: Callable[[], Datas
 
 
 def _cached_split(artifact: Stage1Artifact, name: str, make: Callable[[], Dataset], cfg: TrialConfig,
-                  device: torch.device) -> SplitCache:
+                  device: torch.device, seed: int | None = None) -> SplitCache:
     """The split ``name`` of the artifact: cached here, else the writer's published copy, else computed now."""
     path = artifact.path / name
     with contextlib.suppress(CorruptArtifactError):
@@ -381,7 +390,7 @@ def _cached_split(artifact: Stage1Artifact, name: str, make: Callable[[], Datase
         if split is None and artifact.remote:
             split = _fetch_split(artifact, name)
         if split is None:
-            split = _compute_split(artifact, name, make, cfg, device)
+            split = _compute_split(artifact, name, make, cfg, device, seed)
     return split
 
 
@@ -398,6 +407,38 @@ def corrupted_split(artifact: Stage1Artifact, cfg: TrialConfig, corruption: str,
         artifact, f"corruption-{corruption}.pt",
         lambda: ConcatDataset([load_corrupted(cfg.data_root, cfg.dataset, corruption, s) for s in SEVERITIES]),
         cfg, device)
+
+
+def stage1_data(cfg: TrialConfig) -> TrainingSubset:
+    """The dataset as Stage I trains on it (``stage1.train_size`` applied) and the held-out training images."""
+    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download, cifar100_test_norm=cfg.cifar100_test_norm)
+    return restrict_training(data, cfg.stage1.train_size, cfg.dataset)
+
+
+def _heldout_images(cfg: TrialConfig) -> Dataset:
+    heldout = stage1_data(cfg).heldout
+    if heldout is None:
+        raise ConfigError(f"The split 'train_heldout' is the training images Stage I did not train on: set "
+                          f"`stage1.train_size` below the size of {cfg.dataset}'s training split "
+                          f"(got stage1.train_size={cfg.stage1.train_size}).")
+    return heldout
+
+
+METHOD_SPLITS: dict[str, tuple[Callable[[TrialConfig], Dataset], bool]] = {
+    "train_heldout": (_heldout_images, False),
+    "train_augmented": (lambda cfg: stage1_data(cfg).data.train, True),
+}
+"""Splits a method may read beyond train/val/test (``MethodSpec.splits``): the dataset, and whether its
+transform draws at random. "train_heldout": the training images Stage I did not train on
+(``stage1.train_size``), evaluation transform. "train_augmented": one view of each image Stage I trained
+on under the training augmentation, drawn with the trial's seed."""
+
+
+def method_split(artifact: Stage1Artifact, cfg: TrialConfig, name: str, device: torch.device) -> SplitCache:
+    """Stage-I features and logits of the method split ``name`` (:data:`METHOD_SPLITS`), computed once and
+    cached in the artifact as ``<name>.pt``."""
+    make, random = METHOD_SPLITS[name]
+    return _cached_split(artifact, f"{name}.pt", lambda: make(cfg), cfg, device, seed=cfg.seed if random else None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -565,7 +606,7 @@ def _train_and_write(
     on_checkpoint: Callable[[dict[str, Any]], None] | None,
     resume: dict[str, Any] | None,
 ) -> None:
-    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download, cifar100_test_norm=cfg.cifar100_test_norm)
+    data = stage1_data(cfg).data
     trained = train_stage1(cfg, data, device, on_epoch=on_epoch, on_checkpoint=on_checkpoint, resume=resume)
     cache: dict[str, torch.Tensor] = {}
     metrics: dict[str, float] = {}

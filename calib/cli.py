@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
+
 from calib import storage
 from calib._config import ConfigError
 from calib._registry import UnknownNameError
@@ -92,7 +94,8 @@ def _stage2_epochs_of(preset: Preset) -> str:
 def _resource_of(name: str, fallback: str | None = None) -> Callable[[Preset], object]:
     def value_of(preset: Preset) -> object:
         value = getattr(preset, name)
-        return getattr(preset, fallback) if value is None and fallback else value
+        value = getattr(preset, fallback) if value is None and fallback else value
+        return f"{value} (0 without a GPU)" if name.startswith("gpus") and preset.gpus_if_available else value
     return value_of
 
 
@@ -100,7 +103,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
     """Flags every study shares: preset, paths, seeds, and where/how trials run. Defaults that the
     preset decides are listed per preset in ``--help``."""
     parser.add_argument("--preset", default="quick", choices=PRESETS.names(),
-                        help="study setup: quick = offline CPU minutes; paper = the papers' protocol on GPUs")
+                        help="study setup: quick = offline CPU minutes; medium = real images (Fashion-MNIST × "
+                             "ResNet-20), GPU minutes; paper = the papers' protocol on GPUs")
     parser.add_argument("--study", default=study, help="study name: the store partition (study=<name>)"
                         + (f" (default: {study_default})" if study_default else ""))
     parser.add_argument("--store", default="results", help="result-store directory or s3:// URI")
@@ -148,6 +152,9 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
                              f"{DEFAULT_CONFIGS_PER_TRIAL}, and 1 in a search whose space changes Stage I)")
     parser.add_argument("--epochs", type=int, default=None,
                         help=f"Stage-I epochs, every dataset (default: {_per_preset(_epochs_of)})")
+    parser.add_argument("--train-size", type=int, default=None,
+                        help="Stage I trains on a stratified sample of this many training images, the same for "
+                             "every seed (default: the whole training split)")
     parser.add_argument("--stage2-epochs", type=int, default=None,
                         help=f"Stage-II epochs of two-stage methods (default: {_per_preset(_stage2_epochs_of)})")
 
@@ -171,13 +178,17 @@ def study_paths(args: argparse.Namespace) -> StudyPaths:
 
 
 def preset_of(args: argparse.Namespace) -> Preset:
-    """The chosen preset with ``--epochs`` / ``--stage2-epochs`` applied; either < 1 is a ``ConfigError``
-    (also in a study none of whose methods has a Stage II)."""
+    """The chosen preset with ``--epochs`` / ``--train-size`` / ``--stage2-epochs`` applied; any < 1 is a
+    ``ConfigError`` (also in a study none of whose methods has a Stage II)."""
+    train_size = getattr(args, "train_size", None)
     for flag, value, what in (("--epochs", args.epochs, "Stage-I training epochs"),
+                              ("--train-size", train_size, "training images Stage I trains on"),
                               ("--stage2-epochs", args.stage2_epochs, "Stage-II epochs of two-stage methods")):
         if value is not None and value < 1:
             raise ConfigError(f"`{flag}` must be an integer >= 1 (the {what}), got {flag}={value}.")
     preset = PRESETS.get(args.preset)
+    if train_size is not None:
+        preset = dataclasses.replace(preset, stage1={**preset.stage1, "train_size": train_size})
     stage2 = dict(preset.stage2)
     if args.stage2_epochs is not None:
         stage2["epochs"] = args.stage2_epochs
@@ -225,6 +236,8 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         raise ConfigError(f"`--configs-per-trial` must be >= 1, got {args.configs_per_trial}.")
     if not args.checkpoint_min_seconds >= 0:
         raise ConfigError(f"`--checkpoint-min-seconds` must be >= 0, got {args.checkpoint_min_seconds}.")
+    if preset.gpus_if_available and args.address is None and not torch.cuda.is_available():
+        preset = dataclasses.replace(preset, gpus_per_trial=0.0, gpus_per_cached_trial=0.0)
     cpus = _resource(args, preset, "cpus_per_trial", None)
     gpus = _resource(args, preset, "gpus_per_trial", None)
     return ExecutionOptions(

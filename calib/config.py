@@ -32,6 +32,7 @@ from calib.methods import METHODS
 from calib.models import MODELS
 
 __all__ = [
+    "ADDED_FIELDS",
     "Component",
     "Stage1Config",
     "TrialConfig",
@@ -66,6 +67,10 @@ class Stage1Config:
         scheduler_step: when the learning-rate schedule advances: at the "epoch_end" (PyTorch's
             convention), or at the "epoch_start" as FOCAL-R's ``train.py`` does, which moves every decay
             one epoch earlier (docs/methods.md §7.2 pitfall).
+        train_size: train on a stratified sample of this many images of the training split (drawn
+            with seed 1, the same for every seed and method), ``None`` for all of it. The rest is the
+            held-out part of the training data that MaC-Cal's ``stats_source="heldout"`` reads. For
+            CPU-sized runs of a large dataset and for data-size studies.
         amp: mixed precision on CUDA: "off", "bf16" or "fp16" autocast of the forward pass (fp16 with
             a gradient scaler); the loss is computed in float32. Ignored on the CPU. The Stage-I
             feature extraction that feeds Stage II runs in the same precision.
@@ -98,6 +103,7 @@ class Stage1Config:
     mit_alpha: float | None = None
     checkpoint: Literal["last", "best_val"] = "last"
     scheduler_step: Literal["epoch_end", "epoch_start"] = "epoch_end"
+    train_size: int | None = None
     amp: Literal["off", "bf16", "fp16"] = "off"
     data_pipeline: Literal["auto", "device", "loader"] = "auto"
     compile: Literal["off", "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "off"
@@ -120,6 +126,8 @@ class Stage1Config:
         check(0 < self.lr_decay <= 1, "stage1.lr_decay", self.lr_decay, "be in (0, 1]")
         check(self.grad_clip is None or self.grad_clip > 0, "stage1.grad_clip", self.grad_clip,
               "be > 0 or null (no clipping)")
+        check(self.train_size is None or self.train_size >= 1, "stage1.train_size", self.train_size,
+              "be an integer >= 1 (training images Stage I trains on), or null for the whole training split")
         check(self.mixup_alpha is None or self.mixup_alpha > 0, "stage1.mixup_alpha", self.mixup_alpha,
               "be > 0, or null to train without Mixup")
         check(self.mit_alpha is None or self.mit_alpha > 0, "stage1.mit_alpha", self.mit_alpha,
@@ -256,6 +264,11 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     fields["method"] = _component(METHODS, data["method"], "method")
     cfg = from_dict(TrialConfig, fields)
     check(cfg.seed >= 0, "seed", cfg.seed, "be an integer >= 0 (it seeds torch and numpy)")
+    if "train_heldout" in METHODS.get(cfg.method.name).splits(cfg.method.params) and cfg.stage1.train_size is None:
+        raise ConfigError(
+            f"`method.stats_source`='heldout' reads the training images Stage I did not train on, but "
+            f"stage1.train_size is null (Stage I trains on all of them): set stage1.train_size (--train-size) below "
+            f"the size of {cfg.dataset}'s training split.")
     check(cfg.num_bins >= 1, "num_bins", cfg.num_bins, "be an integer >= 1")
     check(cfg.num_workers is None or cfg.num_workers >= 0, "num_workers", cfg.num_workers,
           "be an integer >= 0, or null to size the DataLoader workers from the trial's CPUs")
@@ -275,6 +288,20 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     return cfg
 
 
+ADDED_FIELDS: dict[str, dict[str, Any]] = {
+    "stage1": {"train_size": None},
+    "mac_cal": {"stats_source": "train", "accuracy_weight_source": "fixed"},
+}
+"""Fields added after results were stored, per section ("stage1") or method name, with their defaults.
+At its default such a field is left out of the identity hashes, so the trials and Stage-I artifacts
+stored before it existed keep their ids (a re-run skips them instead of training them again)."""
+
+
+def _without_added(section: dict[str, Any], name: str) -> dict[str, Any]:
+    added = ADDED_FIELDS.get(name, {})
+    return {k: v for k, v in section.items() if not (k in added and v == added[k])}
+
+
 def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
     """Exactly the config fields that change Stage I (docs/architecture.md contract 3)."""
     return {
@@ -288,14 +315,15 @@ def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
 
 
 def _trained(stage1: dict[str, Any]) -> dict[str, Any]:
-    """The Stage-I section without :attr:`Stage1Config.EXECUTION_FIELDS`."""
-    return {k: v for k, v in stage1.items() if k not in Stage1Config.EXECUTION_FIELDS}
+    """The Stage-I section without :attr:`Stage1Config.EXECUTION_FIELDS` and added fields at their default."""
+    return _without_added({k: v for k, v in stage1.items() if k not in Stage1Config.EXECUTION_FIELDS}, "stage1")
 
 
 def trial_identity(cfg: TrialConfig) -> dict[str, Any]:
     """Everything that changes a trial's result: the config without its placement keys."""
     identity = {k: v for k, v in cfg.to_dict().items() if k not in _PLACEMENT_KEYS}
-    return {**identity, "stage1": _trained(identity["stage1"])}
+    method = identity["method"]
+    return {**identity, "stage1": _trained(identity["stage1"]), "method": _without_added(method, method["name"])}
 
 
 def config_hash(identity: dict[str, Any]) -> str:

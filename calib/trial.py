@@ -18,7 +18,7 @@ import torch
 
 from calib import progress
 from calib._versions import run_environment
-from calib.artifacts import corrupted_split, get_or_train_stage1, ood_split
+from calib.artifacts import corrupted_split, get_or_train_stage1, method_split, ood_split
 from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity, trial_identity
 from calib.datasets.corruptions import SEVERITIES
 from calib.methods import METHODS
@@ -200,6 +200,15 @@ def _result(cfg: TrialConfig, artifact: Any, cache_hit: bool, outcome: Any, devi
     )
 
 
+def _with_method_splits(artifact: Any, cfg: TrialConfig, params: Sequence[Any], device: torch.device) -> Any:
+    """``artifact`` with the extra splits its method's configs read (``MethodSpec.splits``) in ``splits``."""
+    spec = METHODS.get(cfg.method.name)
+    for name in dict.fromkeys(name for p in params for name in spec.splits(p)):
+        if name not in artifact.splits:
+            artifact.splits[name] = method_split(artifact, cfg, name, device)
+    return artifact
+
+
 def run_trial(
     config: dict[str, Any] | TrialConfig,
     *,
@@ -220,6 +229,7 @@ def run_trial(
     device = resolve_device(cfg.device)
     artifact, cache_hit = get_or_train_stage1(cfg, device, on_epoch=on_epoch, on_checkpoint=on_checkpoint,
                                               resume=resume)
+    _with_method_splits(artifact, cfg, [cfg.method.params], device)
     loaded = time.perf_counter()
 
     seed_everything(cfg.seed)
@@ -281,6 +291,7 @@ def run_trials(
         device = resolve_device(first.device)
         try:
             artifact, cache_hit = get_or_train_stage1(first, device)
+            _with_method_splits(artifact, first, [c.method.params for c in members], device)
             loaded = time.perf_counter()
             spec = METHODS.get(first.method.name)
             seed_everything(first.seed)

@@ -1,8 +1,11 @@
 """How sensitive is MaC-Cal to γ, the down-weighting of training accuracy in its retention update?
 
 A grid over γ × seeds (every other hyperparameter at its default) plus the vanilla Stage-I model per
-seed. Prints test ECE (mean ± 95% CI over seeds) and accuracy per γ, and writes a figure with ECE
-against γ and the q_t trajectories per γ (MaC-Cal Figs. 7-8). Re-running skips finished trials.
+seed. Prints test ECE (mean ± 95% CI over seeds) and accuracy per γ, the row of γ chosen per seed on
+validation ECE, and writes a figure with ECE against γ and the q_t trajectories per γ (MaC-Cal
+Figs. 7-8). ``--estimated-gamma`` adds calib's γ estimated from the data (validation ÷ training
+accuracy of the Stage-I model); ``--stats-source`` says where every MaC-Cal row measures the
+statistics of its q update. Re-running skips finished trials.
 """
 
 from __future__ import annotations
@@ -32,16 +35,38 @@ DEFAULT_GAMMAS = (0.8, 0.85, 0.9, 0.95, 1.0)
 METRICS = {"test_ece": "ECE (%)", "test_accuracy": "Acc (%)", "test_aece": "AECE (%)", "test_mce": "MCE (%)"}
 
 
+def _is_estimated(mac: pd.DataFrame) -> pd.Series:
+    source = mac.get("method_accuracy_weight_source", pd.Series("fixed", index=mac.index))
+    return source.fillna("fixed") == "estimated"
+
+
+def validation_chosen(mac: pd.DataFrame) -> pd.DataFrame:
+    """Per seed, the fixed-γ trial with the lowest validation ECE (ties: the smaller γ)."""
+    fixed = mac[~_is_estimated(mac)].sort_values(["seed", "val_ece", "method_accuracy_weight"])
+    return fixed.groupby("seed", observed=True).head(1)
+
+
 def print_report(trials: pd.DataFrame, *, study: str, store: str, figures: Path, gammas: list[float]) -> None:
     """Per (dataset, architecture): the table of vanilla and each γ (naming the rows with no finished
-    trial) and the γ figure with the q_t trajectories read from the store's history."""
+    trial), γ chosen per seed on validation ECE, and the γ figure with the q_t trajectories read from
+    the store's history."""
     for (dataset, arch), by_dataset in trials.groupby(["dataset", "arch"], observed=True):
         vanilla = by_dataset[by_dataset["method"] == "vanilla"]
         mac = by_dataset[by_dataset["method"] == "mac_cal"]
+        estimated = mac[_is_estimated(mac)]
+        mac = mac[~_is_estimated(mac)]
         with report_step(study, f"table for {dataset} · {arch}"):
             parts = [summarize(rows, by, list(METRICS)).rename(columns={"method_accuracy_weight": "γ"})
                      for rows, by in ((vanilla, ["method"]), (mac, ["method", "method_accuracy_weight"]))
                      if not rows.empty]
+            if not estimated.empty:
+                gamma = estimated["estimated_gamma"]
+                parts.append(summarize(estimated, ["method"], list(METRICS)).assign(
+                    γ=f"estimated ({gamma.mean():.3f}, {gamma.min():.3f}–{gamma.max():.3f})"))
+            if not mac.empty:
+                chosen = validation_chosen(mac)
+                picks = ", ".join(f"{g:g}" for g in chosen["method_accuracy_weight"])
+                parts.append(summarize(chosen, ["method"], list(METRICS)).assign(γ=f"on val ECE ({picks})"))
             table = pd.concat(parts, ignore_index=True)
             table["γ"] = ["–" if pd.isna(g) else g for g in table.get("γ", [None] * len(table))]
             print(f"\n{dataset} · {arch} · mean ± 95% CI over seeds (test split)\n")
@@ -67,10 +92,28 @@ def print_report(trials: pd.DataFrame, *, study: str, store: str, figures: Path,
             print(f"\nfigure: {figure}")
 
 
+def with_estimated_gamma(trials: pd.DataFrame, store: str, study: str) -> pd.DataFrame:
+    """``trials`` with ``estimated_gamma``: the γ an estimated-γ trial used, read from its history."""
+    if "method_accuracy_weight_source" not in trials or not _is_estimated(trials).any():
+        return trials.assign(estimated_gamma=float("nan"))
+    ids = list(trials.loc[_is_estimated(trials), "trial_id"])
+    history = read_history(store, study=study, filters=pads.field("trial_id").isin(ids)
+                           & (pads.field("stage") == "stage2"))
+    gamma = history.groupby("trial_id")["accuracy_weight"].first()
+    return trials.assign(estimated_gamma=trials["trial_id"].map(gamma))
+
+
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
     parser = study_parser(__doc__, study="sensitivity_gamma")
     parser.add_argument("--gammas", type=float, nargs="+", default=list(DEFAULT_GAMMAS), help="γ values")
+    parser.add_argument("--estimated-gamma", action="store_true",
+                        help="add a MaC-Cal row whose γ is estimated from the data, validation ÷ training accuracy "
+                             "of the Stage-I model (calib's extension, not the paper's method)")
+    parser.add_argument("--stats-source", default="train", choices=["train", "heldout", "augmented"],
+                        help="where every MaC-Cal row measures Acc_t and Conf_t of its q update: the training "
+                             "features (the paper), the training images Stage I did not train on (needs "
+                             "--train-size), or augmented views of the training images (default: train)")
     args = parser.parse_args(argv)
     preset = preset_of(args)
     paths = study_paths(args)
@@ -85,15 +128,22 @@ def main(argv: list[str] | None = None) -> int:
                       "data_root": str(paths.data_root), "artifact_root": paths.artifacts,
                       "download": args.download, "device": args.device}
             configs.append({**base_config(method={"name": "vanilla"}, **common), "label": "vanilla", "label_rank": 0})
-            configs += [{**base_config(method={"name": "mac_cal", "accuracy_weight": g}, **common),
+            source = {} if args.stats_source == "train" else {"stats_source": args.stats_source}
+            configs += [{**base_config(method={"name": "mac_cal", "accuracy_weight": g, **source}, **common),
                          "label": f"MaC-Cal γ={g:g}", "label_rank": rank}
                         for rank, g in enumerate(sorted(args.gammas), start=1)]
+            if args.estimated_gamma:
+                method = {"name": "mac_cal", "accuracy_weight_source": "estimated", **source}
+                configs.append({**base_config(method=method, **common), "label": "MaC-Cal γ=estimated",
+                                "label_rank": len(args.gammas) + 1})
     print(f"[{args.study}] preset {preset.name}: {preset.description}")
-    print(f"[{args.study}] setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} · γ {args.gammas} "
+    print(f"[{args.study}] setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} · γ {args.gammas}"
+          f"{' + estimated' if args.estimated_gamma else ''} · q statistics from {args.stats_source} "
           f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
 
     trials = read_finished(paths.store, args.study, run.trial_ids)
+    trials = with_estimated_gamma(trials, paths.store, args.study)
     print_report(trials, study=args.study, store=paths.store, figures=paths.outputs / "figures", gammas=args.gammas)
     print(f"\nstore: {paths.store} ({len(trials)} finished trials of this run; {run.skipped} were already there)")
     print(f"load: python -c \"import pandas as pd; print(pd.read_parquet('{paths.store}/trials'))\"")

@@ -50,6 +50,9 @@ class MethodSpec:
     §6) also gives ``run_population(params_list, artifact, seeds=..., device=...)``, which returns one
     outcome or exception per config, each equal to the config's own ``run``; ``population_key(params)``
     says which configs can share a population (equal keys).
+
+    ``splits(params)`` names the cached splits beyond train/val/test that a config reads
+    (``calib.artifacts.METHOD_SPLITS``); ``run_trial`` adds them to ``artifact.splits`` first.
     """
 
     config: type
@@ -57,6 +60,7 @@ class MethodSpec:
     description: str
     run_population: Callable[..., list[MethodOutcome | BaseException]] | None = None
     population_key: Callable[[Any], Hashable] | None = None
+    splits: Callable[[Any], tuple[str, ...]] = lambda params: ()
 
     def __post_init__(self) -> None:
         if (self.run_population is None) != (self.population_key is None):

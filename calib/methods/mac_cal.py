@@ -6,10 +6,16 @@ probability q_t (Eq. 8), trains with masked weights (Eq. 9-10), restricts the wh
 the kept weights (Eq. 11), and adapts q from the training accuracy and confidence (Eq. 12) within a
 clip threshold θ_t that decays over the epochs (Eq. 13). Every component is a config switch, so each
 row of the paper's Table 5 ablation is a config (docs/methods.md §1.4).
+
+Two options read the statistics of the q update elsewhere: ``stats_source`` (training images Stage I
+did not train on, or augmented views, instead of the memorised training features) and
+``accuracy_weight_source="estimated"`` (calib's extension: γ from the Stage-I model's validation and
+training accuracy). docs/methods.md §1.8 gives the reasons and the measurements.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +38,7 @@ __all__ = [
     "MacCalConfig",
     "RestrictedSGD",
     "clip_threshold",
+    "estimated_accuracy_weight",
     "fit_mac_cal",
     "fit_mac_cal_population",
     "population_key",
@@ -39,6 +46,7 @@ __all__ = [
     "run_mac_cal",
     "run_mac_cal_population",
     "sample_weight_masks",
+    "stats_splits",
 ]
 
 
@@ -64,7 +72,16 @@ class MacCalConfig:
         clip_decay: β, the decay rate of the clip threshold, >= 0 (3.0).
         mask_resample: draw masks once per "epoch" (the paper) or every "step" (pitfall P4).
         stats_pass: Acc_t and Conf_t accumulated "online" over the epoch's masked minibatches, or
-            from a "clean" pass over the training features after the epoch.
+            from a "clean" pass over the training features after the epoch (``stats_source="train"``).
+        stats_source: the images Acc_t and Conf_t are measured on: the "train" features the head
+            trains on (the paper), the "heldout" training images Stage I did not train on (needs
+            ``stage1.train_size`` below the training split's size), or one "augmented" view of each
+            training image (the training transform, drawn once per Stage I); the last two by a pass
+            with the epoch's masks after the epoch. The paper's text asks for training-set statistics
+            and no validation data; both options stay within that.
+        accuracy_weight_source: "fixed" uses ``accuracy_weight``; "estimated" (calib's extension, not
+            the paper's method) sets γ = Acc_val / Acc_train of the Stage-I model, the generalisation
+            gap the fixed γ stands for, and ignores ``accuracy_weight``.
         train_mask_scaling: "none" (M ⊙ W) or "inverted" ((M ⊙ W)/q_t, as inverted dropout).
         inference_weights: "expected" (E[training weight]: q_T·W, or W under inverted scaling),
             "full" (W), or "last_mask" (the last epoch's masked weights); docs/methods.md §1.6.
@@ -88,6 +105,8 @@ class MacCalConfig:
     clip_decay: float = 3.0
     mask_resample: Literal["epoch", "step"] = "epoch"
     stats_pass: Literal["online", "clean"] = "online"
+    stats_source: Literal["train", "heldout", "augmented"] = "train"
+    accuracy_weight_source: Literal["fixed", "estimated"] = "fixed"
     train_mask_scaling: Literal["none", "inverted"] = "none"
     inference_weights: Literal["expected", "full", "last_mask"] = "expected"
 
@@ -225,10 +244,14 @@ class FittedMacCal:
 
 
 POPULATION_FIELDS = ("epochs", "lr", "momentum", "weight_decay", "batch_size", "head", "bottleneck_width",
-                     "head_init", "masked_forward", "mask_resample", "stats_pass")
-"""The fields that configs training in one population share (the loop's shape and the optimiser); the
-others (γ, β, θ_0, q_0, q_min, the adaptation, the restriction, scaling, inference weights) and the
-seed may differ from member to member."""
+                     "head_init", "masked_forward", "mask_resample", "stats_pass", "stats_source")
+"""The fields that configs training in one population share (the loop's shape, the optimiser and where
+the statistics come from); the others (γ and its source, β, θ_0, q_0, q_min, the adaptation, the
+restriction, scaling, inference weights) and the seed may differ from member to member."""
+
+STATS_SPLITS = {"train": None, "heldout": "train_heldout", "augmented": "train_augmented"}
+"""``stats_source`` → the artifact split (calib.artifacts.METHOD_SPLITS) the statistics are measured on."""
+
 
 
 def population_key(params: MacCalConfig) -> tuple:
@@ -247,6 +270,7 @@ def fit_mac_cal(
     device: torch.device,
     head_state: dict[str, torch.Tensor] | None = None,
     feature_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    stats_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> FittedMacCal:
     """Train MaC-Cal's head on ``inputs`` (cached features, or images when ``feature_fn`` is given).
 
@@ -257,7 +281,7 @@ def fit_mac_cal(
     """
     (fitted,) = fit_mac_cal_population([(params, seed)], inputs, labels, num_features=num_features,
                                        num_classes=num_classes, device=device, head_state=head_state,
-                                       feature_fn=feature_fn)
+                                       feature_fn=feature_fn, stats_inputs=stats_inputs)
     if isinstance(fitted, BaseException):
         raise fitted
     return fitted
@@ -300,8 +324,12 @@ def fit_mac_cal_population(
     device: torch.device,
     head_state: dict[str, torch.Tensor] | None = None,
     feature_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    stats_inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> list[FittedMacCal | FloatingPointError]:
     """Train one MaC-Cal head per ``(params, seed)`` member, all at once, on the same inputs.
+
+    ``stats_inputs`` (inputs, labels): where Acc_t and Conf_t of the q update are measured, by a pass
+    with the epoch's masks after the epoch; None measures them on the training inputs (``stats_pass``).
 
     The heads are stacked (:class:`~calib.methods.heads.StackedLinears`); each member keeps its own
     initialisation (``torch.manual_seed(seed)``), CPU generator (masks and minibatch order, drawn in
@@ -360,17 +388,25 @@ def fit_mac_cal_population(
                 sums += torch.stack([loss.detach().double() * y.shape[1], (predicted == y).sum(1).double(),
                                      confidence.sum(1).double()], dim=1)
         total_loss, correct, confidence_sum = sums.T.tolist()
-        if first.stats_pass == "clean":
-            correct, confidence_sum = _clean_stats(stack, inputs, labels, features_of, masks, scale, first, device)
+        stats_correct, stats_confidence, stats_n = correct, confidence_sum, n
+        if stats_inputs is not None:
+            stats_n = stats_inputs[0].shape[0]
+            stats_correct, stats_confidence = _clean_stats(stack, *stats_inputs, features_of, masks, scale, first,
+                                                           device)
+        elif first.stats_pass == "clean":
+            stats_correct, stats_confidence = _clean_stats(stack, inputs, labels, features_of, masks, scale, first,
+                                                           device)
         for k, (params, member) in enumerate(zip(params_list, fitted, strict=True)):
             if k in failures:
                 continue
             q = retention[k]
-            accuracy, mean_conf = correct[k] / n, confidence_sum[k] / n
+            accuracy, mean_conf = stats_correct[k] / stats_n, stats_confidence[k] / stats_n
             threshold = clip_threshold(epoch, params)
             member.history.append({
                 "stage": "stage2", "epoch": epoch, "lr": params.lr, "train_loss": total_loss[k] / n,
-                "train_accuracy": accuracy, "train_confidence": mean_conf,
+                "train_accuracy": correct[k] / n, "train_confidence": confidence_sum[k] / n,
+                "update_accuracy": accuracy, "update_confidence": mean_conf,
+                "accuracy_weight": params.accuracy_weight,
                 "retention_prob": q if params.masked_forward else None,
                 "clip_threshold": threshold if params.adaptive_retention != "none" else None,
             })
@@ -426,18 +462,50 @@ def run_mac_cal(
     return outcome
 
 
+def estimated_accuracy_weight(artifact: Stage1Artifact) -> float:
+    """calib's γ estimate (``accuracy_weight_source="estimated"``): Acc_val / Acc_train of the Stage-I model.
+
+    The update's fixed point is Conf = γ·Acc on the statistics' images, so γ stands for the ratio of
+    the accuracy a prediction will have to the accuracy measured there; on the training features of
+    Stage I that is the generalisation gap, which the validation split measures.
+    """
+    def accuracy(split: str) -> float:
+        cache = artifact.splits[split]
+        return float((cache.logits.argmax(1) == cache.labels).double().mean())
+
+    train_accuracy = accuracy("train")
+    if train_accuracy == 0:
+        raise ValueError("accuracy_weight_source='estimated' needs a Stage-I model with some correct training "
+                         "predictions (its training accuracy is 0).")
+    return accuracy("val") / train_accuracy
+
+
+def stats_splits(params: MacCalConfig) -> tuple[str, ...]:
+    """The artifact splits beyond train/val/test that ``params`` reads (``MethodSpec.splits``)."""
+    split = STATS_SPLITS[params.stats_source]
+    return () if split is None else (split,)
+
+
 def run_mac_cal_population(
     params: Sequence[MacCalConfig], artifact: Stage1Artifact, *, seeds: Sequence[int], device: torch.device
 ) -> list[MethodOutcome | BaseException]:
     """Stage II of several configs sharing :func:`population_key`, trained together on the artifact."""
     train = artifact.splits["train"]
     needs_head = any(p.head_init == "stage1" for p in params)
+    if any(p.accuracy_weight_source == "estimated" for p in params):
+        gamma = estimated_accuracy_weight(artifact)
+        params = [dataclasses.replace(p, accuracy_weight=gamma) if p.accuracy_weight_source == "estimated" else p
+                  for p in params]
+    split = STATS_SPLITS[params[0].stats_source] if params else None
+    stats = None if split is None else (artifact.splits[split].features, artifact.splits[split].labels)
     fitted = fit_mac_cal_population(
         list(zip(params, seeds, strict=True)), train.features, train.labels, num_features=artifact.num_features,
         num_classes=artifact.num_classes, device=device, head_state=artifact.head_state() if needs_head else None,
+        stats_inputs=stats,
     )
     return [f if isinstance(f, BaseException) else guarded(_outcome, f, artifact) for f in fitted]
 
 
 METHODS.register("mac_cal")(MethodSpec(MacCalConfig, run_mac_cal, "MaC-Cal: masked bottleneck head retraining",
-                                         run_population=run_mac_cal_population, population_key=population_key))
+                                         run_population=run_mac_cal_population, population_key=population_key,
+                                         splits=stats_splits))

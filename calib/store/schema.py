@@ -106,6 +106,10 @@ HISTORY_COLUMNS = [
     ("val_accuracy", pa.float64(), "validation accuracy after the epoch"),
     ("val_ece", pa.float64(), "validation ECE after the epoch (Stage I)"),
     ("val_loss", pa.float64(), "validation NLL after the epoch (TST / V-TST checkpoint selection)"),
+    ("update_accuracy", pa.float64(), "MaC-Cal Acc_t that the q update read (method.stats_source's images)"),
+    ("update_confidence", pa.float64(), "MaC-Cal Conf_t that the q update read"),
+    ("accuracy_weight", pa.float64(), "MaC-Cal γ of the q update (the estimate, under accuracy_weight_source "
+                                      "'estimated')"),
     ("retention_prob", pa.float64(), "MaC-Cal q_t, the mask retention probability of the epoch"),
     ("clip_threshold", pa.float64(), "MaC-Cal θ_t, the clip of the q update after the epoch"),
 ]

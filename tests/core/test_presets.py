@@ -72,3 +72,30 @@ def test_resources_whole_gpus_for_stage1_and_shares_for_the_rest():
     assert quick.resources("stage1") == quick.resources("cached") == {"CPU": 1.0, "GPU": 0.0}
     with pytest.raises(ConfigError, match="--gpus-per-cached-trial"):
         execution_options(parse("--gpus-per-cached-trial", "-1"), preset_of(parse()))
+
+
+def test_medium_preset_is_fashion_mnist_resnet20_and_asks_for_gpus_only_where_there_are(monkeypatch, tmp_path):
+    preset = preset_of(parse("--preset", "medium"))
+    assert study_setups(parse("--preset", "medium"), preset) == [("fashion-mnist", "resnet20")]
+    cfg = parse_trial_config(base_config(preset, study="t", dataset="fashion-mnist", seed=1, method={"name": "mac_cal"},
+                                         data_root=str(tmp_path), artifact_root=str(tmp_path / "a")))
+    assert (cfg.stage1.epochs, cfg.stage1.milestones, cfg.stage1.loss_reduction, cfg.stage1.grad_clip) == \
+        (60, (30, 45), "sum", 2.0)
+    assert cfg.method.params.epochs == 40 and preset.seeds == (1, 2, 3)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    cpu = execution_options(parse("--preset", "medium"), preset)
+    assert cpu.resources("stage1") == cpu.resources("cached") == {"CPU": 1.0, "GPU": 0.0}
+    forced = execution_options(parse("--preset", "medium", "--gpus-per-trial", "0.5"), preset)
+    assert forced.resources("stage1")["GPU"] == 0.5  # an explicit flag wins
+    cluster = execution_options(parse("--preset", "medium", "--address", "auto"), preset)
+    assert cluster.resources("stage1")["GPU"] == 0.25 and cluster.resources("cached")["GPU"] == 0.125
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    gpu = execution_options(parse("--preset", "medium"), preset)
+    assert gpu.resources("stage1") == {"CPU": 1.0, "GPU": 0.25}
+
+
+def test_train_size_flag_reaches_every_dataset_and_must_be_positive():
+    preset = preset_of(parse("--preset", "paper", "--train-size", "4000", "--epochs", "50"))
+    assert [preset.stage1_for(d)["train_size"] for d in ("cifar10", "tiny-imagenet")] == [4000, 4000]
+    with pytest.raises(ConfigError, match=r"`--train-size` must be an integer >= 1.*--train-size=0"):
+        preset_of(parse("--train-size", "0"))

@@ -1,0 +1,84 @@
+"""Stage I on part of the training split: a stratified sample of ``train_size`` images, the rest held out.
+
+``stage1.train_size`` makes CPU-sized runs of a large dataset and data-size studies possible, and
+it gives MaC-Cal's q statistics a part of the training data that Stage I never saw (its
+``stats_source="heldout"``). The sample is drawn with a fixed seed (1, as the validation splits),
+so every seed, loss and method of a study trains on the same images.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.utils.data import Dataset, Subset
+
+from calib._config import ConfigError
+from calib.datasets._base import DatasetSplits, TensorData
+
+__all__ = ["SUBSET_SEED", "TrainingSubset", "restrict_training", "stratified_sample"]
+
+SUBSET_SEED = 1
+
+
+def stratified_sample(labels: torch.Tensor, size: int, seed: int = SUBSET_SEED) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (sorted) of ``size`` items drawn per class in proportion to the class counts, and of the rest.
+
+    Class c gets ⌊size·n_c/N⌋ items, and the ``size − Σ⌊·⌋`` classes with the largest remainders
+    one more each (ties to the lower class), so the total is exactly ``size``.
+    """
+    labels = labels.long()
+    counts = torch.bincount(labels)
+    quota = counts.double() * size / labels.numel()
+    take = quota.floor().long()
+    extra = size - int(take.sum())
+    take[torch.argsort(quota - take, descending=True, stable=True)[:extra]] += 1
+    generator = torch.Generator().manual_seed(seed)
+    chosen = []
+    for label, count in enumerate(take.tolist()):
+        members = (labels == label).nonzero().flatten()
+        chosen.append(members[torch.randperm(members.numel(), generator=generator)[:count]])
+    keep = torch.zeros(labels.numel(), dtype=torch.bool)
+    keep[torch.cat(chosen)] = True
+    return keep.nonzero().flatten(), (~keep).nonzero().flatten()
+
+
+@dataclasses.dataclass
+class TrainingSubset:
+    """The splits Stage I trains on, and the held-out training images (evaluation transform; None
+    when Stage I trains on the whole training split)."""
+
+    data: DatasetSplits
+    heldout: Dataset | None
+
+
+def _training_labels(data: DatasetSplits) -> torch.Tensor:
+    if data.tensors is not None:
+        return data.tensors.train.labels
+    return torch.tensor([int(label) for _, label in data.train_eval])  # decodes every image: no tensor view
+
+
+def restrict_training(data: DatasetSplits, train_size: int | None, dataset: str = "") -> TrainingSubset:
+    """``data`` with its training views restricted to a stratified sample of ``train_size`` images.
+
+    ``None`` (or the whole split) returns ``data`` unchanged with no held-out part. A size larger
+    than the training split is a :class:`ConfigError` that names both numbers.
+    """
+    if train_size is None:
+        return TrainingSubset(data, None)
+    labels = _training_labels(data)
+    total = labels.numel()
+    if train_size > total:
+        raise ConfigError(f"`stage1.train_size` must be at most the {total} images of {dataset or 'the'} training "
+                          f"split, got stage1.train_size={train_size}.")
+    if train_size == total:
+        return TrainingSubset(data, None)
+    keep, rest = stratified_sample(labels, train_size)
+    tensors = data.tensors
+    restricted = DatasetSplits(
+        train=Subset(data.train, keep.tolist()), train_eval=Subset(data.train_eval, keep.tolist()),
+        val=data.val, test=data.test, num_classes=data.num_classes, input_shape=data.input_shape)
+    if tensors is not None:
+        train = dataclasses.replace(tensors.train, images=tensors.train.images[keep], labels=tensors.train.labels[keep])
+        restricted.tensors = TensorData(train, tensors.val, tensors.test, tensors.augmentation)
+    return TrainingSubset(restricted, Subset(data.train_eval, rest.tolist()))
