@@ -8,6 +8,8 @@ Layout (docs/architecture.md contract 3)::
                                                     checksums "files": {"model.pt": {"bytes", "sha256"}, ...}
                                       /ood-<name>.pt, /corruption-<name>.pt
                                                     Stage-I outputs on an OOD / corrupted set, made on first use
+                                      /train_heldout.pt, /train_augmented.pt
+                                                    the same for a method split (METHOD_SPLITS), on first use
                                       /ood-<name>.pt.json, ...   its sidecar {"bytes", "sha256"}, written after it
     <artifact_root>/quarantine/<stage1_id>-<UTC time>/           what failed its check, moved aside
 
@@ -367,8 +369,9 @@ def _compute_split(artifact: Stage1Artifact, name: str, make: Callable[[], Datas
     model = prepare_model(artifact.load_model(device), device, cfg.stage1.channels_last)
     if seed is not None:
         torch.manual_seed(seed)
-    features, logits, labels = predict(model, make(), device, num_workers=cfg.num_workers, amp=cfg.stage1.amp,
-                                       channels_last=cfg.stage1.channels_last)
+    # Random draws made in this process only: DataLoader workers would reseed per worker and their count varies.
+    features, logits, labels = predict(model, make(), device, num_workers=0 if seed is not None else cfg.num_workers,
+                                       amp=cfg.stage1.amp, channels_last=cfg.stage1.channels_last)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     torch.save({"features": features, "logits": logits, "labels": labels}, tmp)
     os.replace(tmp, path)

@@ -73,7 +73,7 @@ PRESETS.register("medium")(Preset(
     description="Fashion-MNIST (real 28×28 images; offline from the system package dataset-fashion-mnist) × "
                 "ResNet-20, 60 epochs (×0.1 at 30 and 45), batch 128, clip 2, sum reduction; Stage II 40 epochs; "
                 "3 seeds; a quarter GPU per trial where there is a GPU, else one CPU "
-                "(about 2 min per epoch on 2 cores: --train-size 5000 for CPU-sized runs)",
+                "(about 2 min per epoch on 2 cores: --train-size 4000 for CPU-sized runs)",
     datasets=("fashion-mnist",),
     archs=("resnet20",),
     seeds=(1, 2, 3),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from calib._config import ConfigError
 from calib.datasets._base import DatasetSplits, TensorData
@@ -52,10 +52,25 @@ class TrainingSubset:
     heldout: Dataset | None
 
 
+def _dataset_labels(dataset: Dataset) -> torch.Tensor | None:
+    """The labels a dataset holds without reading its images (``targets``, a TensorDataset's second
+    tensor, through Subsets), or None."""
+    if isinstance(dataset, Subset):
+        inner = _dataset_labels(dataset.dataset)
+        return None if inner is None else inner[torch.as_tensor(dataset.indices, dtype=torch.long)]
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
+        return dataset.tensors[1]
+    targets = getattr(dataset, "targets", None)
+    return None if targets is None else torch.as_tensor(targets)
+
+
 def _training_labels(data: DatasetSplits) -> torch.Tensor:
+    labels = _dataset_labels(data.train_eval)
+    if labels is not None:
+        return labels.long()
     if data.tensors is not None:
         return data.tensors.train.labels
-    return torch.tensor([int(label) for _, label in data.train_eval])  # decodes every image: no tensor view
+    return torch.tensor([int(label) for _, label in data.train_eval])  # decodes every image: no other way
 
 
 def restrict_training(data: DatasetSplits, train_size: int | None, dataset: str = "") -> TrainingSubset:
@@ -74,11 +89,16 @@ def restrict_training(data: DatasetSplits, train_size: int | None, dataset: str 
     if train_size == total:
         return TrainingSubset(data, None)
     keep, rest = stratified_sample(labels, train_size)
-    tensors = data.tensors
+
+    def restricted_tensors() -> TensorData:  # built on first read, as the dataset's own view is
+        tensors = data.tensors
+        assert tensors is not None
+        train = dataclasses.replace(tensors.train, images=tensors.train.images[keep], labels=tensors.train.labels[keep])
+        return TensorData(train, tensors.val, tensors.test, tensors.augmentation)
+
+    has_tensors = data.tensor_loader is not None or data.__dict__.get("_tensors") is not None
     restricted = DatasetSplits(
         train=Subset(data.train, keep.tolist()), train_eval=Subset(data.train_eval, keep.tolist()),
-        val=data.val, test=data.test, num_classes=data.num_classes, input_shape=data.input_shape)
-    if tensors is not None:
-        train = dataclasses.replace(tensors.train, images=tensors.train.images[keep], labels=tensors.train.labels[keep])
-        restricted.tensors = TensorData(train, tensors.val, tensors.test, tensors.augmentation)
+        val=data.val, test=data.test, num_classes=data.num_classes, input_shape=data.input_shape,
+        tensor_loader=restricted_tensors if has_tensors else None)
     return TrainingSubset(restricted, Subset(data.train_eval, rest.tolist()))

@@ -40,6 +40,11 @@ class MethodOutcome:
         )
 
 
+def no_splits(params: Any) -> tuple[str, ...]:
+    """A method that reads the artifact's train/val/test splits only."""
+    return ()
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """``run(params, artifact, seed=..., device=...)`` turns a Stage-I artifact into an outcome.
@@ -60,7 +65,7 @@ class MethodSpec:
     description: str
     run_population: Callable[..., list[MethodOutcome | BaseException]] | None = None
     population_key: Callable[[Any], Hashable] | None = None
-    splits: Callable[[Any], tuple[str, ...]] = lambda params: ()
+    splits: Callable[[Any], tuple[str, ...]] = no_splits
 
     def __post_init__(self) -> None:
         if (self.run_population is None) != (self.population_key is None):

@@ -462,22 +462,25 @@ def run_mac_cal(
     return outcome
 
 
-def estimated_accuracy_weight(artifact: Stage1Artifact) -> float:
-    """calib's γ estimate (``accuracy_weight_source="estimated"``): Acc_val / Acc_train of the Stage-I model.
+def estimated_accuracy_weight(artifact: Stage1Artifact, stats_split: str = "train") -> float:
+    """calib's γ estimate (``accuracy_weight_source="estimated"``): Acc_val / Acc_stats of the Stage-I model,
+    Acc_stats its accuracy on the images the statistics come from (``stats_split``: "train" by default).
 
     The update's fixed point is Conf = γ·Acc on the statistics' images, so γ stands for the ratio of
     the accuracy a prediction will have to the accuracy measured there; on the training features of
-    Stage I that is the generalisation gap, which the validation split measures.
+    Stage I that is the generalisation gap, which the validation split measures (on held-out training
+    images it is about 1).
     """
     def accuracy(split: str) -> float:
         cache = artifact.splits[split]
         return float((cache.logits.argmax(1) == cache.labels).double().mean())
 
-    train_accuracy = accuracy("train")
-    if train_accuracy == 0:
-        raise ValueError("accuracy_weight_source='estimated' needs a Stage-I model with some correct training "
-                         "predictions (its training accuracy is 0).")
-    return accuracy("val") / train_accuracy
+    stats_accuracy, val_accuracy = accuracy(stats_split), accuracy("val")
+    if stats_accuracy == 0 or val_accuracy == 0:
+        raise ValueError(f"accuracy_weight_source='estimated' needs a Stage-I model with some correct predictions: "
+                         f"its accuracy is {val_accuracy:.4f} on the validation split and {stats_accuracy:.4f} on "
+                         f"the split {stats_split!r}, so γ = {val_accuracy:.4f} / {stats_accuracy:.4f} is not > 0.")
+    return val_accuracy / stats_accuracy
 
 
 def stats_splits(params: MacCalConfig) -> tuple[str, ...]:
@@ -492,18 +495,30 @@ def run_mac_cal_population(
     """Stage II of several configs sharing :func:`population_key`, trained together on the artifact."""
     train = artifact.splits["train"]
     needs_head = any(p.head_init == "stage1" for p in params)
-    if any(p.accuracy_weight_source == "estimated" for p in params):
-        gamma = estimated_accuracy_weight(artifact)
-        params = [dataclasses.replace(p, accuracy_weight=gamma) if p.accuracy_weight_source == "estimated" else p
-                  for p in params]
     split = STATS_SPLITS[params[0].stats_source] if params else None
+    members: dict[int, MacCalConfig] = dict(enumerate(params))
+    failed: dict[int, BaseException] = {}
+    if any(p.accuracy_weight_source == "estimated" for p in params):
+        try:
+            gamma: float | BaseException = estimated_accuracy_weight(artifact, split or "train")
+        except ValueError as err:
+            gamma = err
+        for k, p in list(members.items()):
+            if p.accuracy_weight_source != "estimated":
+                continue
+            if isinstance(gamma, BaseException):  # a failed estimate fails its members only
+                del members[k]
+                failed[k] = gamma
+            else:
+                members[k] = dataclasses.replace(p, accuracy_weight=gamma)
     stats = None if split is None else (artifact.splits[split].features, artifact.splits[split].labels)
-    fitted = fit_mac_cal_population(
-        list(zip(params, seeds, strict=True)), train.features, train.labels, num_features=artifact.num_features,
-        num_classes=artifact.num_classes, device=device, head_state=artifact.head_state() if needs_head else None,
-        stats_inputs=stats,
-    )
-    return [f if isinstance(f, BaseException) else guarded(_outcome, f, artifact) for f in fitted]
+    fitted = dict(zip(members, fit_mac_cal_population(
+        [(p, seeds[k]) for k, p in members.items()], train.features, train.labels,
+        num_features=artifact.num_features, num_classes=artifact.num_classes, device=device,
+        head_state=artifact.head_state() if needs_head else None, stats_inputs=stats,
+    ), strict=True))
+    return [failed[k] if k in failed else fitted[k] if isinstance(fitted[k], BaseException)
+            else guarded(_outcome, fitted[k], artifact) for k in range(len(params))]
 
 
 METHODS.register("mac_cal")(MethodSpec(MacCalConfig, run_mac_cal, "MaC-Cal: masked bottleneck head retraining",

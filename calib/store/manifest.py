@@ -25,7 +25,7 @@ from typing import Any
 
 from calib import storage
 from calib._config import ConfigError
-from calib.config import TrialConfig, trial_identity, validate_study_name
+from calib.config import ADDED_FIELDS, TrialConfig, trial_identity, validate_study_name
 
 __all__ = ["StudyChangedError", "check_manifest", "manifest_of", "record_manifest"]
 
@@ -83,17 +83,32 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def _with_added_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``flat`` with the :data:`~calib.config.ADDED_FIELDS` that identities leave out at their default
+    (and manifests written before they existed lack) filled in, where their section is present."""
+    out = dict(flat)
+    sections = {"stage1": any(k.startswith("stage1.") for k in flat)}
+    if "method.name" in flat:
+        sections[flat["method.name"]] = True
+    for section, defaults in ADDED_FIELDS.items():
+        if sections.get(section):
+            prefix = "stage1." if section == "stage1" else "method."
+            for name, default in defaults.items():
+                out.setdefault(prefix + name, default)
+    return out
+
+
 def check_manifest(store: str | os.PathLike, study: str, manifest: Mapping[str, Any]) -> None:
     """Raise :class:`StudyChangedError` if ``study`` exists in ``store`` with another fixed config."""
     stored = _load(storage.normalize(store), study)
     if stored is None:
         return
-    old, new = stored["constant"], manifest["constant"]
+    old, new = _with_added_defaults(stored["constant"]), _with_added_defaults(manifest["constant"])
     shared = old.keys() & new.keys()
     changes = [f"{key}: {_show(old[key])} → {_show(new[key])}" for key in sorted(shared) if old[key] != new[key]]
     old_rows, new_rows = stored.get("rows", {}), manifest.get("rows", {})
     for label in sorted(old_rows.keys() & new_rows.keys()):
-        was, now = old_rows[label], new_rows[label]
+        was, now = _with_added_defaults(old_rows[label]), _with_added_defaults(new_rows[label])
         changes += [f"[{label}] {key}: {_show(was[key])} → {_show(now[key])}"
                     for key in sorted((was.keys() & now.keys()) - shared) if was[key] != now[key]]
     if stored.get("space") != manifest.get("space"):

@@ -53,3 +53,13 @@ def test_none_or_the_whole_split_changes_nothing_and_too_many_is_an_error():
     assert restrict_training(data, total).heldout is None
     with pytest.raises(ConfigError, match=rf"at most the {total} images of digits-noisy.*train_size={total + 1}"):
         restrict_training(data, total + 1, "digits-noisy")
+
+
+def test_labels_come_from_the_dataset_and_the_tensor_view_stays_lazy():
+    data = load_dataset("synthetic-cifar10", "")  # CIFAR's layout: labels in `targets`, tensors built on demand
+    subset = restrict_training(data, 1000, "synthetic-cifar10")
+    assert "_tensors" not in data.__dict__ and "_tensors" not in subset.data.__dict__
+    tensors = subset.data.tensors
+    assert tensors is not None and tensors.train.labels.tolist() == [subset.data.train_eval[i][1] for i in range(1000)]
+    shares = torch.bincount(data.tensors.train.labels).double() * 1000 / len(data.train_eval)
+    assert ((torch.bincount(tensors.train.labels) - shares).abs() < 1).all()  # each class its share, rounded

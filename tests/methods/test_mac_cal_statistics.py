@@ -9,7 +9,14 @@ from test_mac_cal import separable_features
 from calib._config import ConfigError
 from calib.artifacts import SplitCache, stage1_dir
 from calib.config import config_hash, parse_trial_config, stage1_identity, trial_identity
-from calib.methods.mac_cal import MacCalConfig, clip_threshold, estimated_accuracy_weight, fit_mac_cal, retention_update
+from calib.methods.mac_cal import (
+    MacCalConfig,
+    clip_threshold,
+    estimated_accuracy_weight,
+    fit_mac_cal,
+    retention_update,
+    run_mac_cal_population,
+)
 from calib.trial import run_trial
 
 
@@ -42,18 +49,33 @@ def test_stats_on_the_training_inputs_equal_the_clean_pass():
 
 
 class _Artifact:
-    def __init__(self, train_right: int, val_right: int) -> None:
+    """Five images per split, all of class 0; the Stage-I logits get the first ``right`` of them right."""
+
+    num_features, num_classes = 2, 2
+
+    def __init__(self, train_right: int, val_right: int, heldout_right: int = 5) -> None:
         def split(right: int) -> SplitCache:
             labels = torch.zeros(5, dtype=torch.long)
             logits = torch.tensor([[1.0, 0.0]] * right + [[0.0, 1.0]] * (5 - right))
-            return SplitCache(torch.zeros(5, 2), logits, labels)
-        self.splits = {"train": split(train_right), "val": split(val_right)}
+            return SplitCache(torch.randn(5, 2), logits, labels)
+        self.splits = {"train": split(train_right), "val": split(val_right), "test": split(5),
+                       "train_heldout": split(heldout_right)}
 
 
-def test_estimated_gamma_is_validation_over_training_accuracy():
+def test_estimated_gamma_is_validation_over_the_statistics_images_accuracy():
     assert estimated_accuracy_weight(_Artifact(train_right=4, val_right=3)) == pytest.approx(0.6 / 0.8)
-    with pytest.raises(ValueError, match="training accuracy is 0"):
+    assert estimated_accuracy_weight(_Artifact(4, 3, heldout_right=3), "train_heldout") == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=r"accuracy is 0.6000 on the validation split and 0.0000 on the split 'train'"):
         estimated_accuracy_weight(_Artifact(train_right=0, val_right=3))
+
+
+def test_a_failed_estimate_fails_its_members_only():
+    fixed = MacCalConfig(epochs=2, head="linear")
+    estimated = MacCalConfig(epochs=2, head="linear", accuracy_weight_source="estimated")
+    outcomes = run_mac_cal_population([fixed, estimated], _Artifact(train_right=0, val_right=3), seeds=[1, 1],
+                                      device=torch.device("cpu"))
+    assert isinstance(outcomes[1], ValueError) and "needs a Stage-I model with some correct" in str(outcomes[1])
+    assert not isinstance(outcomes[0], BaseException) and outcomes[0].test_probs.shape == (5, 2)
 
 
 def test_heldout_needs_a_training_subset(make_config):

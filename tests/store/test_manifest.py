@@ -111,3 +111,33 @@ def test_a_manifest_without_rows_still_checks_its_shared_keys(tmp_path):
     check_manifest(store, "study", manifest_of(configs(tmp_path, ["Vanilla", "TST"], tst_epochs=2)))
     with pytest.raises(StudyChangedError, match=r"stage1\.epochs: 2 → 3"):
         check_manifest(store, "study", manifest_of(configs(tmp_path, ["Vanilla", "TST"], epochs=3)))
+
+
+def _with(configs_list, **stage1_and_mac_cal):
+    """The configs with ``train_size`` in Stage I and the other keys in the MaC-Cal row's method."""
+    train_size = stage1_and_mac_cal.pop("train_size", None)
+    out = []
+    for cfg in configs_list:
+        raw = cfg.to_dict()
+        if train_size is not None:
+            raw["stage1"]["train_size"] = train_size
+        if raw["method"]["name"] == "mac_cal":
+            raw["method"].update(stage1_and_mac_cal)
+        out.append(parse_trial_config(raw))
+    return out
+
+
+def test_fields_added_later_are_checked_at_their_default(tmp_path):
+    # The identities leave out stage1.train_size and MaC-Cal's stats_source at their defaults (so old
+    # trial ids stay valid); a run that sets them still changes the study.
+    store = record(tmp_path, ["Vanilla", "MaC-Cal"])
+    check_manifest(store, "study", manifest_of(configs(tmp_path, ["Vanilla", "MaC-Cal"])))
+    with pytest.raises(StudyChangedError, match=r"stage1\.train_size: null → 300"):
+        check_manifest(store, "study", manifest_of(_with(configs(tmp_path, ["Vanilla", "MaC-Cal"]), train_size=300)))
+    with pytest.raises(StudyChangedError, match=r"\[MaC-Cal\] method\.stats_source: \"train\" → \"augmented\""):
+        check_manifest(store, "study",
+                       manifest_of(_with(configs(tmp_path, ["Vanilla", "MaC-Cal"]), stats_source="augmented")))
+    changed = tmp_path / "changed"
+    record_manifest(changed, "study", manifest_of(_with(configs(tmp_path, ["Vanilla", "MaC-Cal"]), train_size=300)))
+    with pytest.raises(StudyChangedError, match=r"stage1\.train_size: 300 → null"):
+        check_manifest(changed, "study", manifest_of(configs(tmp_path, ["Vanilla", "MaC-Cal"])))
