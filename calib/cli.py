@@ -209,8 +209,12 @@ def study_setups(args: argparse.Namespace, preset: Preset) -> list[tuple[str, st
     """The (dataset, architecture) pairs of a study run; unknown names fail before anything runs."""
     setups = preset.setups(args.datasets, args.archs)
     for dataset, arch in setups:
-        DATASETS.get(dataset)
+        info = DATASETS.get(dataset)
         MODELS.get(arch)
+        train_size = preset.stage1_for(dataset).get("train_size")
+        if train_size is not None and info.train_images is not None and train_size > info.train_images:
+            raise ConfigError(f"`--train-size` must be at most the {info.train_images} images of {dataset}'s training "
+                              f"split, got --train-size={train_size}.")
     return setups
 
 

@@ -106,7 +106,9 @@ class DatasetInfo:
     """A registry entry: how to load a dataset and how to check, cheaply, that it is on disk.
 
     ``load(root, download)`` returns the splits; ``require(root)`` raises
-    :class:`DatasetNotFoundError` when the files are missing (used before any trial starts).
+    :class:`DatasetNotFoundError` when the files are missing (used before any trial starts);
+    ``train_images`` is the size of the training split Stage I trains on (None: not known before
+    loading), which bounds ``stage1.train_size`` before any trial starts.
     """
 
     load: Callable[[str, bool], DatasetSplits]
@@ -114,3 +116,4 @@ class DatasetInfo:
     num_classes: int
     input_shape: tuple[int, int, int]
     description: str
+    train_images: int | None = None

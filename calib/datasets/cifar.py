@@ -279,6 +279,7 @@ DATASETS.register("cifar10")(
         num_classes=10,
         input_shape=INPUT_SHAPE,
         description="CIFAR-10 (torchvision), FOCAL-R split 45k/5k/10k, crop+flip augmentation.",
+        train_images=50_000 - VAL_SIZE,
     )
 )
 DATASETS.register("cifar100")(
@@ -288,5 +289,6 @@ DATASETS.register("cifar100")(
         num_classes=100,
         input_shape=INPUT_SHAPE,
         description="CIFAR-100 (torchvision), FOCAL-R split 45k/5k/10k, crop+flip, CIFAR test statistics.",
+        train_images=50_000 - VAL_SIZE,
     )
 )

@@ -316,5 +316,6 @@ DATASETS.register("tiny-imagenet")(
         input_shape=INPUT_SHAPE,
         description="Tiny-ImageNet-200, ACLS/FeDLaS split 90k/10k (50 a class held out of train)/10k (official val), "
         "crop+flip, ImageNet statistics.",
+        train_images=200 * (500 - VAL_PER_CLASS),
     )
 )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from calib._config import ConfigError
-from calib.datasets import load_dataset
+from calib.datasets import DATASETS, load_dataset
 from calib.datasets.subsets import restrict_training, stratified_sample
 
 
@@ -63,3 +63,8 @@ def test_labels_come_from_the_dataset_and_the_tensor_view_stays_lazy():
     assert tensors is not None and tensors.train.labels.tolist() == [subset.data.train_eval[i][1] for i in range(1000)]
     shares = torch.bincount(data.tensors.train.labels).double() * 1000 / len(data.train_eval)
     assert ((torch.bincount(tensors.train.labels) - shares).abs() < 1).all()  # each class its share, rounded
+
+
+@pytest.mark.parametrize("name", ["digits", "digits-noisy", "synthetic-cifar10"])
+def test_registered_training_sizes_are_the_splits(name):
+    assert DATASETS.get(name).train_images == len(load_dataset(name, "").train_eval)

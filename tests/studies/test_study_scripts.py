@@ -86,6 +86,10 @@ def test_optuna_search_two_objectives(tmp_path):
     (["--preset", "paper"], "CIFAR-10 not found: expected the directory"),
     (["--gammas", "0"], "`method.accuracy_weight` must be > 0 (it is γ), got method.accuracy_weight=0.0."),
     (["--seeds", "1", "--study", "../escape"], "`study` must start with a letter or digit"),
+    (["--train-size", "900"], "`--train-size` must be at most the 898 images of digits-noisy's training split, "
+                              "got --train-size=900."),
+    (["--stats-source", "heldout"], "`method.stats_source`='heldout' reads the training images Stage I did not "
+                                    "train on"),
 ])
 def test_bad_input_exits_2_before_any_trial(tmp_path, args, message):
     store = tmp_path / "results"
