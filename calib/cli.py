@@ -212,9 +212,9 @@ def study_setups(args: argparse.Namespace, preset: Preset) -> list[tuple[str, st
         info = DATASETS.get(dataset)
         MODELS.get(arch)
         train_size = preset.stage1_for(dataset).get("train_size")
-        if train_size is not None and info.train_images is not None and train_size > info.train_images:
-            raise ConfigError(f"`--train-size` must be at most the {info.train_images} images of {dataset}'s training "
-                              f"split, got --train-size={train_size}.")
+        if train_size is not None and info.train_images is not None and train_size >= info.train_images:
+            raise ConfigError(f"`--train-size` must be below the {info.train_images} images of {dataset}'s training "
+                              f"split, got --train-size={train_size}. Leave it out to train on all of them.")
     return setups
 
 

@@ -264,6 +264,12 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     fields["method"] = _component(METHODS, data["method"], "method")
     cfg = from_dict(TrialConfig, fields)
     check(cfg.seed >= 0, "seed", cfg.seed, "be an integer >= 0 (it seeds torch and numpy)")
+    train_images = DATASETS.get(cfg.dataset).train_images
+    if cfg.stage1.train_size is not None and train_images is not None:
+        # The whole split is null: one Stage I, one id.
+        check(cfg.stage1.train_size < train_images, "stage1.train_size", cfg.stage1.train_size,
+              f"be below the {train_images} images of {cfg.dataset}'s training split",
+              "Leave it null (the default) to train on all of them.")
     if "train_heldout" in METHODS.get(cfg.method.name).splits(cfg.method.params) and cfg.stage1.train_size is None:
         raise ConfigError(
             f"`method.stats_source`='heldout' reads the training images Stage I did not train on, but "

@@ -3,9 +3,9 @@
 A grid over γ × seeds (every other hyperparameter at its default) plus the vanilla Stage-I model per
 seed. Prints test ECE (mean ± 95% CI over seeds) and accuracy per γ, the row of γ chosen per seed on
 validation ECE, and writes a figure with ECE against γ and the q_t trajectories per γ (MaC-Cal
-Figs. 7-8). ``--estimated-gamma`` adds calib's γ estimated from the data (validation ÷ training
-accuracy of the Stage-I model); ``--stats-source`` says where every MaC-Cal row measures the
-statistics of its q update. Re-running skips finished trials.
+Figs. 7-8). ``--estimated-gamma`` adds calib's γ estimated from the data (the Stage-I model's
+validation accuracy ÷ its accuracy on the statistics' images); ``--stats-source`` says where every
+MaC-Cal row measures the statistics of its q update. Re-running skips finished trials.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from calib.cli import (
     study_paths,
     study_setups,
 )
+from calib.methods.mac_cal import STATS_SPLITS
 from calib.presets import base_config
 from calib.report import report_step, summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
@@ -108,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = study_parser(__doc__, study="sensitivity_gamma")
     parser.add_argument("--gammas", type=float, nargs="+", default=list(DEFAULT_GAMMAS), help="γ values")
     parser.add_argument("--estimated-gamma", action="store_true",
-                        help="add a MaC-Cal row whose γ is estimated from the data, validation ÷ training accuracy "
-                             "of the Stage-I model (calib's extension, not the paper's method)")
-    parser.add_argument("--stats-source", default="train", choices=["train", "heldout", "augmented"],
+                        help="add a MaC-Cal row whose γ is estimated from the data: the Stage-I model's validation "
+                             "accuracy ÷ its accuracy on the statistics' images (calib's extension, not the "
+                             "paper's method)")
+    parser.add_argument("--stats-source", default="train", choices=list(STATS_SPLITS),
                         help="where every MaC-Cal row measures Acc_t and Conf_t of its q update: the training "
                              "features (the paper), the training images Stage I did not train on (needs "
                              "--train-size), or augmented views of the training images (default: train)")

@@ -44,6 +44,7 @@ from calib.datasets._base import (
     TensorData,
     TensorSplit,
 )
+from calib.datasets.subsets import stratified_sample
 
 __all__ = [
     "AUGMENTATION",
@@ -159,40 +160,22 @@ def _read_split(folder: str, images_key: str, labels_key: str) -> tuple[np.ndarr
 def stratified_split_indices(
     labels: np.ndarray, val_size: int = VAL_SIZE, seed: int = SPLIT_SEED
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(train, validation) indices into ``labels``, both ascending, validation stratified by class.
-
-    Class k (n_k of the N images) gives ⌊val_size · n_k / N⌋ validation images, and the
-    ``val_size − Σ ⌊·⌋`` left over go one each to the classes with the largest remainders (ties: the
-    smaller class). One ``np.random.RandomState(seed)`` permutes each class's indices in turn, classes in
-    ascending order; the first images of each permutation are validation. On Fashion-MNIST's 6,000 a
-    class: 500 a class.
-    """
-    labels = np.asarray(labels)
-    num = len(labels)
-    if isinstance(val_size, bool) or not isinstance(val_size, (int, np.integer)) or not 1 <= val_size < num:
-        raise ValueError(f"`val_size` must be an integer in [1, {num}) for {num} training images, "
-                         f"got val_size={val_size!r}.")
-    classes, counts = np.unique(labels, return_counts=True)
-    exact = val_size * counts / num
-    quotas = np.floor(exact).astype(np.int64)
-    by_remainder = np.lexsort((classes, -(exact - quotas)))  # largest remainder first, then smaller class
-    quotas[by_remainder[:val_size - quotas.sum()]] += 1
-    rng = np.random.RandomState(seed)
-    val = [rng.permutation(np.flatnonzero(labels == k))[:quota] for k, quota in zip(classes, quotas, strict=True)]
-    val_idx = np.sort(np.concatenate(val))
-    train_idx = np.setdiff1d(np.arange(num), val_idx)
+    """(train, validation) indices into ``labels``, both ascending: validation is the stratified sample
+    of ``val_size`` images that :func:`calib.datasets.subsets.stratified_sample` draws with ``seed``
+    (largest remainders; on Fashion-MNIST's 6,000 a class, 500 a class)."""
+    val_idx, train_idx = stratified_sample(labels, val_size, seed, key="val_size")
     return train_idx, val_idx
 
 
 class GrayImageDataset(Dataset):
     """``(transform(image), label)`` over uint8 (N, H, W) images in memory, each as a mode-"L" PIL image
-    (what torchvision's ``FashionMNIST`` gives)."""
+    (what torchvision's ``FashionMNIST`` gives); ``targets`` are the labels, named as torchvision's."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Any = None) -> None:
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels.")
         self.images = images
-        self.labels = labels
+        self.targets = labels
         self.transform = transform
 
     def __len__(self) -> int:
@@ -202,7 +185,7 @@ class GrayImageDataset(Dataset):
         from PIL import Image
 
         image = Image.fromarray(self.images[index])  # 2-D uint8: mode "L"
-        return (self.transform(image) if self.transform is not None else image), int(self.labels[index])
+        return (self.transform(image) if self.transform is not None else image), int(self.targets[index])
 
 
 def fashion_mnist_tensor_data(

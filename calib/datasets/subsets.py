@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
@@ -21,26 +22,29 @@ __all__ = ["SUBSET_SEED", "TrainingSubset", "restrict_training", "stratified_sam
 SUBSET_SEED = 1
 
 
-def stratified_sample(labels: torch.Tensor, size: int, seed: int = SUBSET_SEED) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (sorted) of ``size`` items drawn per class in proportion to the class counts, and of the rest.
+def stratified_sample(labels: np.ndarray | torch.Tensor, size: int, seed: int = SUBSET_SEED, *, key: str = "size"
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(sample, rest): indices into ``labels``, both ascending; the sample holds ``size`` items stratified by class.
 
-    Class c gets ⌊size·n_c/N⌋ items, and the ``size − Σ⌊·⌋`` classes with the largest remainders
-    one more each (ties to the lower class), so the total is exactly ``size``.
+    Class k (n_k of the N items) gives ⌊size · n_k / N⌋ items, and the ``size − Σ ⌊·⌋`` left over go one
+    each to the classes with the largest remainders (ties: the smaller class). One
+    ``np.random.RandomState(seed)`` permutes each class's indices in turn, classes in ascending order; the
+    first items of each permutation are the sample. A ``size`` outside [1, N) is a ``ValueError`` that
+    calls it ``key``.
     """
-    labels = labels.long()
-    counts = torch.bincount(labels)
-    quota = counts.double() * size / labels.numel()
-    take = quota.floor().long()
-    extra = size - int(take.sum())
-    take[torch.argsort(quota - take, descending=True, stable=True)[:extra]] += 1
-    generator = torch.Generator().manual_seed(seed)
-    chosen = []
-    for label, count in enumerate(take.tolist()):
-        members = (labels == label).nonzero().flatten()
-        chosen.append(members[torch.randperm(members.numel(), generator=generator)[:count]])
-    keep = torch.zeros(labels.numel(), dtype=torch.bool)
-    keep[torch.cat(chosen)] = True
-    return keep.nonzero().flatten(), (~keep).nonzero().flatten()
+    labels = np.asarray(labels)
+    num = len(labels)
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 1 <= size < num:
+        raise ValueError(f"`{key}` must be an integer in [1, {num}) for {num} labels, got {key}={size!r}.")
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = size * counts / num
+    quotas = np.floor(exact).astype(np.int64)
+    by_remainder = np.lexsort((classes, -(exact - quotas)))  # largest remainder first, then smaller class
+    quotas[by_remainder[:size - quotas.sum()]] += 1
+    rng = np.random.RandomState(seed)
+    chosen = [rng.permutation(np.flatnonzero(labels == k))[:quota] for k, quota in zip(classes, quotas, strict=True)]
+    sample = np.sort(np.concatenate(chosen))
+    return sample, np.setdiff1d(np.arange(num), sample)
 
 
 @dataclasses.dataclass
@@ -53,8 +57,8 @@ class TrainingSubset:
 
 
 def _dataset_labels(dataset: Dataset) -> torch.Tensor | None:
-    """The labels a dataset holds without reading its images (``targets``, a TensorDataset's second
-    tensor, through Subsets), or None."""
+    """The labels a dataset holds without reading its images (``targets``, as every image dataset of
+    calib and torchvision has them, or a TensorDataset's second tensor; through Subsets), or None."""
     if isinstance(dataset, Subset):
         inner = _dataset_labels(dataset.dataset)
         return None if inner is None else inner[torch.as_tensor(dataset.indices, dtype=torch.long)]
@@ -88,7 +92,7 @@ def restrict_training(data: DatasetSplits, train_size: int | None, dataset: str 
                           f"split, got stage1.train_size={train_size}.")
     if train_size == total:
         return TrainingSubset(data, None)
-    keep, rest = stratified_sample(labels, train_size)
+    keep, rest = (torch.from_numpy(indices) for indices in stratified_sample(labels.numpy(), train_size))
 
     def restricted_tensors() -> TensorData:  # built on first read, as the dataset's own view is
         tensors = data.tensors

@@ -113,10 +113,12 @@ def tiny_imagenet_eval_transform() -> transforms.Compose:
 
 
 class ImageList(Dataset):
-    """``(transform(image), label)`` for a list of ``(path, label)``; images are read as RGB."""
+    """``(transform(image), label)`` for a list of ``(path, label)``; images are read as RGB. ``samples``
+    and ``targets`` are named as torchvision's ``ImageFolder``'s."""
 
     def __init__(self, samples: list[tuple[str, int]], transform: Callable | None = None) -> None:
         self.samples = samples
+        self.targets = [label for _, label in samples]
         self.transform = transform
 
     def __len__(self) -> int:

@@ -9,8 +9,8 @@ row of the paper's Table 5 ablation is a config (docs/methods.md §1.4).
 
 Two options read the statistics of the q update elsewhere: ``stats_source`` (training images Stage I
 did not train on, or augmented views, instead of the memorised training features) and
-``accuracy_weight_source="estimated"`` (calib's extension: γ from the Stage-I model's validation and
-training accuracy). docs/methods.md §1.8 gives the reasons and the measurements.
+``accuracy_weight_source="estimated"`` (calib's extension: γ from the Stage-I model's accuracy on the
+validation split and on the statistics' images). docs/methods.md §1.8 gives the reasons and the measurements.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ class MacCalConfig:
         clip_decay: β, the decay rate of the clip threshold, >= 0 (3.0).
         mask_resample: draw masks once per "epoch" (the paper) or every "step" (pitfall P4).
         stats_pass: Acc_t and Conf_t accumulated "online" over the epoch's masked minibatches, or
-            from a "clean" pass over the training features after the epoch (``stats_source="train"``).
+            from a "clean" pass over the training features after the epoch (``stats_source="train"``
+            only; the other sources are always a pass after the epoch).
         stats_source: the images Acc_t and Conf_t are measured on: the "train" features the head
             trains on (the paper), the "heldout" training images Stage I did not train on (needs
             ``stage1.train_size`` below the training split's size), or one "augmented" view of each
@@ -80,8 +81,9 @@ class MacCalConfig:
             with the epoch's masks after the epoch. The paper's text asks for training-set statistics
             and no validation data; both options stay within that.
         accuracy_weight_source: "fixed" uses ``accuracy_weight``; "estimated" (calib's extension, not
-            the paper's method) sets γ = Acc_val / Acc_train of the Stage-I model, the generalisation
-            gap the fixed γ stands for, and ignores ``accuracy_weight``.
+            the paper's method) sets γ = Acc_val / Acc_stats of the Stage-I model, Acc_stats its
+            accuracy on the statistics' images (the training features for ``stats_source="train"``:
+            the generalisation gap the fixed γ stands for); ``accuracy_weight`` then stays at its default.
         train_mask_scaling: "none" (M ⊙ W) or "inverted" ((M ⊙ W)/q_t, as inverted dropout).
         inference_weights: "expected" (E[training weight]: q_T·W, or W under inverted scaling),
             "full" (W), or "last_mask" (the last epoch's masked weights); docs/methods.md §1.6.
@@ -130,6 +132,16 @@ class MacCalConfig:
         check(self.clip_decay >= 0, "clip_decay", self.clip_decay, "be >= 0 (it is β)")
         if self.head_init == "stage1" and self.head != "linear":
             raise ConfigError("`head_init`='stage1' needs `head`='linear': only a linear head has Stage-I weights.")
+        # Settings another one makes unused are refused: they would give one computation two trial ids.
+        if self.stats_pass != "online" and self.stats_source != "train":
+            raise ConfigError(f"`stats_pass`={self.stats_pass!r} applies to `stats_source`='train' only (the "
+                              f"{self.stats_source!r} statistics always come from a pass after the epoch): leave "
+                              f"`stats_pass` at 'online'.")
+        default_gamma = MacCalConfig.accuracy_weight
+        if self.accuracy_weight_source == "estimated" and self.accuracy_weight != default_gamma:
+            raise ConfigError(f"`accuracy_weight`={self.accuracy_weight!r} is unused under "
+                              f"`accuracy_weight_source`='estimated' (γ is estimated from the data): leave "
+                              f"`accuracy_weight` at its default {default_gamma}.")
         if not self.masked_forward and (self.gradient_restriction or self.adaptive_retention != "none"):
             raise ConfigError(
                 "`masked_forward`=false leaves nothing to restrict or adapt: set `gradient_restriction`=false "
@@ -510,7 +522,7 @@ def run_mac_cal_population(
                 del members[k]
                 failed[k] = gamma
             else:
-                members[k] = dataclasses.replace(p, accuracy_weight=gamma)
+                members[k] = dataclasses.replace(p, accuracy_weight=gamma, accuracy_weight_source="fixed")
     stats = None if split is None else (artifact.splits[split].features, artifact.splits[split].labels)
     fitted = dict(zip(members, fit_mac_cal_population(
         [(p, seeds[k]) for k, p in members.items()], train.features, train.labels,

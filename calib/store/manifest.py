@@ -53,12 +53,30 @@ def _shared(flats: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return shared or {}
 
 
+def _with_added_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``flat`` (one config's settings, or a stored manifest's) with the :data:`~calib.config.ADDED_FIELDS`
+    that identities leave out at their default (and manifests written before they existed lack) filled
+    in, where their section is present."""
+    out = dict(flat)
+    sections = {"stage1": any(k.startswith("stage1.") for k in flat)}
+    if "method.name" in flat:
+        sections[flat["method.name"]] = True
+    for section, defaults in ADDED_FIELDS.items():
+        if sections.get(section):
+            prefix = "stage1." if section == "stage1" else "method."
+            for name, default in defaults.items():
+                out.setdefault(prefix + name, default)
+    return out
+
+
 def manifest_of(configs: Iterable[TrialConfig], space: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The fixed config of a run: dotted keys with one value across all ``configs`` (selecting axes
     excluded), the same per row label, and the search space of a search."""
     flats: list[tuple[str, dict[str, Any]]] = []
     for cfg in configs:
-        flats.append((cfg.label, {k: v for k, v in _flatten(trial_identity(cfg)).items() if k not in SELECTING_KEYS}))
+        flat = {k: v for k, v in _flatten(trial_identity(cfg)).items() if k not in SELECTING_KEYS}
+        # Per config, before comparing configs: a field at its default in one row and set in another is a row's.
+        flats.append((cfg.label, _with_added_defaults(flat)))
     labels = dict.fromkeys(label for label, _ in flats if label)
     rows = {label: _shared(flat for row, flat in flats if row == label) for label in labels}
     manifest = {"constant": _shared(flat for _, flat in flats), "rows": rows, "space": space}
@@ -83,32 +101,19 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _with_added_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``flat`` with the :data:`~calib.config.ADDED_FIELDS` that identities leave out at their default
-    (and manifests written before they existed lack) filled in, where their section is present."""
-    out = dict(flat)
-    sections = {"stage1": any(k.startswith("stage1.") for k in flat)}
-    if "method.name" in flat:
-        sections[flat["method.name"]] = True
-    for section, defaults in ADDED_FIELDS.items():
-        if sections.get(section):
-            prefix = "stage1." if section == "stage1" else "method."
-            for name, default in defaults.items():
-                out.setdefault(prefix + name, default)
-    return out
-
-
 def check_manifest(store: str | os.PathLike, study: str, manifest: Mapping[str, Any]) -> None:
     """Raise :class:`StudyChangedError` if ``study`` exists in ``store`` with another fixed config."""
     stored = _load(storage.normalize(store), study)
     if stored is None:
         return
-    old, new = _with_added_defaults(stored["constant"]), _with_added_defaults(manifest["constant"])
+    # Only the stored side is filled: ``manifest_of`` filled the new one per config, where a field that
+    # differs between rows stays out of the shared keys.
+    old, new = _with_added_defaults(stored["constant"]), manifest["constant"]
     shared = old.keys() & new.keys()
     changes = [f"{key}: {_show(old[key])} → {_show(new[key])}" for key in sorted(shared) if old[key] != new[key]]
     old_rows, new_rows = stored.get("rows", {}), manifest.get("rows", {})
     for label in sorted(old_rows.keys() & new_rows.keys()):
-        was, now = _with_added_defaults(old_rows[label]), _with_added_defaults(new_rows[label])
+        was, now = _with_added_defaults(old_rows[label]), new_rows[label]
         changes += [f"[{label}] {key}: {_show(was[key])} → {_show(now[key])}"
                     for key in sorted((was.keys() & now.keys()) - shared) if was[key] != now[key]]
     if stored.get("space") != manifest.get("space"):

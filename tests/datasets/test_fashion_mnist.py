@@ -129,7 +129,7 @@ class TestStratifiedSplitIndices:
         labels = np.zeros(10, dtype=np.int64)
         for bad in (0, 10, True, 2.0):
             with pytest.raises(ValueError, match=re.escape(f"`val_size` must be an integer in [1, 10) for 10 "
-                                                           f"training images, got val_size={bad!r}.")):
+                                                           f"labels, got val_size={bad!r}.")):
                 fm.stratified_split_indices(labels, val_size=bad)  # type: ignore[arg-type]
 
 

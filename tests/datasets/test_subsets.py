@@ -2,30 +2,43 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from torch.utils.data import Subset
 
 from calib._config import ConfigError
 from calib.datasets import DATASETS, load_dataset
+from calib.datasets._base import DatasetSplits
+from calib.datasets.fashion_mnist import GrayImageDataset
 from calib.datasets.subsets import restrict_training, stratified_sample
+from calib.datasets.tiny_imagenet import ImageList
 
 
 def test_class_counts_by_largest_remainder():
-    labels = torch.tensor([0] * 6 + [1] * 3 + [2])
+    labels = np.array([0] * 6 + [1] * 3 + [2])
     keep, rest = stratified_sample(labels, 5)
     # quotas 5·(6, 3, 1)/10 = 3, 1.5, 0.5 → floors 3, 1, 0; one left: the tie 0.5 = 0.5 goes to class 1
-    assert torch.bincount(labels[keep], minlength=3).tolist() == [3, 2, 0]
+    assert np.bincount(labels[keep], minlength=3).tolist() == [3, 2, 0]
     assert sorted(keep.tolist() + rest.tolist()) == list(range(10))
     assert keep.tolist() == sorted(keep.tolist())
+    # class by class, ascending, one RandomState permutes the class's indices; the first ones are taken
+    rng = np.random.RandomState(1)
+    expected = sorted([*rng.permutation(np.arange(6))[:3], *rng.permutation(np.arange(6, 9))[:2]])
+    assert keep.tolist() == expected
 
 
-def test_same_sample_every_time_and_another_seed_differs():
+def test_same_sample_every_time_another_seed_differs_and_a_bad_size_is_refused():
     labels = torch.arange(1000) % 10
     first, _ = stratified_sample(labels, 100)
     again, _ = stratified_sample(labels, 100)
     other, _ = stratified_sample(labels, 100, seed=2)
-    assert torch.equal(first, again) and not torch.equal(first, other)
-    assert torch.bincount(labels[first]).tolist() == [10] * 10
+    assert np.array_equal(first, again) and not np.array_equal(first, other)
+    assert np.bincount(labels.numpy()[first]).tolist() == [10] * 10
+    for bad in (0, 1000, 2.5):
+        with pytest.raises(ValueError, match=rf"`size` must be an integer in \[1, 1000\) for 1000 labels, "
+                                             rf"got size={bad}"):
+            stratified_sample(labels, bad)
 
 
 def test_restricted_views_agree_and_the_rest_is_held_out():
@@ -68,3 +81,23 @@ def test_labels_come_from_the_dataset_and_the_tensor_view_stays_lazy():
 @pytest.mark.parametrize("name", ["digits", "digits-noisy", "synthetic-cifar10"])
 def test_registered_training_sizes_are_the_splits(name):
     assert DATASETS.get(name).train_images == len(load_dataset(name, "").train_eval)
+
+
+def _never_called(image):
+    raise AssertionError("an image was decoded")
+
+
+@pytest.mark.parametrize("layout", ["tiny-imagenet", "fashion-mnist"])
+def test_the_sample_reads_labels_without_decoding_an_image(layout):
+    # Tiny-ImageNet's files do not exist here and Fashion-MNIST's transform fails: reading an item would raise.
+    labels = [k % 4 for k in range(40)]
+    if layout == "tiny-imagenet":
+        dataset = ImageList([(f"/nonexistent/{i}.JPEG", label) for i, label in enumerate(labels)], _never_called)
+    else:
+        dataset = GrayImageDataset(np.zeros((40, 28, 28), np.uint8), np.array(labels), _never_called)
+    view = Subset(dataset, list(range(2, 38)))  # the training part of a train/validation split
+    data = DatasetSplits(train=view, train_eval=view, val=view, test=dataset, num_classes=4, input_shape=(1, 28, 28))
+    subset = restrict_training(data, 12, layout)
+    kept = [labels[view.indices[i]] for i in subset.data.train_eval.indices]
+    assert len(kept) == 12 and sorted(kept) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert len(subset.heldout) == 36 - 12

@@ -83,6 +83,25 @@ def test_heldout_needs_a_training_subset(make_config):
         parse_trial_config(make_config(method={"name": "mac_cal", "stats_source": "heldout"}))
 
 
+def test_train_size_is_below_the_training_split(make_config):
+    # digits-noisy trains on 898 images; all of them is train_size null, one Stage I with one id.
+    assert parse_trial_config(make_config(train_size=897)).stage1.train_size == 897
+    with pytest.raises(ConfigError, match=r"`stage1.train_size` must be below the 898 images of digits-noisy's "
+                                          r"training split, got stage1.train_size=898. Leave it null"):
+        parse_trial_config(make_config(train_size=898))
+
+
+@pytest.mark.parametrize(("method", "message"), [
+    ({"stats_source": "augmented", "stats_pass": "clean"},
+     r"`method.stats_pass`='clean' applies to `stats_source`='train' only .*leave `stats_pass` at 'online'"),
+    ({"accuracy_weight_source": "estimated", "accuracy_weight": 0.9},
+     r"`method.accuracy_weight`=0.9 is unused under `accuracy_weight_source`='estimated'.*default 0.95"),
+])
+def test_a_setting_the_other_makes_unused_is_refused(make_config, method, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_trial_config(make_config(method={"name": "mac_cal", **method}))
+
+
 def test_new_fields_at_their_defaults_keep_the_ids(make_config):
     cfg = parse_trial_config(make_config())
     identity = stage1_identity(cfg)

@@ -141,3 +141,22 @@ def test_fields_added_later_are_checked_at_their_default(tmp_path):
     record_manifest(changed, "study", manifest_of(_with(configs(tmp_path, ["Vanilla", "MaC-Cal"]), train_size=300)))
     with pytest.raises(StudyChangedError, match=r"stage1\.train_size: 300 → null"):
         check_manifest(changed, "study", manifest_of(configs(tmp_path, ["Vanilla", "MaC-Cal"])))
+
+
+def test_an_added_field_set_in_one_of_several_rows_of_one_method_is_a_change(tmp_path):
+    # Every row is MaC-Cal, so method.name is shared; stats_source set in row B alone must still be seen.
+    def rows(b_method):
+        out = []
+        for rank, (label, method) in enumerate([("A", {"name": "mac_cal"}), ("B", b_method)]):
+            raw = tiny_config(tmp_path, method=method, seed=1, epochs=2)
+            out.append(parse_trial_config({**raw, "label": label, "label_rank": rank}))
+        return out
+
+    store = tmp_path / "results"
+    record_manifest(store, "study", manifest_of(rows({"name": "mac_cal"})))
+    check_manifest(store, "study", manifest_of(rows({"name": "mac_cal", "stats_source": "train"})))
+    augmented = manifest_of(rows({"name": "mac_cal", "stats_source": "augmented"}))
+    assert "method.stats_source" not in augmented["constant"]
+    assert augmented["rows"]["A"]["method.stats_source"] == "train"
+    with pytest.raises(StudyChangedError, match=r"Changed: \[B\] method\.stats_source: \"train\" → \"augmented\"\."):
+        check_manifest(store, "study", augmented)

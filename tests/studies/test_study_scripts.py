@@ -86,8 +86,8 @@ def test_optuna_search_two_objectives(tmp_path):
     (["--preset", "paper"], "CIFAR-10 not found: expected the directory"),
     (["--gammas", "0"], "`method.accuracy_weight` must be > 0 (it is γ), got method.accuracy_weight=0.0."),
     (["--seeds", "1", "--study", "../escape"], "`study` must start with a letter or digit"),
-    (["--train-size", "900"], "`--train-size` must be at most the 898 images of digits-noisy's training split, "
-                              "got --train-size=900."),
+    (["--train-size", "898"], "`--train-size` must be below the 898 images of digits-noisy's training split, "
+                              "got --train-size=898. Leave it out to train on all of them."),
     (["--stats-source", "heldout"], "`method.stats_source`='heldout' reads the training images Stage I did not "
                                     "train on"),
 ])
