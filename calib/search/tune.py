@@ -44,6 +44,10 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
 # Stage-I checkpoints are reported mid-trial without the search objective, which exists only at the end.
 os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+# Each Tune checkpoint forces a snapshot of the experiment state, and Tune warns when one comes within 5 s
+# of the previous snapshot, periodic ones included: a coincidence of timing, since calib spaces a
+# trial's checkpoints by checkpoint_every epochs and checkpoint_min_seconds (HyperBand: every epoch).
+os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 
 # Ray log records that calib replaces with its own lines or that are not the user's business:
 # logger name -> message prefixes dropped. Everything else Ray logs still reaches the user.
@@ -751,8 +755,6 @@ def run_search(
                               f"got {options.configs_per_trial}.")
         if scheduler.name == "hyperband":  # paused trials resume from their last epoch
             options = dataclasses.replace(options, checkpoint_every=1, checkpoint_min_seconds=0.0)
-            # Each epoch's checkpoint forces a Tune snapshot: the known price of HyperBand's pauses, not news.
-            os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     configs_per_trial = options.configs_per_trial or (1 if stage1_keys else DEFAULT_CONFIGS_PER_TRIAL)
 
     optuna_study = _open_study(store, study, objectives, modes, None)
