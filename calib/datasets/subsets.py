@@ -80,18 +80,17 @@ def _training_labels(data: DatasetSplits) -> torch.Tensor:
 def restrict_training(data: DatasetSplits, train_size: int | None, dataset: str = "") -> TrainingSubset:
     """``data`` with its training views restricted to a stratified sample of ``train_size`` images.
 
-    ``None`` (or the whole split) returns ``data`` unchanged with no held-out part. A size larger
-    than the training split is a :class:`ConfigError` that names both numbers.
+    ``None`` returns ``data`` unchanged with no held-out part. A size that is not below the training
+    split's is a :class:`ConfigError` that names both numbers (as ``parse_trial_config`` does, for
+    datasets that register their size).
     """
     if train_size is None:
         return TrainingSubset(data, None)
     labels = _training_labels(data)
     total = labels.numel()
-    if train_size > total:
-        raise ConfigError(f"`stage1.train_size` must be at most the {total} images of {dataset or 'the'} training "
-                          f"split, got stage1.train_size={train_size}.")
-    if train_size == total:
-        return TrainingSubset(data, None)
+    if train_size >= total:
+        raise ConfigError(f"`stage1.train_size` must be below the {total} images of {dataset or 'the'} training "
+                          f"split, got stage1.train_size={train_size}. Leave it null to train on all of them.")
     keep, rest = (torch.from_numpy(indices) for indices in stratified_sample(labels.numpy(), train_size))
 
     def restricted_tensors() -> TensorData:  # built on first read, as the dataset's own view is

@@ -59,13 +59,14 @@ def test_restricted_views_agree_and_the_rest_is_held_out():
     assert kept.isdisjoint(heldout.indices) and len(kept | set(heldout.indices)) == total
 
 
-def test_none_or_the_whole_split_changes_nothing_and_too_many_is_an_error():
+def test_none_changes_nothing_and_the_whole_split_or_more_is_an_error():
     data = load_dataset("digits-noisy", "")
     total = len(data.train_eval)
     assert restrict_training(data, None).data is data and restrict_training(data, None).heldout is None
-    assert restrict_training(data, total).heldout is None
-    with pytest.raises(ConfigError, match=rf"at most the {total} images of digits-noisy.*train_size={total + 1}"):
-        restrict_training(data, total + 1, "digits-noisy")
+    for size in (total, total + 1):
+        with pytest.raises(ConfigError, match=rf"below the {total} images of digits-noisy.*train_size={size}\. "
+                                              rf"Leave it null"):
+            restrict_training(data, size, "digits-noisy")
 
 
 def test_labels_come_from_the_dataset_and_the_tensor_view_stays_lazy():
