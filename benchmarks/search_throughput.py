@@ -25,7 +25,7 @@ from calib.cli import HelpFormatter
 from calib.config import set_dotted
 from calib.presets import PRESETS, base_config
 from calib.search import ExecutionOptions, init_ray, load_search_space, run_search
-from calib.search.tune import DEFAULT_CONFIGS_PER_TRIAL
+from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL
 from calib.store import read_trials
 from calib.trial import run_trial
 

@@ -33,6 +33,7 @@ from calib.models import MODELS
 
 __all__ = [
     "ADDED_FIELDS",
+    "SEED_LIMIT",
     "Component",
     "Stage1Config",
     "TrialConfig",
@@ -44,6 +45,12 @@ __all__ = [
     "trial_identity",
     "validate_study_name",
 ]
+
+
+SEED_LIMIT = 2**32
+"""Trial seeds are ``0 <= seed < SEED_LIMIT``: NumPy's global seed (``np.random.seed``) takes no other,
+``np.random.default_rng`` takes no negative one, and torch's generators take the derived seeds
+(``seed + 1_000_003``) of this range."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,8 +270,14 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     fields["loss"] = _component(LOSSES, data.get("loss", "cross_entropy"), "loss")
     fields["method"] = _component(METHODS, data["method"], "method")
     cfg = from_dict(TrialConfig, fields)
-    check(cfg.seed >= 0, "seed", cfg.seed, "be an integer >= 0 (it seeds torch and numpy)")
-    train_images = DATASETS.get(cfg.dataset).train_images
+    check(0 <= cfg.seed < SEED_LIMIT, "seed", cfg.seed,
+          "be an integer with 0 <= seed < 2**32 (it seeds Python, NumPy and torch; NumPy's seeding takes no other)")
+    info = DATASETS.get(cfg.dataset)
+    train_images = info.train_images
+    if cfg.stage1.train_size is not None:
+        check(cfg.stage1.train_size >= info.num_classes, "stage1.train_size", cfg.stage1.train_size,
+              f"be at least the {info.num_classes} classes of {cfg.dataset} (Stage I trains on a stratified sample "
+              f"that holds every class)")
     if cfg.stage1.train_size is not None and train_images is not None:
         # The whole split is null: one Stage I, one id.
         check(cfg.stage1.train_size < train_images, "stage1.train_size", cfg.stage1.train_size,

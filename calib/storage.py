@@ -8,16 +8,19 @@ atomic by itself, so remote files are written under their final name.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 
 __all__ = [
-    "check_writable", "download", "exists", "filesystem", "is_remote", "join", "list_files", "move", "normalize",
-    "read_bytes", "upload",
+    "check_writable", "create_exclusive", "delete", "delete_if", "download", "exists", "filesystem", "is_remote",
+    "join", "list_files", "move", "normalize", "read_bytes", "read_versioned", "replace_if", "upload",
 ]
 
 
@@ -127,3 +130,162 @@ def move(source: str, target: str) -> None:
     if not is_remote(source):
         Path(target_path).parent.mkdir(parents=True, exist_ok=True)
     fs.move(source_path, target_path)
+
+
+def delete(location: str) -> None:
+    """Remove the file at ``location``; nothing happens if there is none. (On S3 through boto3: pyarrow
+    would leave an empty "directory" marker object behind.)"""
+    if is_remote(location):
+        bucket, key = _s3_key(location)
+        _s3_client().delete_object(Bucket=bucket, Key=key)
+        return
+    Path(normalize(location)).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Conditional writes: the atomic steps claims and first-writer-wins publishing are built on. A version
+# token is the object's ETag on S3 and the SHA-256 of the contents locally.
+
+
+def _s3_client() -> Any:
+    """A boto3 S3 client (region, credentials and ``AWS_ENDPOINT_URL`` from the usual AWS environment),
+    one per endpoint and credentials seen in this process."""
+    try:
+        import boto3
+    except ImportError:
+        from calib._config import ConfigError
+
+        raise ConfigError("An s3:// artifact root needs boto3 for its atomic writes: pip install boto3 "
+                          "(or calib[cluster]).") from None
+    key = tuple(os.environ.get(name) for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_DEFAULT_REGION"))
+    if key not in _S3_CLIENTS:
+        _S3_CLIENTS[key] = boto3.client("s3")
+    return _S3_CLIENTS[key]
+
+
+_S3_CLIENTS: dict[tuple, Any] = {}
+
+
+def _s3_key(location: str) -> tuple[str, str]:
+    if not location.startswith("s3://"):
+        from calib._config import ConfigError
+
+        raise ConfigError(f"Atomic writes (Stage-I claims and publishing) need a local or shared directory or an "
+                          f"s3:// URI, got {location!r}.")
+    bucket, _, key = location.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def _s3_refused(err: Exception) -> bool:
+    """Whether a boto3 error is S3 refusing a conditional request (412, or 409 for a concurrent one)."""
+    code = getattr(err, "response", {}).get("Error", {}).get("Code", "")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey")
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def create_exclusive(location: str, data: bytes) -> str | None:
+    """Write ``data`` at ``location`` unless a file is there already, in one atomic step (``O_EXCL``
+    locally and on a shared mount; a PUT with ``If-None-Match: *`` on S3). Its version token if this
+    call created it, else None."""
+    if is_remote(location):
+        import botocore.exceptions
+
+        bucket, key = _s3_key(location)
+        try:
+            return _s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")["ETag"]
+        except botocore.exceptions.ClientError as err:
+            if _s3_refused(err):
+                return None
+            raise
+    path = Path(normalize(location))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return None
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    return _digest(data)
+
+
+def read_versioned(location: str) -> tuple[bytes, str] | None:
+    """The contents of ``location`` and their version token, or None if there is no file."""
+    if is_remote(location):
+        import botocore.exceptions
+
+        bucket, key = _s3_key(location)
+        try:
+            answer = _s3_client().get_object(Bucket=bucket, Key=key)
+        except botocore.exceptions.ClientError as err:
+            if getattr(err, "response", {}).get("Error", {}).get("Code") == "NoSuchKey":
+                return None
+            raise
+        return answer["Body"].read(), answer["ETag"]
+    try:
+        data = Path(normalize(location)).read_bytes()
+    except FileNotFoundError:
+        return None
+    return data, _digest(data)
+
+
+def _swap_out(path: Path, token: str) -> Path | None:
+    """Rename ``path`` aside if it still holds version ``token`` (one renamer wins); the aside name, or None."""
+    aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.old")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return None
+    if _digest(aside.read_bytes()) == token:
+        return aside
+    with contextlib.suppress(FileExistsError):  # changed since it was read: put it back unless replaced
+        os.link(aside, path)
+    aside.unlink()
+    return None
+
+
+def replace_if(location: str, data: bytes, token: str) -> str | None:
+    """Replace the file at ``location`` with ``data`` only if it still holds version ``token`` (S3:
+    ``If-Match``); the new token, or None if the file changed or vanished meanwhile."""
+    if is_remote(location):
+        import botocore.exceptions
+
+        bucket, key = _s3_key(location)
+        try:
+            return _s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfMatch=token)["ETag"]
+        except botocore.exceptions.ClientError as err:
+            if _s3_refused(err):
+                return None
+            raise
+    path = Path(normalize(location))
+    aside = _swap_out(path, token)
+    if aside is None:
+        return None
+    try:
+        return create_exclusive(location, data)  # None if another writer created it in between
+    finally:
+        aside.unlink()
+
+
+def delete_if(location: str, token: str) -> bool:
+    """Remove the file at ``location`` only if it still holds version ``token``; whether it did."""
+    if is_remote(location):
+        import botocore.exceptions
+
+        bucket, key = _s3_key(location)
+        try:
+            _s3_client().delete_object(Bucket=bucket, Key=key, IfMatch=token)
+        except botocore.exceptions.ClientError as err:
+            if _s3_refused(err):
+                return False
+            raise
+        return True
+    aside = _swap_out(Path(normalize(location)), token)
+    if aside is None:
+        return False
+    aside.unlink()
+    return True

@@ -14,9 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from calib.cli import execution_options, preset_of, require_datasets, study_paths, study_setups
+from calib.cli import execution_options, preset_of, require_datasets, settings_line, study_paths, study_setups
 from calib.presets import base_config
-from calib.report import report_step, summarize, to_markdown
+from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.search import StudyRun, run_grid
 from calib.store import read_finished
 
@@ -79,6 +79,7 @@ def run_rows(
     datasets = list(dict.fromkeys(dataset for dataset, _ in setups))
     seeds = args.seeds or list(preset.seeds)
     require_datasets(datasets, paths.data_root, args.download)
+    options = execution_options(args, preset)
     extra = {d: evaluation(d) if evaluation else {} for d in datasets}
 
     def configs_of(selection: Mapping[str, Row], selection_seeds: list[int]) -> list[dict[str, Any]]:
@@ -95,10 +96,10 @@ def run_rows(
         return configs
 
     configs = configs_of(rows, seeds)
-    print(f"[{args.study}] preset {preset.name}: {preset.description}")
+    print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] {len(rows)} rows · setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} "
           f"· store {paths.store}")
-    run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset),
+    run = run_grid(configs, store=paths.store, study=args.study, options=options,
                    table=configs_of(table, seeds[:1]) if table else None)
     trials = read_finished(paths.store, args.study, run.trial_ids)
     trials["row"] = pd.Categorical(trials["label"], categories=list(rows), ordered=True)
@@ -118,6 +119,8 @@ def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, study:
             print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds "
                   "(percent; NLL in nats and Brier as they are)\n")
             print(to_markdown(summarize(group, list(by), list(metrics)), list(by), metrics))
+            if note := mixed_trainings(group):
+                print(f"\n{note}")
             if "row" in by and isinstance(group["row"].dtype, pd.CategoricalDtype):
                 missing = [str(r) for r in group["row"].cat.categories if not (group["row"] == r).any()]
                 if missing:

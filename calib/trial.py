@@ -96,7 +96,8 @@ class TrialResult:
 
 def stage1_execution(record: dict[str, Any]) -> dict[str, Any]:
     """How the artifact's Stage I ran, as store columns (None for artifacts written before it was recorded)."""
-    return {"stage1_pipeline": record.get("data_pipeline"), "stage1_precision": record.get("precision"),
+    return {"stage1_writer": record.get("writer"),
+            "stage1_pipeline": record.get("data_pipeline"), "stage1_precision": record.get("precision"),
             "stage1_compile_mode": record.get("compile_mode"),
             "stage1_peak_memory_bytes": record.get("peak_memory_bytes")}
 

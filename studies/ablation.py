@@ -20,13 +20,14 @@ from calib.cli import (
     guarded_main,
     preset_of,
     require_datasets,
+    settings_line,
     study_exit_code,
     study_parser,
     study_paths,
     study_setups,
 )
 from calib.presets import base_config, with_preset_stage2
-from calib.report import report_step, summarize, to_markdown
+from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.search import run_grid
 from calib.store import read_finished
 
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     setups = study_setups(args, preset)
     seeds = args.seeds or list(preset.seeds)
     require_datasets(list(dict.fromkeys(d for d, _ in setups)), paths.data_root, args.download)
+    options = execution_options(args, preset)
 
     configs, order = [], []
     for dataset, arch in setups:
@@ -62,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
                 configs.append({**config, "label": step.label, "label_rank": order.index(step.label)})
     for note in dict.fromkeys(skipped):
         print(f"[{args.study}] skipped step {note}")
-    print(f"[{args.study}] preset {preset.name}: {preset.description}")
+    print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] ladder {args.ladder} ({args.mode}: {len(order)} steps) · seeds {seeds}")
-    run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
+    run = run_grid(configs, store=paths.store, study=args.study, options=options)
 
     trials = read_finished(paths.store, args.study, run.trial_ids)
     trials["step"] = pd.Categorical(trials["label"], categories=order, ordered=True)
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                              for i, (s, d) in enumerate(zip(table["step"], delta, strict=True))]
             print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds (percent)\n")
             print(to_markdown(table, ["step"], METRICS))
+            if note := mixed_trainings(group):
+                print(f"\n{note}")
             missing = [step for step in order if not (group["step"] == step).any()]
             if missing:
                 print(f"\nno finished trial for: {', '.join(missing)} (Δ ECE is against the row above in the table)")

@@ -21,12 +21,13 @@ from calib.cli import (
     guarded_main,
     preset_of,
     require_datasets,
+    settings_line,
     study_exit_code,
     study_parser,
     study_paths,
     study_setups,
 )
-from calib.config import set_dotted
+from calib.config import SEED_LIMIT, set_dotted
 from calib.metrics import higher_is_better
 from calib.presets import base_config
 from calib.report import format_mean_ci, report_step
@@ -84,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.num_trials < 1:
         parser.error(f"--num-trials must be >= 1, got {args.num_trials}")
+    if not 0 <= args.sampler_seed < SEED_LIMIT:
+        parser.error(f"--sampler-seed must be an integer with 0 <= seed < 2**32 (Optuna's samplers seed NumPy with "
+                     f"it), got {args.sampler_seed}")
     space = load_search_space(args.space)
     study = args.study or f"search_{Path(args.space).stem}"
     preset = preset_of(args)
@@ -91,18 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     dataset, arch = study_setups(args, preset)[0]
     seed = (args.seeds or list(preset.seeds))[0]
     require_datasets([dataset], paths.data_root, args.download)
+    options = execution_options(args, preset)
     base = base_config(preset, study=study, dataset=dataset, arch=arch, seed=seed,
                        method={"name": space.base.get("method.name", "mac_cal")},
                        data_root=str(paths.data_root), artifact_root=paths.artifacts,
                        download=args.download, device=args.device)
     for key, value in space.base.items():
         base = set_dotted(base, key, value)
+    print(settings_line(study, preset, [base], options))
     print(f"[{study}] sampler {args.sampler} · objective {args.objective} · "
           f"{dataset}/{arch} seed {seed} · store {paths.store}")
     scheduler = SchedulerSettings(args.scheduler, args.grace_period, args.reduction_factor)
     run = run_search(base, space, store=paths.store, study=study, num_trials=args.num_trials,
                      objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
-                     options=execution_options(args, preset), scheduler=scheduler)
+                     options=options, scheduler=scheduler)
     trials = read_finished(paths.store, study, run.trial_ids)
     with report_step(study, "best-trials table"):
         print_best(trials, space, args.objective)

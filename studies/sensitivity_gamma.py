@@ -20,6 +20,7 @@ from calib.cli import (
     guarded_main,
     preset_of,
     require_datasets,
+    settings_line,
     study_exit_code,
     study_parser,
     study_paths,
@@ -27,7 +28,7 @@ from calib.cli import (
 )
 from calib.methods.mac_cal import STATS_SPLITS
 from calib.presets import base_config
-from calib.report import report_step, summarize, to_markdown
+from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
 from calib.search import run_grid
 from calib.store import read_finished, read_history
@@ -72,6 +73,8 @@ def print_report(trials: pd.DataFrame, *, study: str, store: str, figures: Path,
             table["γ"] = ["–" if pd.isna(g) else g for g in table.get("γ", [None] * len(table))]
             print(f"\n{dataset} · {arch} · mean ± 95% CI over seeds (test split)\n")
             print(to_markdown(table, ["method", "γ"], METRICS))
+            if note := mixed_trainings(by_dataset):
+                print(f"\n{note}")
             missing = ([] if not vanilla.empty else ["vanilla"]) + [
                 f"γ={g:g}" for g in sorted(gammas) if not (mac["method_accuracy_weight"] == g).any()]
             if missing:
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     setups = study_setups(args, preset)
     seeds = args.seeds or list(preset.seeds)
     require_datasets(list(dict.fromkeys(d for d, _ in setups)), paths.data_root, args.download)
+    options = execution_options(args, preset)
 
     configs = []
     for dataset, arch in setups:
@@ -138,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
                 method = {"name": "mac_cal", "accuracy_weight_source": "estimated", **source}
                 configs.append({**base_config(method=method, **common), "label": "MaC-Cal γ=estimated",
                                 "label_rank": len(args.gammas) + 1})
-    print(f"[{args.study}] preset {preset.name}: {preset.description}")
+    print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} · γ {args.gammas}"
           f"{' + estimated' if args.estimated_gamma else ''} · q statistics from {args.stats_source} "
           f"· store {paths.store}")
-    run = run_grid(configs, store=paths.store, study=args.study, options=execution_options(args, preset))
+    run = run_grid(configs, store=paths.store, study=args.study, options=options)
 
     trials = read_finished(paths.store, args.study, run.trial_ids)
     trials = with_estimated_gamma(trials, paths.store, args.study)

@@ -56,7 +56,7 @@ def kill_session(proc: subprocess.Popen) -> None:
 def ray_session():
     import ray
 
-    from calib.search.tune import init_ray
+    from calib.search.runtime import init_ray
 
     init_ray()
     yield
@@ -75,7 +75,7 @@ def tiny(tmp_path: Path, **changes) -> dict:
 @pytest.mark.ray
 def test_diverging_and_out_of_memory_trials_are_failed_rows_with_their_epoch(ray_session, tmp_path):
     from calib.search import run_grid
-    from calib.search.tune import ExecutionOptions
+    from calib.search.execution import ExecutionOptions
     from calib.store import read_trials
 
     ok = tiny(tmp_path)
@@ -308,6 +308,8 @@ SPACES = {
     "loss_focall": "base: {loss.name: focall, method: {name: vanilla}}\nparameters:\n"
                    "  loss.gamma: {distribution: uniform, low: 0.5, high: 5.0}\n",
     "not_a_mapping": "- method.accuracy_weight\n- 0.9\n",
+    "seed_2_32": MAC_CAL + "  seed: {distribution: grid, values: [1, 4294967296]}\n",
+    "train_size_5": MAC_CAL + "  stage1.train_size: {distribution: int, low: 5, high: 100}\n",
 }
 LADDERS = {
     "q0_1.5": "baseline: {name: Vanilla, set: {method: {name: vanilla}}}\ncomponents:\n"
@@ -348,7 +350,9 @@ CASES = [
     ("stage2_epochs_negative_ts_only", "compare_methods.py",
      ["--epochs", "2", "--stage2-epochs", "-1", "--methods", "CE+TS"],
      r"`--stage2-epochs` must be an integer >= 1.*got --stage2-epochs=-1"),
-    ("seed_negative", "sensitivity_gamma.py", ["--seeds", "-1"], r"`seed` must be an integer >= 0.*got seed=-1"),
+    ("seed_negative", "sensitivity_gamma.py", ["--seeds", "-1"],
+     r"`--seeds` must be integers with 0 <= seed < 2\*\*32 = 4294967296 \(NumPy's seeding takes no other\), "
+     r"got --seeds=-1\."),
     # unknown names list the valid ones
     ("dataset_unknown", "sensitivity_gamma.py", ["--datasets", "cifar11"],
      r"Unknown dataset 'cifar11'\. Did you mean 'cifar10'.*Valid dataset names: .*cifar10, cifar100"),
@@ -420,10 +424,70 @@ CASES = [
      r"must be 'auto', HOST:PORT.*got --address='ray://127\.0\.0\.1:99999' \(the port must be 1-65535, got 99999\)"),
     ("address_nothing_answers", "sensitivity_gamma.py", ["--address", "127.0.0.1:1"],
      r"Nothing answers at --address='127\.0\.0\.1:1'"),
+    # resources no node could grant (Ray would keep the trial pending forever) and GPUs the trials would not see
+    ("gpus_per_trial_no_gpu", "sensitivity_gamma.py", ["--gpus-per-trial", "1"],
+     r"`--gpus-per-trial` asks for 1 GPU per Stage-I trial, but this machine has 0 GPUs \(torch sees no CUDA "
+     r"device\).*use at most 0 \(--gpus-per-trial 0\), or --address"),
+    ("gpus_per_cached_trial_no_gpu", "compare_methods.py", ["--gpus-per-cached-trial", "1", "--methods", "CE+TS"],
+     r"`--gpus-per-cached-trial` asks for 1 GPU per trial on a trained Stage I, but this machine has 0 GPUs"),
+    ("gpus_per_trial_fraction", "sensitivity_gamma.py", ["--gpus-per-trial", "1.5"],
+     r"`--gpus-per-trial` must be at most 1 \(a share of one GPU\) or a whole number of GPUs.*"
+     r"got --gpus-per-trial=1\.5\. Use 1 or 2\."),
+    ("gpus_per_trial_fraction_cluster", "ablation.py", ["--gpus-per-trial", "2.5", "--address", "auto"],
+     r"`--gpus-per-trial` must be at most 1 .*got --gpus-per-trial=2\.5\. Use 2 or 3\."),
+    ("cpus_per_trial_too_many", "sensitivity_gamma.py", ["--cpus-per-trial", "4096"],
+     r"`--cpus-per-trial` asks for 4096 CPUs per Stage-I trial, but this machine has \d+ CPUs.*"
+     r"use at most \d+ \(--cpus-per-trial \d+\)"),
+    ("device_cuda_no_gpu", "compare_methods.py", ["--device", "cuda", "--methods", "Vanilla (CE)", "CE+TS"],
+     r"`--device cuda` needs a CUDA GPU, but torch sees none on this machine: use --device cpu or auto"),
+    ("device_cuda_index_no_gpu", "search.py", ["--device", "cuda:1", "--space", str(ROOT / "search_spaces" /
+                                                                                   "mac_cal.yaml")],
+     r"`--device cuda:1` needs a CUDA GPU, but torch sees none on this machine"),
+    ("device_cuda_cluster_no_gpus", "sensitivity_gamma.py", ["--device", "cuda", "--address", "auto"],
+     r"`--device cuda` needs a GPU in every trial, but --gpus-per-trial is 0 \(the quick preset's\): on a cluster "
+     r"a Stage-I trial that asks Ray for no GPU may run on a node without one"),
+    # a data root that is not a directory
+    ("data_root_a_file", "sensitivity_gamma.py", ["--data-root", "{tmp}/file.txt", "--download"],
+     r"`--data-root` must be a directory \(it holds the datasets\), but .*/file\.txt is a file"),
+    ("data_root_under_a_file", "compare_methods.py", ["--data-root", "{tmp}/file.txt/data", "--methods", "CE+TS"],
+     r"`--data-root` must be a directory .*/file\.txt/data lies under the file .*/file\.txt"),
+    # seeds outside what NumPy's seeding takes
+    ("seed_too_large", "sensitivity_gamma.py", ["--seeds", "99999999999999999999"],
+     r"`--seeds` must be integers with 0 <= seed < 2\*\*32 = 4294967296 .*got --seeds=99999999999999999999\."),
+    ("seed_2_32", "compare_methods.py", ["--seeds", "1", "4294967296", "--methods", "Vanilla (CE)"],
+     r"`--seeds` must be integers with 0 <= seed < 2\*\*32 .*got --seeds=4294967296\."),
+    ("space_seed_2_32", "search.py", ["--space", "{tmp}/seed_2_32.yaml"],
+     r"seed_2_32\.yaml: parameter `seed` \(grid, at value 4294967296\): `seed` must be an integer with "
+     r"0 <= seed < 2\*\*32"),
+    ("sampler_seed_too_large", "search.py", ["--space", str(ROOT / "search_spaces" / "mac_cal.yaml"),
+                                             "--sampler-seed", "4294967296"],
+     r"--sampler-seed must be an integer with 0 <= seed < 2\*\*32 .*got 4294967296"),
+    # a training sample that cannot hold every class
+    ("train_size_below_classes", "sensitivity_gamma.py", ["--train-size", "5"],
+     r"`--train-size` must be at least the 10 classes of digits-noisy \(Stage I trains on a stratified sample that "
+     r"holds every class\), got --train-size=5\."),
+    ("space_train_size_below_classes", "search.py", ["--space", "{tmp}/train_size_5.yaml"],
+     r"`stage1\.train_size` must be at least the 10 classes of digits-noisy .*got stage1\.train_size=5\."),
 ]
 # These run as real command lines (started together when the module's first test starts, so they run
 # while the in-process cases do); the rest in-process.
-SUBPROCESS = {"gamma_negative", "space_q0_high_1.5", "store_under_a_file", "address_nothing_answers"}
+SUBPROCESS = {"gamma_negative", "space_q0_high_1.5", "store_under_a_file", "address_nothing_answers",
+              "gpus_per_trial_no_gpu", "device_cuda_no_gpu", "data_root_a_file"}
+# These are bad input only on a machine where torch sees no CUDA device (as on CI); skipped elsewhere.
+WITHOUT_A_GPU = {"gpus_per_trial_no_gpu", "gpus_per_cached_trial_no_gpu", "device_cuda_no_gpu",
+                 "device_cuda_index_no_gpu"}
+
+
+def runs_here(case: str) -> bool:
+    """Whether ``case`` is bad input on this machine."""
+    import torch
+
+    return case not in WITHOUT_A_GPU or torch.cuda.device_count() == 0
+
+
+def case_param(case: tuple, *values: object) -> pytest.param:
+    return pytest.param(*values, id=case[0], marks=pytest.mark.skipif(not runs_here(case[0]),
+                                                                      reason="bad input only without a GPU"))
 
 
 def write_inputs(tmp: Path, script: str) -> None:
@@ -436,7 +500,8 @@ def command(tmp: Path, argv: list[str]) -> list[str]:
     argv = [a.replace("{tmp}", str(tmp)) for a in argv]
     short = [] if {"--epochs", "--stage2-epochs"} & set(argv) else SHORT
     store = [] if "--store" in argv else ["--store", str(tmp / "results")]
-    return [*argv, *store, "--data-root", str(tmp / "data"), *short]
+    data_root = [] if "--data-root" in argv else ["--data-root", str(tmp / "data")]
+    return [*argv, *store, *data_root, *short]
 
 
 _STUDIES: dict[str, ModuleType] = {}
@@ -473,7 +538,7 @@ def check_message(stderr: str, message: str) -> None:
 def command_lines(tmp_path_factory):
     """Start every real command line at once (each spends seconds importing torch), keyed by case id."""
     started = {}
-    for case, script, argv, _ in (c for c in CASES if c[0] in SUBPROCESS):
+    for case, script, argv, _ in (c for c in CASES if c[0] in SUBPROCESS and runs_here(c[0])):
         tmp = tmp_path_factory.mktemp(case)
         write_inputs(tmp, script)
         env = {**os.environ, "RAY_TMPDIR": str(tmp / "ray")}  # where a Ray started by mistake leaves its files
@@ -487,14 +552,16 @@ def command_lines(tmp_path_factory):
 
 
 @pytest.mark.parametrize(("script", "argv", "message"),
-                         [pytest.param(*c[1:], id=c[0]) for c in CASES if c[0] not in SUBPROCESS])
+                         [case_param(c, *c[1:]) for c in CASES if c[0] not in SUBPROCESS])
 def test_bad_input_in_process(tmp_path, monkeypatch, capsys, script, argv, message):
-    import calib.search.tune as tune
+    import calib.search.grid as grid
+    import calib.search.optimize as optimize
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started: the bad input was accepted")
 
-    monkeypatch.setattr(tune, "init_ray", no_ray)
+    for module in (grid, optimize):
+        monkeypatch.setattr(module, "init_ray", no_ray)
     write_inputs(tmp_path, script)
     main = study_module(script).main
     capsys.readouterr()
@@ -509,7 +576,7 @@ def test_bad_input_in_process(tmp_path, monkeypatch, capsys, script, argv, messa
     assert not Path(argv[argv.index("--store") + 1]).exists(), "the store was created"
 
 
-@pytest.mark.parametrize(("case", "message"), [pytest.param(c[0], c[3], id=c[0]) for c in CASES if c[0] in SUBPROCESS])
+@pytest.mark.parametrize(("case", "message"), [case_param(c, c[0], c[3]) for c in CASES if c[0] in SUBPROCESS])
 def test_bad_input_command_line(command_lines, case, message):
     tmp, proc = command_lines[case]
     try:

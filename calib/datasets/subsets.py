@@ -81,11 +81,15 @@ def restrict_training(data: DatasetSplits, train_size: int | None, dataset: str 
     """``data`` with its training views restricted to a stratified sample of ``train_size`` images.
 
     ``None`` returns ``data`` unchanged with no held-out part. A size that is not below the training
-    split's is a :class:`ConfigError` that names both numbers (as ``parse_trial_config`` does, for
-    datasets that register their size).
+    split's, or below the number of classes (the sample holds every class), is a :class:`ConfigError`
+    that names both numbers (as ``parse_trial_config`` does).
     """
     if train_size is None:
         return TrainingSubset(data, None)
+    if train_size < data.num_classes:
+        raise ConfigError(f"`stage1.train_size` must be at least the {data.num_classes} classes of "
+                          f"{dataset or 'the dataset'} (Stage I trains on a stratified sample that holds every "
+                          f"class), got stage1.train_size={train_size}.")
     labels = _training_labels(data)
     total = labels.numel()
     if train_size >= total:

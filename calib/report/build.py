@@ -20,7 +20,13 @@ import pyarrow.dataset as pads
 from calib.report import figures
 from calib.report.published import published_ece
 from calib.report.steps import report_step
-from calib.report.tables import column_higher_is_better, format_mean_ci, is_fraction_metric, summarize
+from calib.report.tables import (
+    column_higher_is_better,
+    format_mean_ci,
+    is_fraction_metric,
+    mixed_trainings,
+    summarize,
+)
 from calib.store import read_history, read_trials
 
 __all__ = ["KNOWN_STUDIES", "build_report"]
@@ -204,6 +210,8 @@ def build_report(
             name = f"{study} · {dataset} · {arch}"
             with report_step(study, f"tables of {dataset} · {arch}", log=log):
                 written += _tables(study, str(dataset), str(arch), group, metrics, spread, out / "tables")
+            if note := mixed_trainings(group):
+                log(f"{name}: {note}")
             with report_step(study, f"reliability diagram of {dataset} · {arch}", log=log):
                 bins = _pooled_bins(group)
                 if not bins.empty:
@@ -227,6 +235,8 @@ def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: d
     base = out / f"{study}_{dataset}_{arch}"
     base.parent.mkdir(parents=True, exist_ok=True)
     published = _published_column(table, dataset, [arch])
+    note = mixed_trainings(group)
+    caption += f" · {note}" if note else ""
     for suffix, text in ((".md", f"{caption}\n\n" + markdown_table(table, metrics, spread, published)),
                          (".tex", latex_table(table, metrics, spread, caption, published))):
         path = base.with_suffix(suffix)

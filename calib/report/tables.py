@@ -10,7 +10,8 @@ from scipy import stats
 
 from calib.metrics import METRICS, higher_is_better
 
-__all__ = ["column_higher_is_better", "format_mean_ci", "is_fraction_metric", "mean_ci", "summarize", "to_markdown"]
+__all__ = ["column_higher_is_better", "format_mean_ci", "is_fraction_metric", "mean_ci", "mixed_trainings", "summarize",
+           "to_markdown"]
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -79,3 +80,17 @@ def to_markdown(summary: pd.DataFrame, labels: Sequence[str], metrics: dict[str,
         cells += [format_mean_ci(row[f"{m}_mean"], row[f"{m}_ci"], percent=is_fraction_metric(m)) for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def mixed_trainings(trials: pd.DataFrame) -> str | None:
+    """A one-line warning when ``trials`` use two trainings of one Stage I (two ``stage1_writer`` values
+    for one ``stage1_id``: a store written before calib trained each Stage I once), else None."""
+    if "stage1_writer" not in trials or trials.empty:
+        return None
+    writers = trials.dropna(subset=["stage1_writer"]).groupby("stage1_id", observed=True)["stage1_writer"].nunique()
+    mixed = sorted(str(s) for s in writers[writers > 1].index)
+    if not mixed:
+        return None
+    return (f"warning: this table mixes two or more trainings of the same Stage I for {len(mixed)} stage1_id"
+            f"{'s' if len(mixed) > 1 else ''} ({', '.join(mixed[:4])}{', ...' if len(mixed) > 4 else ''}): "
+            f"their rows name different stage1_writer values, so rows of one seed come from different weights")

@@ -1,16 +1,17 @@
-"""Search spaces (YAML) and running trials through Ray Tune with Optuna. Ray and Optuna load lazily."""
+"""Search spaces (YAML) and running trials through Ray Tune with Optuna. Ray and Optuna load lazily.
 
+Modules: ``space`` (YAML spaces), ``runtime`` (Ray on the driver), ``execution`` (the worker side of a
+trial), ``tuner`` (what grids and searches share), ``grid`` (explicit configs), ``optimize`` (Optuna
+searches and schedulers), ``searcher`` (calib's Tune searchers), ``journal`` (the Optuna study in the
+store), ``display`` (progress lines), ``importance`` (parameter importances).
+"""
+
+from calib.search.execution import ExecutionOptions
+from calib.search.grid import run_grid
+from calib.search.optimize import SAMPLERS, SCHEDULERS, SchedulerSettings, run_search
+from calib.search.runtime import init_ray
 from calib.search.space import Distribution, SearchSpace, load_search_space, parse_search_space
-from calib.search.tune import (
-    SAMPLERS,
-    SCHEDULERS,
-    ExecutionOptions,
-    SchedulerSettings,
-    StudyRun,
-    init_ray,
-    run_grid,
-    run_search,
-)
+from calib.search.tuner import StudyRun
 
 __all__ = [
     "SAMPLERS",

@@ -3,7 +3,7 @@
 On a terminal the progress is a single line rewritten in place (done / running / failed / pruned of
 the total, the best objective so far, elapsed time and ETA). Anywhere else (CI, ``ray submit``, a
 log file) every start, finish and failure prints its own line, so a log keeps the whole story.
-The display knows nothing of Ray; :mod:`calib.search.tune` feeds it Tune's trial events.
+The display knows nothing of Ray; :mod:`calib.search.tuner` feeds it Tune's trial events.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Optuna's ask-and-tell behind Ray Tune's ``Searcher``: K configs per Tune trial, resumable from the store.
+"""calib's Ray Tune searchers: grids that start a Stage I's dependents after it, and Optuna's ask-and-tell.
+
+:class:`Stage1FirstSearcher` hands Tune a grid's trials, each trial that reads a Stage I only once
+the trial that trains it has ended.
 
 Ray's own ``OptunaSearch`` asks one config per Tune trial. :class:`PopulationSearcher` asks
 ``configs_per_trial`` configs per Tune trial (a population that trains its Stage II in one process,
@@ -22,12 +25,50 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from calib.config import get_dotted
-from calib.search.tune import STAGE1_EPOCHS
+from calib.search.execution import STAGE1_EPOCHS
 
-__all__ = ["MAX_REPEATS", "PopulationSearcher", "sync_with_store"]
+__all__ = ["MAX_REPEATS", "PopulationSearcher", "Stage1FirstSearcher", "sync_with_store"]
 
 MAX_REPEATS = 1000
 """Proposals of already-run configs a search tolerates before it calls the space exhausted."""
+
+
+class Stage1FirstSearcher(Searcher):
+    """A grid's Tune trials (:func:`calib.search.grid.batch_roles`), in order, each ``"cached"`` one
+    only once the ``"stage1"`` trial of its Stage I has ended: no dependent starts, on any node,
+    before its artifact is published, so none trains it again.
+
+    A trainer that fails for good (its retries spent) releases its dependents, and the first of them
+    becomes the trainer (with a Stage-I trial's resources) while the others wait for it in turn.
+    """
+
+    def __init__(self, trials: Sequence[dict[str, Any]]) -> None:
+        super().__init__()
+        self._queue = [dict(trial) for trial in trials]
+        self._training = {trial["stage1_id"] for trial in trials if trial["role"] == "stage1"}
+        self._failed: set[str] = set()
+        self._trainer_of: dict[str, str] = {}  # Tune trial id -> stage1_id it trains
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        for position, trial in enumerate(self._queue):
+            stage1_id = trial["stage1_id"]
+            if trial["role"] == "stage1" or stage1_id not in self._training:
+                del self._queue[position]
+                if stage1_id in self._failed:  # its trainer failed: this one trains it instead
+                    self._failed.discard(stage1_id)
+                    trial["role"] = "stage1"
+                if trial["role"] == "stage1":
+                    self._training.add(stage1_id)
+                    self._trainer_of[trial_id] = stage1_id
+                return {"trial": trial}
+        return Searcher.FINISHED if not self._queue else None
+
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
+        stage1_id = self._trainer_of.pop(trial_id, None)
+        if stage1_id is not None:
+            self._training.discard(stage1_id)
+            if error:
+                self._failed.add(stage1_id)
 
 
 def _values(result: dict[str, Any], objectives: Sequence[str]) -> list[float] | None:

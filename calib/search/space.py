@@ -163,7 +163,7 @@ def _check_config(config: dict[str, Any]) -> None:
 
     Placement and the dataset-dependent checks of :func:`calib.config.parse_trial_config` are left to
     the study, which validates its complete trial configs before Ray starts."""
-    from calib.config import Stage1Config, TrialConfig
+    from calib.config import SEED_LIMIT, Stage1Config, TrialConfig
     from calib.datasets import DATASETS
     from calib.losses import LOSSES
     from calib.methods import METHODS
@@ -189,8 +189,9 @@ def _check_config(config: dict[str, Any]) -> None:
                 DATASETS.get(value)
             elif key == "arch":
                 MODELS.get(value)
-            elif key == "seed" and value < 0:
-                raise ConfigError(f"`seed` must be an integer >= 0, got seed={value!r}.")
+            elif key == "seed" and not 0 <= value < SEED_LIMIT:
+                raise ConfigError(f"`seed` must be an integer with 0 <= seed < 2**32 (NumPy's seeding takes no "
+                                  f"other), got seed={value!r}.")
             elif key == "num_bins" and value < 1:
                 raise ConfigError(f"`num_bins` must be an integer >= 1, got num_bins={value!r}.")
 

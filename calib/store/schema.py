@@ -67,6 +67,8 @@ RUN = [
     ("stage1_resumed_from_epoch", pa.int64(),
      "when this trial trained Stage I after a retry: the checkpointed epoch it resumed from (null otherwise)"),
     ("stage1_cache_hit", pa.bool_(), "false exactly when this trial trained Stage I itself"),
+    ("stage1_writer", pa.string(),
+     "the one training of stage1_id this trial used: the writer id (<host>-<pid>-<hex>) of its record.json"),
     ("stage1_train_seconds", pa.float64(), "wall time of the Stage-I training (whoever trained it)"),
     ("stage1_load_seconds", pa.float64(), "time this trial spent obtaining the Stage-I artifact"),
     ("method_seconds", pa.float64(), "wall time of the method (Stage II / post-hoc)"),

@@ -3,10 +3,12 @@
 Each host is a network namespace joined to a bridge by a veth pair, with its own private address and
 a default route through the bridge (so Ray finds the host's address). It runs its own ``sshd`` as PID 1
 of its own PID, UTS (hostname) and mount namespaces: ``ray stop`` on one host sees only that host's
-processes; the host's ``/etc/passwd`` gives the login user a home directory of the lab, and its logins
-get a ``TMPDIR`` of their own, so ``~/calib``, ``~/venv``, ``~/ray_bootstrap_key.pem`` and Ray's session
-files are per host, as on real machines. Everything else (the system, the Python running the
-tests) is this machine's.
+processes; the host's ``/etc/passwd`` gives the login user a home directory of the lab, so ``~/calib``,
+``~/venv`` and ``~/ray_bootstrap_key.pem`` are per host, as on real machines. Every login's ``TMPDIR`` is
+one path, ``<lab>/tmp``, which each host's mount namespace binds to a directory of its own: a Ray node
+that joins a cluster takes the head's temporary directory (the path, not the files), so Ray's session
+files, sockets and logs are per host only if that path is private on each host, as ``/tmp`` is on real
+machines. Everything else (the system, the Python running the tests) is this machine's.
 
 The hosts have no route beyond the bridge. Their Python is an overlay virtual environment per host
 (``~/venv``) that sees the packages of the Python running the tests, and pip is configured offline
@@ -66,7 +68,7 @@ class Host:
     ip: str
     netns: str
     home: Path  # the login user's home on the host (its /etc/passwd says so)
-    tmp: Path  # TMPDIR of every login on the host
+    tmp: Path  # what the host's TMPDIR (Lab.tmp, the same path on every host) holds, seen from outside
     process: subprocess.Popen | None = None
 
 
@@ -92,6 +94,17 @@ class Lab:
     @property
     def workers(self) -> list[Host]:
         return self.hosts[1:]
+
+    @property
+    def tmp(self) -> Path:
+        """Every login's TMPDIR on every host: one path, bound to each host's own ``Host.tmp``."""
+        return self.root / "tmp"
+
+    def ssh(self, host: Host, command: str, **popen: object) -> subprocess.Popen:
+        """Run ``command`` in a login shell on ``host`` over SSH (``popen``: subprocess.Popen's arguments)."""
+        return subprocess.Popen(
+            ["ssh", "-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+             "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", f"{self.user}@{host.ip}", command], **popen)
 
     def launcher_env(self) -> dict[str, str]:
         """This machine's environment for ``ray up`` and friends, with HOME and TMPDIR inside the lab."""
@@ -121,6 +134,8 @@ class Lab:
 
     def _build(self, names: tuple[str, ...], subnet: str) -> None:
         (self.root / "launcher" / "tmp").mkdir(parents=True)
+        self.tmp.mkdir(mode=0o1777)
+        self.tmp.chmod(0o1777)
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"calib-lab-{self.tag}", "-f", str(self.key))
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.root / "hostkey"))
         shutil.copy(self.key.with_suffix(".pub"), self.root / "authorized_keys")
@@ -190,12 +205,12 @@ class Lab:
             f"AuthorizedKeysFile {self.root / 'authorized_keys'}", "PidFile none", "UsePAM no", "StrictModes no",
             "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "MaxStartups 100", "MaxSessions 100",
-            "SetEnv " + " ".join(f"{k}={v}" for k, v in {"TMPDIR": host.tmp, **self.host_env}.items()), ""]))
+            "SetEnv " + " ".join(f"{k}={v}" for k, v in {"TMPDIR": self.tmp, **self.host_env}.items()), ""]))
         log = open(self.root / f"sshd-{host.name}.log", "wb")
         host.process = subprocess.Popen(
             ["ip", "netns", "exec", host.netns, "unshare", "--pid", "--uts", "--mount-proc", "--kill-child=SIGKILL",
              "sh", "-c", f"hostname {host.name} && mount --bind {passwd} /etc/passwd && "
-                         f"exec {SSHD} -D -e -f {config}"],
+                         f"mount --bind {host.tmp} {self.tmp} && exec {SSHD} -D -e -f {config}"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 

@@ -53,6 +53,12 @@ class TestParseTrialConfig:
             ("colour", "red", r"Unknown trial config key\(s\) 'colour'"),
             ("data_root", "relative/path", r"`data_root` must be an absolute path"),
             ("num_bins", 0, r"`num_bins` must be an integer >= 1"),
+            ("seed", -1, r"`seed` must be an integer with 0 <= seed < 2\*\*32 .*got seed=-1"),
+            ("seed", 2**32, r"`seed` must be an integer with 0 <= seed < 2\*\*32 .*got seed=4294967296"),
+            ("seed", 99999999999999999999, r"0 <= seed < 2\*\*32 .*got seed=99999999999999999999"),
+            ("stage1.train_size", 9, r"`stage1.train_size` must be at least the 10 classes of digits-noisy "
+                                     r"\(Stage I trains on a stratified sample that holds every class\), "
+                                     r"got stage1.train_size=9"),
         ],
     )
     def test_errors(self, make_config, key, value, message):

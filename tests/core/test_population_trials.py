@@ -56,16 +56,16 @@ def test_a_failing_config_fails_its_own_row(configs, monkeypatch):
 def test_a_rerun_population_skips_its_stored_configs(configs, tmp_path, monkeypatch):
     import json
 
-    from calib.search import tune
-    from calib.search.tune import ExecutionOptions, _execute_population
+    from calib.search import execution
+    from calib.search.execution import ExecutionOptions, execute_population
     from calib.store import read_trials, write_result
 
-    monkeypatch.setattr(tune, "_worker_threads", lambda: None)  # the worker's Ray context: none in this process
+    monkeypatch.setattr(execution, "_worker_threads", lambda: None)  # the worker's Ray context: none in this process
 
     store = str(tmp_path / "store")
     first = write_result(store, run_trial(configs[0]))
     mtime = (tmp_path / "store" / first.split("/store/", 1)[1]).stat().st_mtime_ns
-    result = _execute_population(configs[:3], store, ExecutionOptions(verbose=False))
+    result = execute_population(configs[:3], store, ExecutionOptions(verbose=False))
     summaries = json.loads(result["calib_results"])
     assert [s["status"] for s in summaries] == ["ok"] * 3
     rows = read_trials(store, study="test")

@@ -61,7 +61,20 @@ def test_epochs_flag_shortens_every_dataset_schedule():
     assert preset.stage1_for("tiny-imagenet") == {**gpu, "epochs": 50, "milestones": [40]}
 
 
-def test_resources_whole_gpus_for_stage1_and_shares_for_the_rest():
+@pytest.fixture
+def machine(monkeypatch):
+    """``machine(cpus, gpus)``: what local Ray would start with, as :func:`calib.cli.execution_options` sees it."""
+
+    def set_machine(cpus: float, gpus: float) -> None:
+        monkeypatch.setattr("calib.cli.machine_resources", lambda: {"CPU": float(cpus), "GPU": float(gpus)})
+        monkeypatch.setattr("torch.cuda.device_count", lambda: int(gpus))
+        monkeypatch.setattr("torch.cuda.is_available", lambda: gpus > 0)
+
+    return set_machine
+
+
+def test_resources_whole_gpus_for_stage1_and_shares_for_the_rest(machine):
+    machine(16, 2)
     paper = execution_options(parse("--preset", "paper"), preset_of(parse("--preset", "paper")))
     assert paper.resources("stage1") == {"CPU": 4.0, "GPU": 1.0}
     assert paper.resources("cached") == {"CPU": 2.0, "GPU": 0.25}
@@ -74,7 +87,7 @@ def test_resources_whole_gpus_for_stage1_and_shares_for_the_rest():
         execution_options(parse("--gpus-per-cached-trial", "-1"), preset_of(parse()))
 
 
-def test_medium_preset_is_fashion_mnist_resnet20_and_asks_for_gpus_only_where_there_are(monkeypatch, tmp_path):
+def test_medium_preset_is_fashion_mnist_resnet20_and_asks_for_gpus_only_where_there_are(machine, tmp_path):
     preset = preset_of(parse("--preset", "medium"))
     assert study_setups(parse("--preset", "medium"), preset) == [("fashion-mnist", "resnet20")]
     cfg = parse_trial_config(base_config(preset, study="t", dataset="fashion-mnist", seed=1, method={"name": "mac_cal"},
@@ -82,16 +95,73 @@ def test_medium_preset_is_fashion_mnist_resnet20_and_asks_for_gpus_only_where_th
     assert (cfg.stage1.epochs, cfg.stage1.milestones, cfg.stage1.loss_reduction, cfg.stage1.grad_clip) == \
         (60, (30, 45), "sum", 2.0)
     assert cfg.method.params.epochs == 40 and preset.seeds == (1, 2, 3)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    machine(2, 0)
     cpu = execution_options(parse("--preset", "medium"), preset)
     assert cpu.resources("stage1") == cpu.resources("cached") == {"CPU": 1.0, "GPU": 0.0}
-    forced = execution_options(parse("--preset", "medium", "--gpus-per-trial", "0.5"), preset)
-    assert forced.resources("stage1")["GPU"] == 0.5  # an explicit flag wins
+    with pytest.raises(ConfigError, match=r"`--gpus-per-trial` asks for 0\.5 GPU per Stage-I trial, but this "
+                                          r"machine has 0 GPUs"):
+        execution_options(parse("--preset", "medium", "--gpus-per-trial", "0.5"), preset)  # an explicit flag wins
     cluster = execution_options(parse("--preset", "medium", "--address", "auto"), preset)
     assert cluster.resources("stage1")["GPU"] == 0.25 and cluster.resources("cached")["GPU"] == 0.125
-    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    machine(2, 1)
     gpu = execution_options(parse("--preset", "medium"), preset)
     assert gpu.resources("stage1") == {"CPU": 1.0, "GPU": 0.25}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--gpus-per-trial", "1"], r"`--gpus-per-trial` asks for 1 GPU per Stage-I trial, but this machine has 0 GPUs "
+                                r"\(torch sees no CUDA device\).*use at most 0 \(--gpus-per-trial 0\), or --address"),
+    (["--gpus-per-cached-trial", "1"], r"`--gpus-per-cached-trial` asks for 1 GPU per trial on a trained Stage I"),
+    (["--cpus-per-trial", "64"], r"`--cpus-per-trial` asks for 64 CPUs per Stage-I trial, but this machine has 2 CPUs"),
+    (["--cpus-per-trial", "2", "--cpus-per-cached-trial", "3"], r"`--cpus-per-cached-trial` asks for 3 CPUs"),
+    (["--preset", "paper"], r"`--cpus-per-trial` asks for 4 CPUs per Stage-I trial \(the paper preset's\)"),
+    (["--gpus-per-trial", "1.5"], r"`--gpus-per-trial` must be at most 1 \(a share of one GPU\) or a whole number of "
+                                  r"GPUs.*got --gpus-per-trial=1\.5\. Use 1 or 2\."),
+    (["--gpus-per-trial", "2.5", "--address", "auto"], r"got --gpus-per-trial=2\.5\. Use 2 or 3\."),
+    (["--gpus-per-trial", "1", "--gpus-per-cached-trial", "1.25", "--address", "auto"],
+     r"`--gpus-per-cached-trial` must be at most 1 .*got --gpus-per-cached-trial=1\.25"),
+])
+def test_resources_no_node_could_grant_are_errors(machine, argv, message):
+    machine(2, 0)
+    with pytest.raises(ConfigError, match=message):
+        execution_options(parse(*argv), preset_of(parse(*argv)))
+
+
+def test_requests_that_fit_pass(machine):
+    machine(2, 0)
+    for argv in (["--cpus-per-trial", "2"], ["--cpus-per-trial", "0.5"],
+                 ["--gpus-per-trial", "2", "--cpus-per-trial", "64", "--address", "auto"]):
+        execution_options(parse(*argv), preset_of(parse(*argv)))
+    machine(8, 2)
+    options = execution_options(parse("--gpus-per-trial", "2", "--gpus-per-cached-trial", "0.25"), preset_of(parse()))
+    assert options.resources("stage1")["GPU"] == 2 and options.resources("cached")["GPU"] == 0.25
+
+
+@pytest.mark.parametrize(("gpus_here", "argv", "message"), [
+    (0, ["--device", "cuda"], r"`--device cuda` needs a CUDA GPU, but torch sees none on this machine"),
+    (0, ["--device", "cuda:0"], r"`--device cuda:0` needs a CUDA GPU"),
+    (2, ["--device", "cuda:2"], r"`--device cuda:2` names GPU 2, but torch sees 2 CUDA devices on this machine "
+                                r"\(cuda:0 to cuda:1\)"),
+    (2, ["--device", "cuda:1", "--gpus-per-trial", "1"], r"`--device cuda:1` names GPU 1, but a Stage-I trial sees "
+                                                        r"only the 1 GPU Ray gives it.*use cuda or cuda:0\."),
+    (0, ["--device", "cuda", "--address", "auto"], r"`--device cuda` needs a GPU in every trial, but "
+                                                   r"--gpus-per-trial is 0 \(the quick preset's\)"),
+    (0, ["--device", "cuda", "--address", "auto", "--gpus-per-trial", "1", "--gpus-per-cached-trial", "0"],
+     r"but --gpus-per-cached-trial is 0: on a cluster a trial on a trained Stage I that asks Ray for no GPU"),
+])
+def test_a_cuda_device_the_trials_would_not_see_is_an_error(machine, gpus_here, argv, message):
+    machine(8, gpus_here)
+    with pytest.raises(ConfigError, match=message):
+        execution_options(parse(*argv), preset_of(parse(*argv)))
+
+
+def test_a_cuda_device_the_trials_see_passes(machine):
+    machine(8, 2)
+    for argv in (["--device", "cuda"], ["--device", "cuda:1"], ["--device", "cuda:1", "--gpus-per-trial", "2"]):
+        execution_options(parse(*argv), preset_of(parse(*argv)))
+    machine(8, 0)
+    argv = ["--device", "cuda", "--address", "auto", "--gpus-per-trial", "1", "--gpus-per-cached-trial", "0.25"]
+    execution_options(parse(*argv), preset_of(parse(*argv)))
 
 
 def test_train_size_flag_reaches_every_dataset_and_must_be_positive():
@@ -99,3 +169,17 @@ def test_train_size_flag_reaches_every_dataset_and_must_be_positive():
     assert [preset.stage1_for(d)["train_size"] for d in ("cifar10", "tiny-imagenet")] == [4000, 4000]
     with pytest.raises(ConfigError, match=r"`--train-size` must be an integer >= 1.*--train-size=0"):
         preset_of(parse("--train-size", "0"))
+    with pytest.raises(ConfigError, match=r"`--train-size` must be at least the 10 classes of digits-noisy "
+                                          r"\(Stage I trains on a stratified sample that holds every class\), "
+                                          r"got --train-size=9\."):
+        study_setups(parse("--train-size", "9"), preset_of(parse("--train-size", "9")))
+    assert study_setups(parse("--train-size", "10"), preset_of(parse("--train-size", "10"))) == [
+        ("digits-noisy", "small_cnn")]
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296", "99999999999999999999"])
+def test_seeds_outside_what_numpy_takes_are_errors(seed):
+    with pytest.raises(ConfigError, match=rf"`--seeds` must be integers with 0 <= seed < 2\*\*32 = 4294967296 "
+                                          rf"\(NumPy's seeding takes no other\), got --seeds={seed}\."):
+        preset_of(parse("--seeds", "1", seed))
+    assert preset_of(parse("--seeds", "0", "4294967295")).name == "quick"

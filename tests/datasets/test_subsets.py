@@ -11,7 +11,7 @@ from calib._config import ConfigError
 from calib.datasets import DATASETS, load_dataset
 from calib.datasets._base import DatasetSplits
 from calib.datasets.fashion_mnist import GrayImageDataset
-from calib.datasets.subsets import restrict_training, stratified_sample
+from calib.datasets.subsets import _training_labels, restrict_training, stratified_sample
 from calib.datasets.tiny_imagenet import ImageList
 
 
@@ -69,6 +69,14 @@ def test_none_changes_nothing_and_the_whole_split_or_more_is_an_error():
             restrict_training(data, size, "digits-noisy")
 
 
+def test_fewer_images_than_classes_is_an_error():
+    data = load_dataset("digits-noisy", "")
+    with pytest.raises(ConfigError, match=r"`stage1.train_size` must be at least the 10 classes of digits-noisy "
+                                          r"\(.*every class\), got stage1.train_size=9\."):
+        restrict_training(data, 9, "digits-noisy")
+    assert len(restrict_training(data, 10, "digits-noisy").data.train_eval) == 10
+
+
 def test_labels_come_from_the_dataset_and_the_tensor_view_stays_lazy():
     data = load_dataset("synthetic-cifar10", "")  # CIFAR's layout: labels in `targets`, tensors built on demand
     subset = restrict_training(data, 1000, "synthetic-cifar10")
@@ -80,8 +88,10 @@ def test_labels_come_from_the_dataset_and_the_tensor_view_stays_lazy():
 
 
 @pytest.mark.parametrize("name", ["digits", "digits-noisy", "synthetic-cifar10"])
-def test_registered_training_sizes_are_the_splits(name):
-    assert DATASETS.get(name).train_images == len(load_dataset(name, "").train_eval)
+def test_registered_training_sizes_and_classes_are_the_loaders(name):
+    data = load_dataset(name, "")
+    assert DATASETS.get(name).train_images == len(data.train_eval)
+    assert DATASETS.get(name).num_classes == data.num_classes == len(_training_labels(data).unique())
 
 
 def _never_called(image):

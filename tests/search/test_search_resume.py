@@ -12,7 +12,7 @@ from trial_fixtures import tiny_config
 from calib.config import set_dotted
 from calib.search import ExecutionOptions, SchedulerSettings, load_search_space, run_search
 from calib.search.journal import ObjectStoreJournalBackend, export_journal, journal_location, optuna_storage
-from calib.search.tune import resumed_seed, stage1_parameters
+from calib.search.optimize import resumed_seed, stage1_parameters
 from calib.store import read_trials
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,199 @@
+"""Claims: which trial, anywhere in a cluster, trains a Stage I while the others wait for it.
+
+A claim is a small JSON file created in one atomic step (:func:`calib.storage.create_exclusive`:
+``O_EXCL`` on a local or shared directory, a conditional PUT with ``If-None-Match: *`` on S3)::
+
+    local or shared root:  <artifact_root>/stage1/<stage1_id>.claim
+    s3:// root:            <artifact_root>/stage1/<stage1_id>/claim.json
+
+Its holder renews it every third of the lease (a conditional replace, so a holder whose claim was
+taken over notices) and deletes it once the artifact is published. A trial that finds a claim waits
+for the artifact; when it sees the claim unchanged for a whole lease by its own clock (nodes need not
+agree on the time), or its holder is a dead process of this host, it takes the claim over with a
+conditional replace that only one waiter wins, and trains (a retry of the dead holder's trial resumes
+from its checkpoint). A waiter gives up after the wait timeout with :class:`Stage1WaitTimeout`.
+
+Settings (environment, forwarded to Ray workers by :func:`calib.search.runtime.init_ray`):
+``CALIB_STAGE1_LEASE_SECONDS`` (default 60) and ``CALIB_STAGE1_WAIT_SECONDS`` (default 43200, 12 h:
+longer than any one Stage-I training should take).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from calib import storage
+
+__all__ = ["LEASE_ENV", "WAIT_ENV", "Claim", "ClaimSettings", "Stage1WaitTimeout", "acquire", "claim_location",
+           "new_writer_id"]
+
+LEASE_ENV = "CALIB_STAGE1_LEASE_SECONDS"
+WAIT_ENV = "CALIB_STAGE1_WAIT_SECONDS"
+
+
+class Stage1WaitTimeout(RuntimeError):
+    """A trial waited longer than the wait timeout for another trial's Stage I."""
+
+
+@dataclass(frozen=True)
+class ClaimSettings:
+    """``lease_seconds``: how long a claim lives without renewal; ``wait_seconds``: how long a trial waits
+    for a Stage I another trial holds; ``poll_seconds``: how often a waiter looks."""
+
+    lease_seconds: float = 60.0
+    wait_seconds: float = 12 * 3600.0
+    poll_seconds: float = 2.0
+
+    @classmethod
+    def from_env(cls) -> ClaimSettings:
+        lease = float(os.environ.get(LEASE_ENV, cls.lease_seconds))
+        wait = float(os.environ.get(WAIT_ENV, cls.wait_seconds))
+        if not (lease > 0 and wait >= 0):
+            raise ValueError(f"{LEASE_ENV} must be > 0 and {WAIT_ENV} >= 0 seconds, got {lease} and {wait}")
+        return cls(lease_seconds=lease, wait_seconds=wait, poll_seconds=min(cls.poll_seconds, lease / 4))
+
+
+def new_writer_id() -> str:
+    """``<host>-<pid>-<8 hex>``: the id of one attempt at training a Stage I (its claim and its files)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def claim_location(artifact_root: str, stage1_id: str) -> str:
+    """Where the claim on ``stage1_id`` lives under ``artifact_root`` (see the module docstring)."""
+    if storage.is_remote(artifact_root):
+        return storage.join(artifact_root, "stage1", stage1_id, "claim.json")
+    return storage.join(artifact_root, "stage1", f"{stage1_id}.claim")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _body(stage1_id: str, holder: str, settings: ClaimSettings, renewals: int, took_over: str | None) -> bytes:
+    return json.dumps({"stage1_id": stage1_id, "holder": holder, "host": socket.gethostname(), "pid": os.getpid(),
+                       "lease_seconds": settings.lease_seconds, "renewals": renewals, "renewed_at": _now(),
+                       "took_over_from": took_over}).encode()
+
+
+class Claim:
+    """A held claim, renewed in a background thread until :meth:`release`. ``lost`` is set when the
+    claim was taken over (this holder renewed too late): its training may still finish, and publishing
+    first-writer-wins keeps the artifact whole."""
+
+    def __init__(self, location: str, token: str, stage1_id: str, holder: str, settings: ClaimSettings,
+                 took_over: str | None = None) -> None:
+        self.location, self.stage1_id, self.holder, self.took_over = location, stage1_id, holder, took_over
+        self.lost = threading.Event()
+        self._token, self._settings, self._renewals = token, settings, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew_loop, name=f"claim-{stage1_id}", daemon=True)
+        self._thread.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self._settings.lease_seconds / 3):
+            try:
+                if not self.renew():
+                    return
+            except Exception:  # a network blip: try again at the next tick, within the lease
+                continue
+
+    def renew(self) -> bool:
+        """Rewrite the claim if it is still this holder's (what the background thread does every third of
+        the lease); False, and ``lost`` set, if it was taken over."""
+        self._renewals += 1
+        body = _body(self.stage1_id, self.holder, self._settings, self._renewals, self.took_over)
+        token = storage.replace_if(self.location, body, self._token)
+        if token is None:
+            self.lost.set()
+            return False
+        self._token = token
+        return True
+
+    def release(self) -> None:
+        """Stop renewing and delete the claim, if it is still this holder's."""
+        self._stop.set()
+        self._thread.join()
+        if not self.lost.is_set():
+            storage.delete_if(self.location, self._token)
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _holder_is_dead(claim: dict[str, Any]) -> bool:
+    """Whether the claim's holder is a process of this host that no longer runs (no need to wait a lease)."""
+    if claim.get("host") != socket.gethostname() or not isinstance(claim.get("pid"), int):
+        return False
+    try:
+        os.kill(claim["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _parse(data: bytes) -> dict[str, Any]:
+    try:
+        claim = json.loads(data)
+    except ValueError:
+        return {}
+    return claim if isinstance(claim, dict) else {}
+
+
+def acquire(artifact_root: str, stage1_id: str, published: Callable[[], bool], holder: str,
+            settings: ClaimSettings, say: Callable[[str], None]) -> Claim | None:
+    """The claim on ``stage1_id`` for ``holder``, or None once ``published()`` says the artifact exists.
+
+    Waits while another live holder renews its claim (``say`` tells what it waits for, once), takes a
+    claim over whose lease ran out, and raises :class:`Stage1WaitTimeout` after ``wait_seconds``.
+    """
+    location = claim_location(artifact_root, stage1_id)
+    start = time.monotonic()
+    seen_token, seen_since, announced = None, start, False
+    while True:
+        if published():
+            return None
+        token = storage.create_exclusive(location, _body(stage1_id, holder, settings, 0, None))
+        if token is not None:
+            return Claim(location, token, stage1_id, holder, settings)
+        current = storage.read_versioned(location)
+        now = time.monotonic()
+        if current is None:  # released or taken over between the two calls: look again
+            continue
+        data, token = current
+        if token != seen_token:
+            seen_token, seen_since = token, now
+        other = _parse(data)
+        other_holder = str(other.get("holder", "an unknown holder"))
+        if now - seen_since >= settings.lease_seconds or _holder_is_dead(other):
+            why = ("is a process of this host that is gone" if _holder_is_dead(other)
+                   else f"stopped renewing its claim {settings.lease_seconds:g} s ago")
+            token = storage.replace_if(location, _body(stage1_id, holder, settings, 0, other_holder), token)
+            if token is not None:
+                say(f"Stage I {stage1_id}: its holder {other_holder} {why}; this trial ({holder}) takes it over")
+                return Claim(location, token, stage1_id, holder, settings, took_over=other_holder)
+            continue
+        if not announced:
+            say(f"Stage I {stage1_id} is being trained by {other_holder} (claim renewed at "
+                f"{other.get('renewed_at', '?')}); waiting for it to be published, at most "
+                f"{settings.wait_seconds:g} s ({WAIT_ENV})")
+            announced = True
+        if now - start >= settings.wait_seconds:
+            raise Stage1WaitTimeout(
+                f"gave up after {settings.wait_seconds:g} s waiting for Stage I {stage1_id}, claimed by "
+                f"{other_holder} (claim {location}, last renewed at {other.get('renewed_at', '?')}): raise "
+                f"{WAIT_ENV}, or delete the claim if that trial is gone")
+        time.sleep(settings.poll_seconds)

@@ -1,0 +1,187 @@
+"""Stage I: the artifact of a config, found (here, or published by another node) or trained once.
+
+A file lock per ``stage1_id`` makes the trials of one node wait for each other; a claim
+(:mod:`calib.artifacts.claim`) does the same across nodes and concurrent studies: the first trial
+anywhere trains, the others wait for its artifact. An artifact that fails its checks is quarantined
+and trained again (:mod:`calib.artifacts.checks`). With an object-store root the trained artifact is
+published first-writer-wins (:mod:`calib.artifacts.publish`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+
+from calib import storage
+from calib.artifacts.artifact import (
+    ARTIFACT_FILES,
+    Stage1Artifact,
+    load_artifact,
+    load_local,
+    remote_dir,
+    stage1_dir,
+)
+from calib.artifacts.checks import CorruptArtifactError, file_checksum, say
+from calib.artifacts.claim import ClaimSettings, acquire, new_writer_id
+from calib.artifacts.publish import fetch_checked, publish
+from calib.config import TrialConfig, config_hash, stage1_identity
+from calib.datasets import load_dataset
+from calib.datasets.subsets import TrainingSubset, restrict_training
+from calib.metrics import compute_all, softmax64
+from calib.training import describe_device, predict, train_stage1
+
+__all__ = ["get_or_train_stage1", "stage1_data"]
+
+
+def stage1_data(cfg: TrialConfig) -> TrainingSubset:
+    """The dataset as Stage I trains on it (``stage1.train_size`` applied) and the held-out training images."""
+    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download, cifar100_test_norm=cfg.cifar100_test_norm)
+    return restrict_training(data, cfg.stage1.train_size, cfg.dataset)
+
+
+def _find(final: Path, stage1_id: str, remote: str | None) -> Stage1Artifact | None:
+    """The artifact, here or published, after its checks; None if there is none (or it failed and was moved aside)."""
+    artifact = load_local(final, stage1_id, remote)
+    if artifact is None and remote is not None:
+        artifact = fetch_checked(remote, final, stage1_id)
+    return artifact
+
+
+def _published(final: Path, remote: str | None) -> bool:
+    return (final / "record.json").exists() or (remote is not None and storage.exists(storage.join(remote,
+                                                                                                  "record.json")))
+
+
+def get_or_train_stage1(
+    cfg: TrialConfig,
+    device: torch.device,
+    *,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    resume: dict[str, Any] | None = None,
+    claims: ClaimSettings | None = None,
+) -> tuple[Stage1Artifact, bool]:
+    """The Stage-I artifact of ``cfg``, trained now only if no trial anywhere has stored a sound one
+    or is training it (then this call waits for it, see :mod:`calib.artifacts.claim`).
+
+    Returns ``(artifact, cache_hit)``; ``cache_hit`` is False exactly when the artifact returned is this
+    call's own training (also when it replaced an artifact that failed its check). A training that
+    lost the race to publish is discarded and the published artifact returned, with ``cache_hit`` True.
+    ``on_checkpoint`` / ``resume`` are passed to :func:`calib.training.train_stage1` when it trains;
+    ``claims`` default to :meth:`ClaimSettings.from_env`.
+    """
+    identity = stage1_identity(cfg)
+    stage1_id = config_hash(identity)
+    final = stage1_dir(cfg.artifact_root, stage1_id)
+    remote = remote_dir(cfg.artifact_root, stage1_id)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        with contextlib.suppress(CorruptArtifactError):
+            return load_artifact(final, stage1_id, remote), True
+    writer = new_writer_id()
+    with FileLock(str(final) + ".lock"):  # absent or bad: look again under the lock before acting
+        while True:
+            artifact = _find(final, stage1_id, remote)
+            if artifact is not None:
+                return artifact, True
+            claim = acquire(cfg.artifact_root, stage1_id, lambda: _published(final, remote), writer,
+                            claims or ClaimSettings.from_env(), say)
+            if claim is not None:
+                break  # else it was published meanwhile: load it (or, if it fails its checks, claim it)
+        with claim:
+            artifact = _find(final, stage1_id, remote)  # published just before this claim was created
+            if artifact is not None:
+                return artifact, True
+            first = _train_and_write(cfg, identity, final, device, on_epoch, on_checkpoint, resume, writer)
+            other = None if first else "another node"
+            if first and remote is not None:
+                other = publish(final, remote)
+                if other is not None:
+                    shutil.rmtree(final)
+            if other is not None:
+                say(f"Stage I {stage1_id} was published by {other} while this trial ({writer}) trained it too; "
+                    f"discarded this copy and adopted the published one")
+                artifact = _find(final, stage1_id, remote)
+                if artifact is None:
+                    raise CorruptArtifactError(f"Stage I {stage1_id}: the artifact published by {other} "
+                                               f"failed its checks")
+                return artifact, True
+    return load_artifact(final, stage1_id, remote), False
+
+
+def _train_and_write(
+    cfg: TrialConfig,
+    identity: dict[str, Any],
+    final: Path,
+    device: torch.device,
+    on_epoch: Callable[[dict[str, Any]], None] | None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None,
+    resume: dict[str, Any] | None,
+    writer: str,
+) -> bool:
+    """Train Stage I, cache its splits and write the artifact into ``final`` through a temporary
+    directory and a rename; False (and nothing written) if another writer's artifact took ``final`` first."""
+    data = stage1_data(cfg).data
+    trained = train_stage1(cfg, data, device, on_epoch=on_epoch, on_checkpoint=on_checkpoint, resume=resume)
+    cache: dict[str, torch.Tensor] = {}
+    metrics: dict[str, float] = {}
+    sources = ((("train", data.tensors.train), ("val", data.tensors.val), ("test", data.tensors.test))
+               if trained.pipeline == "device" and data.tensors is not None
+               else (("train", data.train_eval), ("val", data.val), ("test", data.test)))
+    for split, source in sources:
+        features, logits, labels = predict(trained.model, source, device, num_workers=cfg.num_workers,
+                                           amp=cfg.stage1.amp, channels_last=cfg.stage1.channels_last)
+        cache.update({f"{split}_features": features, f"{split}_logits": logits, f"{split}_labels": labels})
+        if split != "train":
+            scores = compute_all(softmax64(logits), labels.numpy(), num_bins=cfg.num_bins)
+            metrics.update({f"{split}_{k}": v for k, v in scores.items()})
+    record = {
+        **identity,
+        "num_classes": data.num_classes,
+        "input_shape": list(data.input_shape),
+        "num_features": trained.model.num_features,
+        "history": trained.history,
+        "metrics": metrics,
+        "train_seconds": trained.train_seconds,
+        "images_per_second": trained.images_per_second,
+        "data_pipeline": trained.pipeline,
+        "precision": trained.precision,
+        "compile_mode": trained.compile_mode,
+        "compile_seconds": trained.compile_seconds,
+        "peak_memory_bytes": trained.peak_memory_bytes,
+        "checkpoint_epoch": trained.best_epoch,
+        "resumed_from_epoch": None if resume is None else int(resume["epoch"]),
+        "device": describe_device(device),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "writer": writer,
+    }
+    tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        torch.save(trained.model.state_dict(), tmp / "model.pt")
+        torch.save(cache, tmp / "cache.pt")
+        record["files"] = {name: file_checksum(tmp / name) for name in ARTIFACT_FILES}
+        (tmp / "record.json").write_text(json.dumps(record, indent=1))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        try:
+            os.rename(tmp, final)
+        except OSError:  # a shared directory where another node's artifact landed first
+            if not (final / "record.json").exists():
+                raise
+            return False
+        return True
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

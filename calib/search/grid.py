@@ -1,0 +1,146 @@
+"""Grids of explicit configs through Ray Tune: Stage-I trainers first, each dependent once its Stage I exists.
+
+Before anything is scheduled, trials already in the store are skipped: re-running a study resumes it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from calib import storage
+from calib.artifacts import stage1_exists
+from calib.config import config_hash, parse_trial_config, stage1_identity
+from calib.search.display import ProgressDisplay
+from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions, placement, run_configs
+from calib.search.resources import wait_for_resources
+from calib.search.runtime import check_address, init_ray
+from calib.search.tuner import StudyRun, progress_callback, run_config, trial_dirname
+from calib.store import completed_trial_ids
+from calib.store.manifest import check_manifest, manifest_of, record_manifest
+from calib.trial import trial_id
+
+__all__ = ["assign_roles", "batch_roles", "run_grid"]
+
+
+def _grid_configs(tune_config: dict[str, Any]) -> list[dict[str, Any]]:
+    return tune_config["trial"]["configs"]
+
+
+def _grid_trainable(tune_config: dict[str, Any], *, store: str, options: ExecutionOptions) -> None:
+    from ray import tune
+
+    tune.report(run_configs(_grid_configs(tune_config), store, options))
+
+
+def assign_roles(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``{"config", "role"}`` per config, Stage-I trainers first: the first trial of every Stage-I
+    config whose artifact is not stored yet is a ``"stage1"`` trial, every other one ``"cached"``.
+
+    Trainers go first (round-robin over Stage-I configs, as :func:`_interleave_stage1`), and
+    :class:`calib.search.searcher.Stage1FirstSearcher` starts the others once their artifact exists.
+    """
+    trainers, cached = [], []
+    seen: set[str] = set()
+    for config in _interleave_stage1(configs):
+        cfg = parse_trial_config(config)
+        key = config_hash(stage1_identity(cfg))
+        if key in seen or stage1_exists(cfg):
+            cached.append({"config": config, "role": "cached"})
+        else:
+            seen.add(key)
+            trainers.append({"config": config, "role": "stage1"})
+    return trainers + cached
+
+
+def batch_roles(roles: Sequence[dict[str, Any]], configs_per_trial: int) -> list[dict[str, Any]]:
+    """Tune trials of :func:`assign_roles`'s entries: each ``"stage1"`` trial alone, the ``"cached"``
+    ones in chunks of up to ``configs_per_trial`` of one population group (configs of methods without
+    populations alone), as ``{"configs": [...], "role": ..., "stage1_id": ...}`` (the configs of one
+    population share their Stage I)."""
+    from calib.trial import population_groups
+
+    def stage1_id(config: dict[str, Any]) -> str:
+        return config_hash(stage1_identity(parse_trial_config(config)))
+
+    trials = [{"configs": [r["config"]], "role": "stage1", "stage1_id": stage1_id(r["config"])}
+              for r in roles if r["role"] == "stage1"]
+    cached = [r["config"] for r in roles if r["role"] == "cached"]
+    for group in population_groups([parse_trial_config(c) for c in cached]):
+        configs = [cached[i] for i in group]
+        trials += [{"configs": configs[i:i + configs_per_trial], "role": "cached", "stage1_id": stage1_id(configs[i])}
+                   for i in range(0, len(configs), configs_per_trial)]
+    return trials
+
+
+def _interleave_stage1(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Round-robin over Stage-I groups, so concurrent trials train different Stage Is instead of
+    queueing on one artifact's lock."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for config in configs:
+        groups.setdefault(config_hash(stage1_identity(parse_trial_config(config))), []).append(config)
+    queues = list(groups.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+
+
+def run_grid(
+    configs: Sequence[dict[str, Any]],
+    *,
+    store: str | os.PathLike,
+    study: str,
+    options: ExecutionOptions | None = None,
+    objective: str = "val_ece",
+    table: Sequence[dict[str, Any]] | None = None,
+) -> StudyRun:
+    """Run every config (validated first) through Ray Tune, skipping those already stored as ok.
+
+    Every Stage I is trained by one trial: its dependents are created once that trial has ended
+    (:class:`calib.search.searcher.Stage1FirstSearcher`). ``table``: when ``configs`` are a selection
+    of a study's fixed rows, configs of every row; the study's manifest (:mod:`calib.store.manifest`)
+    is computed from them instead of ``configs``.
+    """
+    from ray import tune
+
+    from calib.search.searcher import Stage1FirstSearcher
+
+    options = options or ExecutionOptions()
+    store = storage.normalize(store)
+    start = time.perf_counter()
+    parsed = [parse_trial_config(config) for config in configs]
+    manifest = manifest_of([parse_trial_config(config) for config in table] if table else parsed)
+    check_address(options.address)
+    storage.check_writable(store)
+    check_manifest(store, study, manifest)
+    ids = [trial_id(c) for c in parsed]
+    done = completed_trial_ids(store, study, trial_ids=ids)
+    pending = [c for c, i in zip(configs, ids, strict=True) if i not in done]
+    run = StudyRun(trial_ids=ids, skipped=len(configs) - len(pending))
+    if options.verbose:
+        print(f"[{study}] {len(configs)} trials: {run.skipped} already in the store, {len(pending)} to run", flush=True)
+    if not pending:
+        return run
+    init_ray(options.address)
+    if options.address is not None:  # a cluster: some node must fit each trial (or join within the wait)
+        wait_for_resources(options)
+    record_manifest(store, study, manifest)
+    trainable = tune.with_resources(
+        tune.with_parameters(_grid_trainable, store=store, options=options),
+        lambda spec: placement(options.resources(spec["trial"]["role"])),
+    )
+    display = ProgressDisplay(study, len(pending), objective) if options.verbose else None
+    callbacks = [progress_callback(display, _grid_configs, store, study, options.max_failures)]
+    trials = batch_roles(assign_roles(pending), options.configs_per_trial or DEFAULT_CONFIGS_PER_TRIAL)
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(search_alg=Stage1FirstSearcher(trials), num_samples=len(trials),
+                                    max_concurrent_trials=options.max_concurrent, reuse_actors=True,
+                                    trial_dirname_creator=trial_dirname),
+        run_config=run_config(store, study, options, callbacks),
+    )
+    tuner.fit()
+    stored = completed_trial_ids(store, study, trial_ids=[trial_id(c) for c in pending])
+    run.failed = len(pending) - len(stored)
+    run.seconds = time.perf_counter() - start
+    return run

@@ -1,0 +1,291 @@
+"""Optuna searches over a space through Ray Tune: samplers, early-stopping schedulers, resuming a search."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.dataset as pads
+
+from calib import storage
+from calib._config import ConfigError
+from calib.artifacts import stage1_exists
+from calib.config import config_hash, parse_trial_config, set_dotted, stage1_identity
+from calib.metrics import higher_is_better
+from calib.search.display import ProgressDisplay
+from calib.search.execution import (
+    DEFAULT_CONFIGS_PER_TRIAL,
+    STAGE1_EPOCHS,
+    ExecutionOptions,
+    placement,
+    run_configs,
+    stored_summaries,
+)
+from calib.search.resources import wait_for_resources
+from calib.search.runtime import check_address, init_ray
+from calib.search.space import SearchSpace
+from calib.search.tuner import StudyRun, progress_callback, run_config, trial_dirname
+from calib.store.manifest import check_manifest, manifest_of, record_manifest
+from calib.trial import trial_id
+
+__all__ = ["SAMPLERS", "SCHEDULERS", "SCHEDULER_METRICS", "SchedulerSettings", "resumed_seed", "run_search",
+           "stage1_parameters"]
+
+
+def _search_config(base: dict[str, Any], sampled: dict[str, Any]) -> dict[str, Any]:
+    config = base
+    for key, value in sampled.items():
+        config = set_dotted(config, key, value)
+    return config
+
+
+def _search_configs(base: dict[str, Any], tune_config: dict[str, Any]) -> list[dict[str, Any]]:
+    return [_search_config(base, member["params"]) for member in tune_config["population"]]
+
+
+def _search_trainable(tune_config: dict[str, Any], *, base: dict[str, Any], store: str,
+                      options: ExecutionOptions, report_epochs: bool) -> None:
+    from ray import tune
+
+    tune.report(run_configs(_search_configs(base, tune_config), store, options, report_epochs))
+
+
+def _sampler(name: str, space: SearchSpace, seed: int) -> Any:
+    import optuna
+
+    if name == "tpe":  # the constant liar keeps concurrent and batched asks apart (Optuna's advice)
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        grid = {k: d.spec.get("values", d.spec.get("choices")) for k, d in space.parameters.items()}
+        if not space.is_finite():
+            raise ConfigError("--sampler grid needs a space whose parameters are all grid or categorical.")
+        return optuna.samplers.GridSampler(grid, seed=seed)
+    raise ConfigError(f"`sampler` must be one of 'tpe', 'random', 'grid', got sampler={name!r}.")
+
+
+SAMPLERS = ("tpe", "random", "grid")
+SCHEDULERS = ("none", "asha", "hyperband")
+SCHEDULER_METRICS = ("val_ece", "val_accuracy")
+"""The validation metrics Stage I reports after every epoch: the objectives a scheduler can act on."""
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """An early-stopping scheduler for searches over Stage-I settings (Ray Tune's ASHA or HyperBand).
+
+    Time is Stage-I epochs. ``grace_period``: epochs every trial runs before ASHA may stop it (None:
+    a quarter of the Stage-I epochs, at least 1: on the quick preset the validation ECE of epochs 5
+    and 10 ranks the trials of a Mixup α search against their final ECE, Spearman −0.16 to −0.64, and
+    from epoch 15 with it, +0.32 to +0.89; benchmarks/search_scheduler.py); ``reduction_factor``: η,
+    the fraction 1/η of trials promoted at each rung. HyperBand pauses and resumes trials, so under it
+    every Stage-I epoch is checkpointed.
+    """
+
+    name: str = "none"
+    grace_period: int | None = None
+    reduction_factor: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.name not in SCHEDULERS:
+            raise ConfigError(f"`--scheduler` must be one of {', '.join(SCHEDULERS)}, got {self.name!r}.")
+        if self.grace_period is not None and self.grace_period < 1:
+            raise ConfigError(f"`--grace-period` must be >= 1 (Stage-I epochs), got {self.grace_period}.")
+        if not self.reduction_factor > 1:
+            raise ConfigError(f"`--reduction-factor` must be > 1, got {self.reduction_factor}.")
+
+    def make(self, objective: str, mode: str, epochs: int) -> Any:
+        """The Ray Tune scheduler for a search whose trials train ``epochs`` Stage-I epochs, or None.
+
+        It reads ``stage1_<objective>``, which only the per-epoch Stage-I reports carry."""
+        from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
+
+        if self.name == "asha":
+            grace = self.grace_period or max(1, epochs // 4)
+            return ASHAScheduler(time_attr=STAGE1_EPOCHS, metric=f"stage1_{objective}", mode=mode, max_t=epochs,
+                                 grace_period=min(grace, epochs), reduction_factor=self.reduction_factor,
+                                 stop_last_trials=False)
+        if self.name == "hyperband":
+            return HyperBandScheduler(time_attr=STAGE1_EPOCHS, metric=f"stage1_{objective}", mode=mode, max_t=epochs,
+                                      reduction_factor=self.reduction_factor, stop_last_trials=False)
+        return None
+
+
+def stage1_parameters(base: dict[str, Any], space: SearchSpace) -> list[str]:
+    """The parameters of ``space`` whose values change the Stage-I artifact (each probed at its edges)."""
+    def stage1_hash(config: dict[str, Any]) -> str:
+        return config_hash(stage1_identity(parse_trial_config(config)))
+
+    probe = base
+    for key, dist in space.parameters.items():
+        probe = set_dotted(probe, key, dist.probe_values()[0][1])
+    reference = stage1_hash(probe)
+    return [key for key, dist in space.parameters.items()
+            if any(stage1_hash(set_dotted(probe, key, value)) != reference for _, value in dist.probe_values()[1:])]
+
+
+def resumed_seed(seed: int, history: Sequence[str]) -> int:
+    """The sampler seed of a search run whose Optuna study already holds trials of these store ids
+    (in order): ``seed`` for a new study, else a hash of both."""
+    if not history:
+        return seed
+    return int(config_hash({"seed": seed, "history": list(history)}), 16) % 2**32
+
+
+def _open_study(store: str, study: str, objectives: Sequence[str], modes: Sequence[str], sampler: Any) -> Any:
+    """The search's Optuna study in the store's journal (:mod:`calib.search.journal`), created or loaded."""
+    import optuna
+
+    from calib.search.journal import journal_location, optuna_storage
+
+    directions = ["maximize" if m == "max" else "minimize" for m in modes]
+    opened = optuna.create_study(study_name=study, storage=optuna_storage(store, study), sampler=sampler,
+                                 directions=directions, load_if_exists=True)
+    stored = opened.user_attrs.get("objectives")
+    if stored is not None and list(stored) != list(objectives):
+        raise ConfigError(
+            f"Study {study!r} was searched for {stored} (its Optuna journal {journal_location(store, study)}); "
+            f"got --objective {list(objectives)}. Use the same objectives, or another --study.")
+    if stored is None:
+        opened.set_user_attr("objectives", list(objectives))
+    return opened
+
+
+def run_search(
+    base: dict[str, Any],
+    space: SearchSpace,
+    *,
+    store: str | os.PathLike,
+    study: str,
+    num_trials: int,
+    objectives: Sequence[str] = ("val_ece",),
+    sampler: str = "tpe",
+    seed: int = 0,
+    options: ExecutionOptions | None = None,
+    scheduler: SchedulerSettings | None = None,
+) -> StudyRun:
+    """Search ``space`` with Optuna: run the trials the study lacks to hold ``num_trials`` finished ones
+    (a trial that fails leaves the study short; a re-run tries again).
+
+    Finished trials (``ok`` or ``pruned``) of ``study`` already in the store count toward
+    ``num_trials`` and are told to the sampler first (:func:`calib.search.searcher.sync_with_store`):
+    a re-run resumes a killed search, and a larger ``num_trials`` extends it. The Optuna study is
+    persisted in the store (:mod:`calib.search.journal`). Objectives are validation metrics (``val_*``):
+    the test split never drives the search. ``scheduler`` stops unpromising trials during Stage I
+    (stored as ``pruned``); a space that leaves Stage I alone gets none and runs its configs
+    ``options.configs_per_trial`` per Tune trial (populations).
+    """
+    import optuna
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+
+    from calib.search.searcher import PopulationSearcher, sync_with_store
+    from calib.store import read_trials
+
+    options = options or ExecutionOptions()
+    scheduler = scheduler or SchedulerSettings()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    for name in objectives:
+        if not name.startswith("val_"):
+            raise ConfigError(f"Search objectives must be validation metrics (val_*), got {name!r}.")
+        higher_is_better(name.removeprefix("val_"))
+    store = storage.normalize(store)
+    start = time.perf_counter()
+    # Validate the base config with every parameter at its first value, before Ray starts.
+    probe = dict(base)
+    for key, dist in space.parameters.items():
+        first = dist.spec.get("low", (dist.spec.get("values") or dist.spec.get("choices") or [None])[0])
+        probe = set_dotted(probe, key, first)
+    manifest = manifest_of([parse_trial_config(probe)],
+                           space={"parameters": {k: d.spec for k, d in space.parameters.items()},
+                                  "base": space.base})
+    manifest["constant"] = {k: v for k, v in manifest["constant"].items() if k not in space.parameters}
+    check_address(options.address)
+    storage.check_writable(store)
+    check_manifest(store, study, manifest)
+    modes = ["max" if higher_is_better(o.removeprefix("val_")) else "min" for o in objectives]
+    stage1_keys = stage1_parameters(base, space)
+    notes = []
+    if scheduler.name != "none" and not stage1_keys:
+        notes.append(f"no scheduler: every trial of this space runs on a stored Stage I (--scheduler "
+                     f"{scheduler.name} stops trials during Stage I)")
+        scheduler = SchedulerSettings()
+    if scheduler.name != "none":
+        if len(objectives) > 1 or objectives[0] not in SCHEDULER_METRICS:
+            raise ConfigError(f"--scheduler {scheduler.name} needs one objective among the Stage-I per-epoch "
+                              f"metrics {', '.join(SCHEDULER_METRICS)}; got --objective {' '.join(objectives)}.")
+        if (options.configs_per_trial or 1) > 1:
+            raise ConfigError(f"--scheduler {scheduler.name} stops single trials: it needs --configs-per-trial 1, "
+                              f"got {options.configs_per_trial}.")
+        if scheduler.name == "hyperband":  # paused trials resume from their last epoch
+            options = dataclasses.replace(options, checkpoint_every=1, checkpoint_min_seconds=0.0)
+    configs_per_trial = options.configs_per_trial or (1 if stage1_keys else DEFAULT_CONFIGS_PER_TRIAL)
+
+    optuna_study = _open_study(store, study, objectives, modes, None)
+    # A resumed search must not replay the first run's random draws: its sampler seed also depends on
+    # the trials the study already holds (deterministic for a given history).
+    history = [t.user_attrs.get("calib_trial_id", "") for t in optuna_study.trials]
+    optuna_study.sampler = _sampler(sampler, space, resumed_seed(seed, history))
+    finished = read_trials(store, study=study, filters=pads.field("status").isin(["ok", "pruned"]))
+    distributions = space.optuna_space()
+    told = sync_with_store(optuna_study, finished, distributions, objectives)
+    remaining = max(0, num_trials - len(finished))
+    if space.is_finite() and remaining > len(space.grid()) - len(finished):
+        notes.append(f"the space has {len(space.grid())} configs and {len(finished)} are stored: "
+                     f"{max(0, len(space.grid()) - len(finished))} can run, not {remaining}")
+        remaining = max(0, len(space.grid()) - len(finished))
+    if options.verbose:
+        print(f"[{study}] {num_trials} trials: {len(finished)} already in the store"
+              + (f" ({told} told to the sampler now)" if told else "")
+              + f", {remaining} to run" + (f", {configs_per_trial} per Ray trial" if configs_per_trial > 1 else "")
+              + (f" · scheduler {scheduler.name}" if scheduler.name != "none" else ""), flush=True)
+        for note in notes:
+            print(f"[{study}] {note}", flush=True)
+
+    def all_ok() -> list[str]:
+        rows = read_trials(store, study=study, columns=["trial_id", "finished_at"],
+                           filters=pads.field("status") == "ok")
+        return rows.sort_values("finished_at")["trial_id"].tolist()
+
+    if remaining == 0:
+        return StudyRun(trial_ids=all_ok(), skipped=len(finished), seconds=time.perf_counter() - start)
+    searcher = PopulationSearcher(
+        optuna_study, distributions, objectives=objectives, modes=modes, budget=remaining,
+        configs_per_trial=configs_per_trial, calib_id_of=lambda params: trial_id(_search_config(base, params)),
+        stored=set(finished["trial_id"]), stored_results=lambda ids: stored_summaries(store, study, ids))
+    max_concurrent = options.max_concurrent or max(1, int((os.cpu_count() or 1) // max(options.cpus_per_trial, 1)))
+
+    def resources(tune_config: dict[str, Any]) -> Any:
+        configs = [parse_trial_config(c) for c in _search_configs(base, tune_config)]
+        return placement(options.resources("cached" if all(stage1_exists(c) for c in configs) else "stage1"))
+
+    trainable = tune.with_resources(
+        tune.with_parameters(_search_trainable, base=base, store=store, options=options,
+                             report_epochs=scheduler.name != "none"), resources)
+    init_ray(options.address)
+    if options.address is not None:  # a cluster: some node must fit each trial (or join within the wait)
+        wait_for_resources(options)
+    record_manifest(store, study, manifest)
+    display = ProgressDisplay(study, remaining, objectives[0]) if options.verbose else None
+    epochs = parse_trial_config(probe).stage1.epochs
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=ConcurrencyLimiter(searcher, max_concurrent=max_concurrent),
+            scheduler=scheduler.make(objectives[0], modes[0], epochs),
+            num_samples=-(-remaining // configs_per_trial), reuse_actors=True, trial_dirname_creator=trial_dirname,
+        ),
+        run_config=run_config(store, study, options, [progress_callback(
+            display, lambda c: _search_configs(base, c), store, study, options.max_failures)]),
+    )
+    tuner.fit()
+    done = set(read_trials(store, study=study, columns=["trial_id"],
+                           filters=pads.field("status").isin(["ok", "pruned"]))["trial_id"])
+    failed = sum(1 for i in searcher.asked_ids if i not in done)
+    return StudyRun(trial_ids=all_ok(), skipped=len(finished), failed=failed, seconds=time.perf_counter() - start)

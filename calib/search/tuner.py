@@ -1,0 +1,153 @@
+"""What grids and searches share on the driver: the run's summary, Tune's run config, and the callback that
+turns Tune's trial events into the progress display and stores the trials a scheduler pruned."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import pyarrow.dataset as pads
+
+from calib import storage
+from calib.config import parse_trial_config
+from calib.search.display import ProgressDisplay
+from calib.search.execution import ExecutionOptions
+from calib.store import completed_trial_ids, write_result
+from calib.trial import TrialResult, trial_id
+
+__all__ = ["StudyRun", "progress_callback", "run_config", "trial_dirname"]
+
+
+@dataclass
+class StudyRun:
+    """What a call scheduled: trial ids in order, how many were skipped as already stored, failures."""
+
+    trial_ids: list[str] = field(default_factory=list)
+    skipped: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
+
+def _failure_line(store: str, study: str, calib_id: str, trial: Any) -> str:
+    """What a failed trial died of, in one line: its stored row's stage, epoch and first error line,
+    or, when the trial could not store a row (its worker was killed), the first line of Ray's error."""
+    from calib.store import read_trials
+
+    rows = read_trials(store, study=study, columns=["error", "failed_stage", "failed_epoch"],
+                       filters=(pads.field("trial_id") == calib_id) & (pads.field("status") == "failed"))
+    if not rows.empty:
+        row = rows.iloc[0]
+        where = "" if pd.isna(row["failed_stage"]) else f"in {row['failed_stage']}"
+        where += "" if pd.isna(row["failed_epoch"]) else f" at epoch {int(row['failed_epoch'])}"
+        return (f"{where.strip()}: " if where else "") + str(row["error"]).strip().splitlines()[0]
+    error = None
+    path = getattr(trial, "pickled_error_file", None)  # Tune writes it locally before calling back
+    if path and os.path.exists(path):
+        import cloudpickle
+
+        with open(path, "rb") as f:
+            error = cloudpickle.load(f)
+    cause = getattr(error, "cause", None) or error
+    if cause is None:
+        return "no error recorded"
+    return f"{type(cause).__name__}: {cause}".strip().splitlines()[0]
+
+
+def _store_pruned(store: str, config: dict[str, Any], result: dict[str, Any]) -> str:
+    """Store a trial that a scheduler stopped during Stage I as a ``pruned`` row; returns its id."""
+    cfg = parse_trial_config(config)
+    started = result.get("calib_started_at")
+    epoch = result.get("stage1_epoch")
+    pruned = TrialResult.pruned(
+        cfg, epoch=None if epoch is None else int(epoch),
+        metrics={k.removeprefix("stage1_"): float(v) for k, v in result.items()
+                 if k.startswith("stage1_val_") and isinstance(v, (int, float))},
+        started_at=dt.datetime.fromisoformat(started) if started else dt.datetime.now(dt.timezone.utc),
+    )
+    write_result(store, pruned)
+    return pruned.trial_id
+
+
+def progress_callback(display: ProgressDisplay | None, configs_of: Callable[[dict[str, Any]], list[dict[str, Any]]],
+                       store: str, study: str, max_failures: int) -> Any:
+    """A Tune callback that stores the trials a scheduler pruned and feeds Tune's trial events to
+    ``display`` (None: store only); ``configs_of(trial.config)`` are the trial configs a Tune trial
+    runs, whose rows in ``store`` say what a failed one died of."""
+    from ray import tune
+
+    def failed(trial: Any, config: dict[str, Any]) -> tuple[str, str]:
+        calib_id = trial_id(config)
+        return calib_id, _failure_line(store, study, calib_id, trial)
+
+    class ProgressCallback(tune.Callback):
+        def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            if display:
+                display.trial_started(trial.trial_id, len(configs_of(trial.config)))
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            result = trial.last_result or {}
+            if "calib_results" not in result:  # stopped before its final report: a scheduler pruned it
+                for config in configs_of(trial.config):
+                    _store_pruned(store, config, result)
+                if display:
+                    display.trial_pruned(trial.trial_id)
+                return
+            if not display:
+                return
+            for note in filter(None, str(result.get("calib_notes", "")).splitlines()):
+                display.note(note)
+            for config, summary in zip(configs_of(trial.config), json.loads(result["calib_results"]), strict=True):
+                if summary["status"] == "ok":
+                    display.trial_finished(trial.trial_id, summary["calib_trial_id"], summary.get(display.objective))
+                else:
+                    display.trial_failed(trial.trial_id, *failed(trial, config))
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            if not display:
+                return
+            configs = configs_of(trial.config)
+            done = completed_trial_ids(store, study, trial_ids=[trial_id(c) for c in configs])
+            for config in configs:
+                if trial_id(config) not in done:
+                    display.trial_failed(trial.trial_id, *failed(trial, config))
+                else:
+                    display.trial_finished(trial.trial_id, trial_id(config), None)
+
+        def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            if display:
+                calib_id, line = failed(trial, configs_of(trial.config)[0])
+                display.trial_retrying(trial.trial_id, calib_id, trial.run_metadata.num_failures, max_failures, line)
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            if display:
+                display.tick()
+
+        def on_experiment_end(self, trials: list, **info: Any) -> None:
+            if display:
+                display.close()
+
+    return ProgressCallback()
+
+
+def trial_dirname(trial: Any) -> str:
+    return trial.trial_id
+
+
+def run_config(store: str, study: str, options: ExecutionOptions, callbacks: list) -> Any:
+    from ray import tune
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return tune.RunConfig(
+        name=f"{study}-{stamp}",
+        storage_path=options.storage or storage.join(store, "_ray"),
+        verbose=0,
+        callbacks=callbacks,
+        failure_config=tune.FailureConfig(max_failures=options.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+    )

@@ -1,0 +1,133 @@
+"""One Stage-I training per config on a real multi-node Ray cluster, with two drivers and a killed holder.
+
+Two hosts of :mod:`lab_hosts` (head and worker, 2 CPUs each) run Ray; the store and the artifacts are
+on a moto S3 server both reach. Two γ studies sharing their Stage Is start at once, one driver on each
+host; each has more trials on a stored Stage I than the cluster has slots. While the Stage Is train,
+the process of one claim holder is killed (its trial is retried, ``--max-failures 2``). Both studies
+must finish with every row ok, and for every ``stage1_id`` exactly one row that trained it
+(``stage1_cache_hit`` false), one ``stage1_writer`` over all rows, the writer of its ``record.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from lab_hosts import Lab, missing_requirements
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE_SECONDS = 4
+COMMON = ("--seeds 1 2 --epochs 8 --stage2-epochs 2 --cpus-per-trial 2 --cpus-per-cached-trial 1 "
+          "--configs-per-trial 1 --max-failures 2 --checkpoint-min-seconds 0")
+
+
+def _claims(s3, bucket: str) -> list[dict]:
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix="calib/artifacts/stage1/")
+    keys = [o["Key"] for o in listing.get("Contents", []) if o["Key"].endswith("/claim.json")]
+    found = []
+    for key in keys:
+        try:
+            found.append(json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()))
+        except s3.exceptions.NoSuchKey:
+            pass
+    return found
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(missing_requirements() is not None, reason=f"cluster test: {missing_requirements()}")
+def test_each_stage1_is_trained_once_across_nodes_drivers_and_a_killed_holder(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from calib.store import read_trials
+
+    monkeypatch.setattr(logging.getLogger("werkzeug"), "level", logging.ERROR)
+    started = time.monotonic()
+    lab = Lab.create()
+    server = None
+    transcript: list[str] = []
+    try:
+        server = ThreadedMotoServer(ip_address=lab.gateway, port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+        for name, value in aws.items():
+            monkeypatch.setenv(name, value)
+        s3 = boto3.client("s3")
+        bucket = f"calib-lab-{uuid.uuid4().hex[:10]}"
+        s3.create_bucket(Bucket=bucket)
+        lab.start(host_env={**aws, "CALIB_STAGE1_LEASE_SECONDS": str(LEASE_SECONDS), "RAY_USAGE_STATS_ENABLED": "0"})
+        store = f"s3://{bucket}/calib"
+
+        def run(where, command: str, timeout: float = 120) -> str:
+            proc = lab.ssh(where, command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            out, _ = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, f"`{command}` on {where.name} exited {proc.returncode}:\n{out[-3000:]}"
+            return out
+
+        ray = f"export PYTHONPATH={ROOT} && ~/venv/bin/ray start --num-cpus 2 --num-gpus 0 --disable-usage-stats"
+        run(lab.head, f"{ray} --head --port 6379 --include-dashboard false")
+        run(lab.workers[0], f"{ray} --address {lab.head.ip}:6379")
+        run(lab.head, f"PYTHONPATH={ROOT} ~/venv/bin/python -m calib.cluster wait --nodes 2 --timeout 120")
+        transcript.append(f"Ray on 2 hosts after {time.monotonic() - started:.0f} s")
+
+        study = (f"cd {ROOT} && PYTHONPATH={ROOT} ~/venv/bin/python studies/sensitivity_gamma.py "
+                 f"--address {lab.head.ip}:6379 --store {store} {COMMON}")
+        drivers = {
+            "gamma-a": lab.ssh(lab.head, f"{study} --study gamma-a --gammas 0.8 0.9 1.0", stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True),
+            "gamma-b": lab.ssh(lab.workers[0], f"{study} --study gamma-b --gammas 0.7", stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True),
+        }
+        # Kill the process of a claim holder mid-training: the first claim seen, a second after it appears.
+        deadline, claims = time.monotonic() + 180, []
+        while not claims:
+            assert time.monotonic() < deadline and all(d.poll() is None for d in drivers.values()), "no claim seen"
+            claims = _claims(s3, bucket)
+            time.sleep(0.2)
+        time.sleep(1.0)
+        victim = claims[0]
+        victim_host = next(h for h in lab.hosts if h.name == victim["host"])
+        run(victim_host, f"kill -9 {victim['pid']}")
+        transcript.append(f"killed the holder {victim['holder']} of Stage I {victim['stage1_id']} on "
+                          f"{victim_host.name} at {time.monotonic() - started:.0f} s")
+
+        outputs = {name: proc.communicate(timeout=420)[0] for name, proc in drivers.items()}
+        for name, proc in drivers.items():
+            assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{outputs[name][-4000:]}"
+        transcript += [line for out in outputs.values() for line in out.splitlines()
+                       if "trials:" in line or "takes it over" in line or "waiting for it" in line]
+
+        rows = read_trials(store)
+        assert rows.groupby("study", observed=True).size().to_dict() == {"gamma-a": 8, "gamma-b": 4}
+        assert (rows["status"] == "ok").all()
+        assert set(rows["host"]) == {h.name for h in lab.hosts}, rows[["study", "seed", "host"]]
+        trained = rows[~rows["stage1_cache_hit"].astype(bool)].groupby("stage1_id").size()
+        assert trained.to_dict() == dict.fromkeys(rows["stage1_id"].unique(), 1), \
+            rows[["study", "method", "seed", "stage1_id", "stage1_cache_hit", "stage1_writer", "host"]]
+        assert (rows.groupby("stage1_id").stage1_writer.nunique() == 1).all()
+        for stage1_id, writers in rows.groupby("stage1_id").stage1_writer:
+            record = s3.get_object(Bucket=bucket, Key=f"calib/artifacts/stage1/{stage1_id}/record.json")
+            assert json.loads(record["Body"].read())["writer"] == writers.iloc[0]
+        assert victim["holder"] not in set(rows["stage1_writer"]), "the killed holder published nothing"
+        assert not _claims(s3, bucket), "every claim is released once its Stage I is published"
+        transcript.append(f"{len(rows)} rows, {rows['stage1_id'].nunique()} Stage Is, each trained once; "
+                          f"test took {time.monotonic() - started:.0f} s")
+    finally:
+        for where in lab.hosts:
+            with_stop = lab.ssh(where, "~/venv/bin/ray stop --force", stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+            with_stop.wait(timeout=60)
+        lab.close()
+        if server is not None:
+            server.stop()
+        with capsys.disabled():
+            print("\n[cluster test] " + "\n[cluster test] ".join(transcript))
+    assert not lab.leftovers(), lab.leftovers()

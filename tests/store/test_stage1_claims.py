@@ -1,0 +1,224 @@
+"""One training per Stage I across nodes: the atomic writes, claims with leases, waiting, first-writer-wins."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+import torch
+
+from calib import storage
+from calib.artifacts import Stage1WaitTimeout, get_or_train_stage1
+from calib.artifacts import stage1 as stage1_module
+from calib.artifacts.claim import ClaimSettings, acquire, claim_location
+from calib.artifacts.publish import publish
+from calib.config import config_hash, parse_trial_config, stage1_identity
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ClaimSettings(lease_seconds=0.6, wait_seconds=30.0, poll_seconds=0.05)
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    """An artifact root: a local (or shared) directory, or a bucket on moto's S3 server."""
+    if request.param == "local":
+        return str(tmp_path / "artifacts")
+    bucket, _ = request.getfixturevalue("s3")
+    return f"s3://{bucket}/artifacts"
+
+
+def test_create_exclusive_replace_if_and_delete_if_are_conditional(root):
+    location = storage.join(root, "stage1", "x.claim")
+    first = storage.create_exclusive(location, b"one")
+    assert first is not None
+    assert storage.create_exclusive(location, b"two") is None  # exists: refused, unchanged
+    assert storage.read_versioned(location) == (b"one", first)
+    second = storage.replace_if(location, b"three", first)
+    assert second is not None and second != first
+    assert storage.replace_if(location, b"four", first) is None  # stale token: refused
+    assert storage.read_versioned(location)[0] == b"three"
+    assert not storage.delete_if(location, first)
+    assert storage.delete_if(location, second)
+    assert storage.read_versioned(location) is None
+    assert storage.replace_if(location, b"five", second) is None  # gone: nothing to replace
+
+
+def never_published() -> bool:
+    return False
+
+
+def test_a_claim_is_renewed_and_released(root):
+    said: list[str] = []
+    claim = acquire(root, "abc", never_published, "node-a-1", FAST, said.append)
+    assert claim is not None and said == []
+    body, _ = storage.read_versioned(claim_location(root, "abc"))
+    assert json.loads(body)["holder"] == "node-a-1"
+    time.sleep(FAST.lease_seconds)  # the background thread renews every third of the lease
+    assert json.loads(storage.read_versioned(claim_location(root, "abc"))[0])["renewals"] >= 1
+    claim.release()
+    assert storage.read_versioned(claim_location(root, "abc")) is None
+
+
+def test_a_holder_that_stops_renewing_loses_its_claim_after_the_lease(root):
+    holder = acquire(root, "abc", never_published, "node-a-1", FAST, print)
+    holder._stop.set()  # the holder hangs: no more renewals
+    holder._thread.join()
+    said: list[str] = []
+    start = time.monotonic()
+    taker = acquire(root, "abc", never_published, "node-b-2", FAST, said.append)
+    waited = time.monotonic() - start
+    assert taker is not None and taker.took_over == "node-a-1"
+    assert waited >= FAST.lease_seconds  # by the waiter's own clock: a whole lease without a change
+    assert "is being trained by node-a-1" in said[0]
+    assert "node-a-1 stopped renewing its claim" in said[-1] and "node-b-2" in said[-1]
+    assert not holder.renew() and holder.lost.is_set()  # the old holder learns it lost the claim
+    holder.release()  # ...and leaves the new holder's claim alone
+    assert json.loads(storage.read_versioned(claim_location(root, "abc"))[0])["holder"] == "node-b-2"
+    taker.release()
+
+
+def test_a_waiting_trial_times_out_naming_the_stage1_and_its_holder(root):
+    holder = acquire(root, "abc", never_published, "node-a-1", FAST, print)  # alive: renews all along
+    said: list[str] = []
+    patient = ClaimSettings(lease_seconds=FAST.lease_seconds, wait_seconds=1.5, poll_seconds=0.05)
+    with pytest.raises(Stage1WaitTimeout, match=r"gave up after 1.5 s waiting for Stage I abc, claimed by node-a-1"):
+        acquire(root, "abc", never_published, "node-b-2", patient, said.append)
+    assert len(said) == 1 and "waiting for it to be published, at most 1.5 s (CALIB_STAGE1_WAIT_SECONDS)" in said[0]
+    holder.release()
+
+
+def test_a_waiter_returns_once_the_holder_publishes(root):
+    holder = acquire(root, "abc", never_published, "node-a-1", FAST, print)
+    published = threading.Event()
+
+    def publish_and_release() -> None:
+        published.set()
+        holder.release()
+
+    timer = threading.Timer(0.3, publish_and_release)
+    timer.start()
+    assert acquire(root, "abc", published.is_set, "node-b-2", FAST, print) is None
+    timer.join()
+
+
+def test_a_claim_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
+    root = str(tmp_path / "artifacts")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    body = {"holder": "gone", "host": os.uname().nodename, "pid": int(dead.stdout), "renewed_at": "then"}
+    storage.create_exclusive(claim_location(root, "abc"), json.dumps(body).encode())
+    start = time.monotonic()
+    said: list[str] = []
+    claim = acquire(root, "abc", never_published, "me", ClaimSettings(lease_seconds=600, poll_seconds=0.05),
+                    said.append)
+    assert claim is not None and time.monotonic() - start < 600
+    assert "is a process of this host that is gone" in said[-1]
+    claim.release()
+
+
+RACER = """
+import json, sys, torch
+from calib.artifacts import get_or_train_stage1
+from calib.config import parse_trial_config
+artifact, hit = get_or_train_stage1(parse_trial_config(json.loads(sys.argv[1])), torch.device("cpu"))
+print(json.dumps({"hit": hit, "writer": artifact.record["writer"]}))
+"""
+
+
+def test_two_nodes_racing_for_one_stage1_train_it_once(s3, make_config, tmp_path):
+    bucket, aws = s3
+    config = {**make_config(method={"name": "vanilla"}, epochs=6), "artifact_root": f"s3://{bucket}/artifacts"}
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, json.dumps(config)], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, **aws, "CALIB_ARTIFACT_CACHE": str(tmp_path / f"node-{i}"),
+                                   "CALIB_STAGE1_LEASE_SECONDS": "5"})
+             for i in range(2)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+    answers = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert sorted(a["hit"] for a in answers) == [False, True]  # one trained, the other waited and loaded it
+    assert answers[0]["writer"] == answers[1]["writer"]
+    waiter = next(err for (_, err), a in zip(outputs, answers, strict=True) if a["hit"])
+    stage1_id = config_hash(stage1_identity(parse_trial_config(config)))
+    assert f"Stage I {stage1_id} is being trained by {answers[0]['writer']}" in waiter
+    listing = boto3.client("s3").list_objects_v2(Bucket=bucket, Prefix="artifacts/")
+    assert sorted(o["Key"].split("/", 3)[-1] for o in listing["Contents"]) == sorted(
+        ["record.json", f"{answers[0]['writer']}/model.pt", f"{answers[0]['writer']}/cache.pt"])
+
+
+def test_a_copy_trained_after_another_was_published_is_discarded_for_it(s3, make_config, tmp_path, monkeypatch,
+                                                                         capsys):
+    bucket, _ = s3
+    cfg = parse_trial_config({**make_config(method={"name": "vanilla"}), "artifact_root": f"s3://{bucket}/artifacts"})
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("CALIB_ARTIFACT_CACHE", str(tmp_path / "node-a"))
+    first, hit = get_or_train_stage1(cfg, cpu)
+    assert not hit
+    record = storage.read_bytes(storage.join(cfg.artifact_root, "stage1", first.stage1_id, "record.json"))
+
+    # Node B misses the record (a lease that expired under a slow holder) and trains a copy of its own.
+    monkeypatch.setenv("CALIB_ARTIFACT_CACHE", str(tmp_path / "node-b"))
+    real_find, calls = stage1_module._find, []
+
+    def blind_at_first(*args):
+        calls.append(args)
+        return None if len(calls) <= 2 else real_find(*args)
+
+    monkeypatch.setattr(stage1_module, "_find", blind_at_first)
+    monkeypatch.setattr(stage1_module, "_published", lambda final, remote: False)
+    with pytest.warns(UserWarning, match="was published by .* while this trial .* trained it too"):
+        adopted, hit = get_or_train_stage1(cfg, cpu)
+    assert hit, "the row uses the published training, not its own"
+    assert adopted.record["writer"] == first.record["writer"]
+    assert adopted.path.is_relative_to(tmp_path / "node-b")  # the local cache holds the published copy
+    assert json.loads((adopted.path / "record.json").read_text())["writer"] == first.record["writer"]
+    assert torch.equal(adopted.splits["test"].logits, first.splits["test"].logits)
+    # The published record is untouched and node B's uploads are gone again.
+    assert storage.read_bytes(storage.join(cfg.artifact_root, "stage1", first.stage1_id, "record.json")) == record
+    listing = boto3.client("s3").list_objects_v2(Bucket=bucket, Prefix="artifacts/")
+    writers = {o["Key"].split("/")[3] for o in listing["Contents"] if o["Key"].count("/") == 4}
+    assert writers == {first.record["writer"]}
+
+
+def test_publish_never_replaces_a_record(s3, make_config, tmp_path, monkeypatch):
+    bucket, _ = s3
+    cfg = parse_trial_config({**make_config(method={"name": "vanilla"}), "artifact_root": f"s3://{bucket}/artifacts"})
+    monkeypatch.setenv("CALIB_ARTIFACT_CACHE", str(tmp_path / "node-a"))
+    first, _ = get_or_train_stage1(cfg, torch.device("cpu"))
+    remote = storage.join(cfg.artifact_root, "stage1", first.stage1_id)
+    assert publish(first.path, remote) is None or True  # republishing one's own: the record is there already
+    other = first.path.parent / "other"
+    other.mkdir()
+    for name in ("model.pt", "cache.pt"):
+        (other / name).write_bytes((first.path / name).read_bytes())
+    (other / "record.json").write_text(json.dumps({**first.record, "writer": "node-b-9-deadbeef"}))
+    assert publish(other, remote) == first.record["writer"]
+    assert json.loads(storage.read_bytes(storage.join(remote, "record.json")))["writer"] == first.record["writer"]
+    assert not storage.exists(storage.join(remote, "node-b-9-deadbeef", "model.pt"))
+
+
+def test_on_a_shared_directory_the_first_artifact_in_place_wins(make_config, tmp_path, monkeypatch):
+    import shutil
+
+    other_node = parse_trial_config(make_config(method={"name": "vanilla"}))
+    landed, _ = get_or_train_stage1(other_node, torch.device("cpu"))
+    cfg = parse_trial_config({**make_config(method={"name": "vanilla"}), "artifact_root": str(tmp_path / "shared")})
+    real_train = stage1_module.train_stage1
+
+    def train_while_another_node_lands(cfg_, *args, **kwargs):  # its artifact lands in place while this one trains
+        trained = real_train(cfg_, *args, **kwargs)
+        shutil.copytree(landed.path, Path(cfg.artifact_root) / "stage1" / landed.stage1_id)
+        return trained
+
+    monkeypatch.setattr(stage1_module, "train_stage1", train_while_another_node_lands)
+    with pytest.warns(UserWarning, match="discarded this copy and adopted the published one"):
+        adopted, hit = get_or_train_stage1(cfg, torch.device("cpu"))
+    assert hit and adopted.record["writer"] == landed.record["writer"]
+    assert sorted(p.name for p in (tmp_path / "shared" / "stage1").iterdir()) == [
+        landed.stage1_id, f"{landed.stage1_id}.lock"], "the discarded copy and the claim leave nothing behind"
