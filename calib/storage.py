@@ -9,10 +9,12 @@ atomic by itself, so remote files are written under their final name.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +146,9 @@ def delete(location: str) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # Conditional writes: the atomic steps claims and first-writer-wins publishing are built on. A version
-# token is the object's ETag on S3 and the SHA-256 of the contents locally.
+# token is the object's ETag on S3 and the SHA-256 of the contents locally, where each check-and-change
+# holds a lock on a ``<file>.lock`` beside the file, and the file is replaced by a rename: a reader
+# sees the old contents or the new, never no file.
 
 
 def _s3_client() -> Any:
@@ -186,10 +190,44 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@contextlib.contextmanager
+def _guarded(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<path>.lock`` (also across hosts on a shared mount: NFS maps it to
+    a POSIX lock): the local conditional writes below check and change ``path`` under it, so a file
+    they manage never disappears between a check and a change."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_in_place(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, fsync and a rename (readers see old or new)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _local_version(path: Path) -> str | None:
+    try:
+        return _digest(path.read_bytes())
+    except FileNotFoundError:
+        return None
+
+
 def create_exclusive(location: str, data: bytes) -> str | None:
-    """Write ``data`` at ``location`` unless a file is there already, in one atomic step (``O_EXCL``
-    locally and on a shared mount; a PUT with ``If-None-Match: *`` on S3). Its version token if this
-    call created it, else None."""
+    """Write ``data`` at ``location`` unless a file is there already, in one atomic step (under the
+    file's lock locally and on a shared mount; a PUT with ``If-None-Match: *`` on S3). Its version
+    token if this call created it, else None."""
     if is_remote(location):
         import botocore.exceptions
 
@@ -201,15 +239,10 @@ def create_exclusive(location: str, data: bytes) -> str | None:
                 return None
             raise
     path = Path(normalize(location))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return None
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
+    with _guarded(path):
+        if path.exists():
+            return None
+        _write_in_place(path, data)
     return _digest(data)
 
 
@@ -233,21 +266,6 @@ def read_versioned(location: str) -> tuple[bytes, str] | None:
     return data, _digest(data)
 
 
-def _swap_out(path: Path, token: str) -> Path | None:
-    """Rename ``path`` aside if it still holds version ``token`` (one renamer wins); the aside name, or None."""
-    aside = path.with_name(f".{path.name}.{uuid.uuid4().hex}.old")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return None
-    if _digest(aside.read_bytes()) == token:
-        return aside
-    with contextlib.suppress(FileExistsError):  # changed since it was read: put it back unless replaced
-        os.link(aside, path)
-    aside.unlink()
-    return None
-
-
 def replace_if(location: str, data: bytes, token: str) -> str | None:
     """Replace the file at ``location`` with ``data`` only if it still holds version ``token`` (S3:
     ``If-Match``); the new token, or None if the file changed or vanished meanwhile."""
@@ -262,13 +280,11 @@ def replace_if(location: str, data: bytes, token: str) -> str | None:
                 return None
             raise
     path = Path(normalize(location))
-    aside = _swap_out(path, token)
-    if aside is None:
-        return None
-    try:
-        return create_exclusive(location, data)  # None if another writer created it in between
-    finally:
-        aside.unlink()
+    with _guarded(path):
+        if _local_version(path) != token:
+            return None
+        _write_in_place(path, data)
+    return _digest(data)
 
 
 def delete_if(location: str, token: str) -> bool:
@@ -284,8 +300,9 @@ def delete_if(location: str, token: str) -> bool:
                 return False
             raise
         return True
-    aside = _swap_out(Path(normalize(location)), token)
-    if aside is None:
-        return False
-    aside.unlink()
+    path = Path(normalize(location))
+    with _guarded(path):
+        if _local_version(path) != token:
+            return False
+        path.unlink()
     return True

@@ -54,6 +54,7 @@ class TrialResult:
     details: dict[str, list] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     stage1_cache_hit: bool | None = None
+    stage1_writer: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
     finished_at: dt.datetime | None = None
@@ -96,8 +97,7 @@ class TrialResult:
 
 def stage1_execution(record: dict[str, Any]) -> dict[str, Any]:
     """How the artifact's Stage I ran, as store columns (None for artifacts written before it was recorded)."""
-    return {"stage1_writer": record.get("writer"),
-            "stage1_pipeline": record.get("data_pipeline"), "stage1_precision": record.get("precision"),
+    return {"stage1_pipeline": record.get("data_pipeline"), "stage1_precision": record.get("precision"),
             "stage1_compile_mode": record.get("compile_mode"),
             "stage1_peak_memory_bytes": record.get("peak_memory_bytes")}
 
@@ -192,6 +192,7 @@ def _result(cfg: TrialConfig, artifact: Any, cache_hit: bool, outcome: Any, devi
             "stage1_compile_seconds": float(artifact.record.get("compile_seconds", 0.0)),
         },
         stage1_device=str(artifact.record.get("device")),
+        stage1_writer=artifact.record.get("writer"),
         stage1_execution=stage1_execution(artifact.record),
         stage1_resumed_from_epoch=None if cache_hit else artifact.record.get("resumed_from_epoch"),
         started_at=started_at,

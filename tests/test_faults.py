@@ -184,7 +184,10 @@ def test_two_studies_write_one_store_at_the_same_time(tmp_path):
     assert not trials.duplicated(["study", "trial_id"]).any()
     # Both studies use the same CE Stage I per seed: trained once in all, whichever driver got there first.
     assert (~trials["stage1_cache_hit"]).sum() == 2
-    assert len(list((store / "artifacts" / "stage1").iterdir())) == 2 + 2  # two artifacts and their lock files
+    # Two artifacts, their lock files and their claims' lock files (the claims go once published).
+    listing = sorted(p.name for p in (store / "artifacts" / "stage1").iterdir())
+    ids = sorted(set(trials["stage1_id"]))
+    assert listing == sorted([*ids, *(f"{i}.lock" for i in ids), *(f"{i}.claim.lock" for i in ids)])
 
 
 # ---------------------------------------------------------------------------------- changed configs

@@ -78,10 +78,19 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def _pid_namespace() -> int | None:
+    """The inode of this process's PID namespace: two processes with one host name may still not share
+    their PIDs (containers)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
 def _body(stage1_id: str, holder: str, settings: ClaimSettings, renewals: int, took_over: str | None) -> bytes:
     return json.dumps({"stage1_id": stage1_id, "holder": holder, "host": socket.gethostname(), "pid": os.getpid(),
-                       "lease_seconds": settings.lease_seconds, "renewals": renewals, "renewed_at": _now(),
-                       "took_over_from": took_over}).encode()
+                       "pid_namespace": _pid_namespace(), "lease_seconds": settings.lease_seconds,
+                       "renewals": renewals, "renewed_at": _now(), "took_over_from": took_over}).encode()
 
 
 class Claim:
@@ -90,21 +99,31 @@ class Claim:
     first-writer-wins keeps the artifact whole."""
 
     def __init__(self, location: str, token: str, stage1_id: str, holder: str, settings: ClaimSettings,
-                 took_over: str | None = None) -> None:
+                 took_over: str | None = None, say: Callable[[str], None] = print) -> None:
         self.location, self.stage1_id, self.holder, self.took_over = location, stage1_id, holder, took_over
         self.lost = threading.Event()
-        self._token, self._settings, self._renewals = token, settings, 0
+        self._token, self._settings, self._renewals, self._say = token, settings, 0, say
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_loop, name=f"claim-{stage1_id}", daemon=True)
         self._thread.start()
 
     def _renew_loop(self) -> None:
+        renewed = time.monotonic()
         while not self._stop.wait(self._settings.lease_seconds / 3):
             try:
                 if not self.renew():
+                    self._say(f"Stage I {self.stage1_id}: another trial took over this trial's claim ({self.holder}); "
+                        f"the first of the two to publish wins")
                     return
-            except Exception:  # a network blip: try again at the next tick, within the lease
-                continue
+                renewed = time.monotonic()
+            except Exception as err:  # a network blip: try again at the next tick, within the lease
+                self._say(f"Stage I {self.stage1_id}: renewing the claim of {self.holder} failed "
+                    f"({type(err).__name__}: {err})")
+                if time.monotonic() - renewed >= self._settings.lease_seconds:
+                    self.lost.set()
+                    self._say(f"Stage I {self.stage1_id}: no renewal for a whole lease: another trial may take the "
+                        f"claim over; the first of the two to publish wins")
+                    return
 
     def renew(self) -> bool:
         """Rewrite the claim if it is still this holder's (what the background thread does every third of
@@ -134,7 +153,8 @@ class Claim:
 
 def _holder_is_dead(claim: dict[str, Any]) -> bool:
     """Whether the claim's holder is a process of this host that no longer runs (no need to wait a lease)."""
-    if claim.get("host") != socket.gethostname() or not isinstance(claim.get("pid"), int):
+    if (claim.get("host") != socket.gethostname() or claim.get("pid_namespace") != _pid_namespace()
+            or not isinstance(claim.get("pid"), int)):
         return False
     try:
         os.kill(claim["pid"], 0)
@@ -168,7 +188,7 @@ def acquire(artifact_root: str, stage1_id: str, published: Callable[[], bool], h
             return None
         token = storage.create_exclusive(location, _body(stage1_id, holder, settings, 0, None))
         if token is not None:
-            return Claim(location, token, stage1_id, holder, settings)
+            return Claim(location, token, stage1_id, holder, settings, say=say)
         current = storage.read_versioned(location)
         now = time.monotonic()
         if current is None:  # released or taken over between the two calls: look again
@@ -178,13 +198,14 @@ def acquire(artifact_root: str, stage1_id: str, published: Callable[[], bool], h
             seen_token, seen_since = token, now
         other = _parse(data)
         other_holder = str(other.get("holder", "an unknown holder"))
-        if now - seen_since >= settings.lease_seconds or _holder_is_dead(other):
+        lease = max(settings.lease_seconds, float(other.get("lease_seconds") or 0))  # the holder's own, if longer
+        if now - seen_since >= lease or _holder_is_dead(other):
             why = ("is a process of this host that is gone" if _holder_is_dead(other)
-                   else f"stopped renewing its claim {settings.lease_seconds:g} s ago")
+                   else f"stopped renewing its claim {lease:g} s ago")
             token = storage.replace_if(location, _body(stage1_id, holder, settings, 0, other_holder), token)
             if token is not None:
                 say(f"Stage I {stage1_id}: its holder {other_holder} {why}; this trial ({holder}) takes it over")
-                return Claim(location, token, stage1_id, holder, settings, took_over=other_holder)
+                return Claim(location, token, stage1_id, holder, settings, took_over=other_holder, say=say)
             continue
         if not announced:
             say(f"Stage I {stage1_id} is being trained by {other_holder} (claim renewed at "

@@ -2,7 +2,8 @@
 
 A file lock per ``stage1_id`` makes the trials of one node wait for each other; a claim
 (:mod:`calib.artifacts.claim`) does the same across nodes and concurrent studies: the first trial
-anywhere trains, the others wait for its artifact. An artifact that fails its checks is quarantined
+anywhere trains, the others wait for its artifact, and one that takes over a dead holder's claim
+continues from the state it left (:mod:`calib.artifacts.handover`). An artifact that fails its checks is quarantined
 and trained again (:mod:`calib.artifacts.checks`). With an object-store root the trained artifact is
 published first-writer-wins (:mod:`calib.artifacts.publish`).
 """
@@ -31,8 +32,9 @@ from calib.artifacts.artifact import (
     remote_dir,
     stage1_dir,
 )
-from calib.artifacts.checks import CorruptArtifactError, file_checksum, say
+from calib.artifacts.checks import CorruptArtifactError, file_checksum, parse_record, record_writer, say
 from calib.artifacts.claim import ClaimSettings, acquire, new_writer_id
+from calib.artifacts.handover import Handover
 from calib.artifacts.publish import fetch_checked, publish
 from calib.config import TrialConfig, config_hash, stage1_identity
 from calib.datasets import load_dataset
@@ -49,17 +51,34 @@ def stage1_data(cfg: TrialConfig) -> TrainingSubset:
     return restrict_training(data, cfg.stage1.train_size, cfg.dataset)
 
 
+def _published_writer(remote: str) -> str | None:
+    """The writer the published ``record.json`` names; None if none is published (or it names none)."""
+    try:
+        return record_writer(parse_record(storage.read_bytes(storage.join(remote, "record.json"))))
+    except (FileNotFoundError, CorruptArtifactError):
+        return None
+
+
 def _find(final: Path, stage1_id: str, remote: str | None) -> Stage1Artifact | None:
-    """The artifact, here or published, after its checks; None if there is none (or it failed and was moved aside)."""
-    artifact = load_local(final, stage1_id, remote)
-    if artifact is None and remote is not None:
-        artifact = fetch_checked(remote, final, stage1_id)
-    return artifact
+    """The artifact after its checks: the local one, or with an object-store root the published one (the
+    local copy only if it is of the writer the record names; another is dropped for the published
+    one). None if there is none, or it failed its checks and was moved aside."""
+    if remote is None:
+        return load_local(final, stage1_id, remote)
+    writer = _published_writer(remote)
+    if writer is None:
+        return None
+    local = load_local(final, stage1_id, remote)
+    if local is not None and local.record.get("writer") == writer:
+        return local
+    shutil.rmtree(final, ignore_errors=True)  # a copy of another training, or none
+    return fetch_checked(remote, final, stage1_id)
 
 
 def _published(final: Path, remote: str | None) -> bool:
-    return (final / "record.json").exists() or (remote is not None and storage.exists(storage.join(remote,
-                                                                                                  "record.json")))
+    if remote is None:
+        return (final / "record.json").exists()
+    return storage.exists(storage.join(remote, "record.json"))
 
 
 def get_or_train_stage1(
@@ -75,10 +94,12 @@ def get_or_train_stage1(
     or is training it (then this call waits for it, see :mod:`calib.artifacts.claim`).
 
     Returns ``(artifact, cache_hit)``; ``cache_hit`` is False exactly when the artifact returned is this
-    call's own training (also when it replaced an artifact that failed its check). A training that
-    lost the race to publish is discarded and the published artifact returned, with ``cache_hit`` True.
-    ``on_checkpoint`` / ``resume`` are passed to :func:`calib.training.train_stage1` when it trains;
-    ``claims`` default to :meth:`ClaimSettings.from_env`.
+    call's own training (also when it replaced an artifact that failed its check, or published a local
+    copy whose trial died before publishing it). A training that lost the race to publish is discarded
+    and the published artifact returned, with ``cache_hit`` True. ``on_checkpoint`` / ``resume`` are
+    passed to :func:`calib.training.train_stage1` when it trains; without ``resume`` it continues the
+    state a dead holder left (:mod:`calib.artifacts.handover`). ``claims`` default to
+    :meth:`ClaimSettings.from_env`.
     """
     identity = stage1_identity(cfg)
     stage1_id = config_hash(identity)
@@ -87,9 +108,11 @@ def get_or_train_stage1(
     final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():
         with contextlib.suppress(CorruptArtifactError):
-            return load_artifact(final, stage1_id, remote), True
+            artifact = load_artifact(final, stage1_id, remote)
+            if remote is None or artifact.record.get("writer") == _published_writer(remote):
+                return artifact, True
     writer = new_writer_id()
-    with FileLock(str(final) + ".lock"):  # absent or bad: look again under the lock before acting
+    with FileLock(str(final) + ".lock"):  # absent, bad or not the published one: look again under the lock
         while True:
             artifact = _find(final, stage1_id, remote)
             if artifact is not None:
@@ -102,12 +125,24 @@ def get_or_train_stage1(
             artifact = _find(final, stage1_id, remote)  # published just before this claim was created
             if artifact is not None:
                 return artifact, True
-            first = _train_and_write(cfg, identity, final, device, on_epoch, on_checkpoint, resume, writer)
+            handover = Handover(cfg.artifact_root, stage1_id, final.parent)
+            orphan = load_local(final, stage1_id, remote) if remote is not None else None
+            if orphan is not None:  # trained here by a trial that died before publishing it
+                say(f"Stage I {stage1_id}: publishing the copy {orphan.record.get('writer')} trained on this node "
+                    f"before its trial ended")
+                first = True
+            else:
+                if resume is None and (resume := handover.latest()) is not None:
+                    say(f"Stage I {stage1_id}: continuing the training {claim.took_over or 'a previous holder'} "
+                        f"left at epoch {int(resume['epoch']) + 1}")
+                first = _train_and_write(cfg, identity, final, device, on_epoch, handover.keeping(on_checkpoint),
+                                         resume, writer)
             other = None if first else "another node"
             if first and remote is not None:
                 other = publish(final, remote)
                 if other is not None:
                     shutil.rmtree(final)
+            handover.discard()
             if other is not None:
                 say(f"Stage I {stage1_id} was published by {other} while this trial ({writer}) trained it too; "
                     f"discarded this copy and adopted the published one")

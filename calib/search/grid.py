@@ -134,8 +134,10 @@ def run_grid(
     trials = batch_roles(assign_roles(pending), options.configs_per_trial or DEFAULT_CONFIGS_PER_TRIAL)
     tuner = tune.Tuner(
         trainable,
+        # A cap on concurrent trials is also Tune's cap on pending ones with a searcher (1 without it): as
+        # many pending as trials lets Ray, and an autoscaler, see the whole demand at once.
         tune_config=tune.TuneConfig(search_alg=Stage1FirstSearcher(trials), num_samples=len(trials),
-                                    max_concurrent_trials=options.max_concurrent, reuse_actors=True,
+                                    max_concurrent_trials=options.max_concurrent or len(trials), reuse_actors=True,
                                     trial_dirname_creator=trial_dirname),
         run_config=run_config(store, study, options, callbacks),
     )

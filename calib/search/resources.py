@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_RESOURCE_WAIT_SECONDS",
     "RESOURCE_WAIT_ENV",
     "alive_node_resources",
+    "ask_autoscaler",
     "describe_nodes",
     "resource_wait_seconds",
     "unplaceable_roles",
@@ -109,12 +110,22 @@ def _flags(unmet: Mapping[str, Mapping[str, float]], nodes: Sequence[NodeResourc
     return ", ".join(dict.fromkeys(flags))
 
 
+def ask_autoscaler(requests: Sequence[NodeResources]) -> None:
+    """Ask the cluster's autoscaler for nodes that fit ``requests`` (one bundle each; [] withdraws the
+    request). No trial is pending yet, so without this an autoscaler would see no demand."""
+    from ray.autoscaler.sdk import request_resources
+
+    request_resources(bundles=[{k: v for k, v in r.items() if v > 0} for r in requests])
+
+
 def wait_for_resources(options: ExecutionOptions, timeout_s: float | None = None, poll_s: float = 5.0,
                        say: Callable[[str], object] = print,
-                       nodes: Callable[[], Sequence[NodeResources]] = alive_node_resources) -> None:
+                       nodes: Callable[[], Sequence[NodeResources]] = alive_node_resources,
+                       ask: Callable[[Sequence[NodeResources]], None] | None = None) -> None:
     """Return once some node of the cluster fits each role's request (CPUs and GPUs of one trial on
-    one node); until then, after one line saying what is missing, poll ``nodes`` every ``poll_s``
-    seconds. After ``timeout_s`` (default :func:`resource_wait_seconds`) raise ``ConfigError``."""
+    one node); until then, after one line saying what is missing, ask the autoscaler for such nodes
+    (``ask``, default :func:`ask_autoscaler`) and poll ``nodes`` every ``poll_s`` seconds. After ``timeout_s`` (default
+    :func:`resource_wait_seconds`) raise ``ConfigError``. The request is withdrawn either way."""
     timeout_s = resource_wait_seconds() if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
     current = list(nodes())
@@ -122,13 +133,18 @@ def wait_for_resources(options: ExecutionOptions, timeout_s: float | None = None
     if not unmet:
         return
     say(f"waiting up to {_amount(timeout_s)} s for a node with {_wanted(unmet)}: {describe_nodes(current)} "
-        f"(an autoscaling cluster adds one when asked)")
-    while time.monotonic() < deadline:
-        time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
-        current = list(nodes())
-        unmet = unplaceable_roles(options, current)
-        if not unmet:
-            return
+        f"(asked the autoscaler, if the cluster has one, for one)")
+    ask = ask or ask_autoscaler
+    ask(list(unmet.values()))
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
+            current = list(nodes())
+            unmet = unplaceable_roles(options, current)
+            if not unmet:
+                return
+    finally:
+        ask([])
     raise ConfigError(
         f"No node of the cluster offers {_wanted(unmet)} after {_amount(timeout_s)} s: {describe_nodes(current)}. "
         f"Ask for what one node has ({_flags(unmet, current)}), add a node that has it, or wait longer "

@@ -13,6 +13,7 @@ from typing import Any
 
 from calib._config import ConfigError
 from calib.artifacts.claim import LEASE_ENV, WAIT_ENV
+from calib.artifacts.handover import HANDOVER_ENV
 
 __all__ = ["FORWARDED_ENV", "RAY_NOISE", "check_address", "init_ray", "quiet_ray_logs"]
 
@@ -60,7 +61,7 @@ def check_address(address: str | None) -> None:
         ) from None
 
 
-FORWARDED_ENV = (LEASE_ENV, WAIT_ENV)
+FORWARDED_ENV = (LEASE_ENV, WAIT_ENV, HANDOVER_ENV)
 """Environment variables of the driver that every Ray worker of its run sees: the Stage-I claim settings."""
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -29,6 +30,13 @@ from calib.search.execution import STAGE1_EPOCHS
 
 __all__ = ["MAX_REPEATS", "PopulationSearcher", "Stage1FirstSearcher", "sync_with_store"]
 
+def _stage1_published(trial: dict[str, Any]) -> bool:
+    from calib.artifacts import stage1_exists
+    from calib.config import parse_trial_config
+
+    return stage1_exists(parse_trial_config(trial["configs"][0]))
+
+
 MAX_REPEATS = 1000
 """Proposals of already-run configs a search tolerates before it calls the space exhausted."""
 
@@ -38,16 +46,21 @@ class Stage1FirstSearcher(Searcher):
     only once the ``"stage1"`` trial of its Stage I has ended: no dependent starts, on any node,
     before its artifact is published, so none trains it again.
 
-    A trainer that fails for good (its retries spent) releases its dependents, and the first of them
-    becomes the trainer (with a Stage-I trial's resources) while the others wait for it in turn.
+    A trainer that ends without its Stage I published (it failed for good, its retries spent; or a
+    population whose Stage I failed) releases its dependents, and the first of them becomes the
+    trainer (with a Stage-I trial's resources) while the others wait for it in turn.
+    ``published(trial)``: whether a trial's Stage I is stored (default
+    :func:`calib.artifacts.stage1_exists` of its first config).
     """
 
-    def __init__(self, trials: Sequence[dict[str, Any]]) -> None:
+    def __init__(self, trials: Sequence[dict[str, Any]],
+                 published: Callable[[dict[str, Any]], bool] | None = None) -> None:
         super().__init__()
+        self._published = published or _stage1_published
         self._queue = [dict(trial) for trial in trials]
         self._training = {trial["stage1_id"] for trial in trials if trial["role"] == "stage1"}
         self._failed: set[str] = set()
-        self._trainer_of: dict[str, str] = {}  # Tune trial id -> stage1_id it trains
+        self._trainer_of: dict[str, tuple[str, dict[str, Any]]] = {}  # Tune trial id -> (stage1_id, trial)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         for position, trial in enumerate(self._queue):
@@ -59,16 +72,25 @@ class Stage1FirstSearcher(Searcher):
                     trial["role"] = "stage1"
                 if trial["role"] == "stage1":
                     self._training.add(stage1_id)
-                    self._trainer_of[trial_id] = stage1_id
+                    self._trainer_of[trial_id] = (stage1_id, trial)
                 return {"trial": trial}
         return Searcher.FINISHED if not self._queue else None
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
-        stage1_id = self._trainer_of.pop(trial_id, None)
-        if stage1_id is not None:
+        entry = self._trainer_of.pop(trial_id, None)
+        if entry is not None:
+            stage1_id, trial = entry
             self._training.discard(stage1_id)
-            if error:
+            if error or not self._published(trial):
                 self._failed.add(stage1_id)
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as out:
+            pickle.dump({k: v for k, v in self.__dict__.items() if k != "_published"}, out)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as source:
+            self.__dict__.update(pickle.load(source))
 
 
 def _values(result: dict[str, Any], objectives: Sequence[str]) -> list[float] | None:

@@ -70,6 +70,7 @@ def trial_row(result: TrialResult, *, node_id: str | None = None) -> dict[str, A
         "label": cfg.label, "label_rank": cfg.label_rank, "ood_datasets": list(cfg.ood_datasets),
         "corruptions": list(cfg.corruptions),
         "status": result.status, "error": result.error, "stage1_cache_hit": result.stage1_cache_hit,
+        "stage1_writer": result.stage1_writer,
         "started_at": result.started_at, "finished_at": result.finished_at, "device": result.device,
         "stage1_device": result.stage1_device, "stage1_resumed_from_epoch": result.stage1_resumed_from_epoch,
         "failed_stage": result.failed_stage, "failed_epoch": result.failed_epoch,

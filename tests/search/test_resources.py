@@ -21,6 +21,16 @@ CPU_NODE = {"CPU": 4.0, "memory": 1e9}
 GPU_NODE = {"CPU": 4.0, "GPU": 1.0}
 
 
+@pytest.fixture(autouse=True)
+def autoscaler(monkeypatch):
+    """What the wait asked the autoscaler for, in order (no Ray here)."""
+    import calib.search.resources as resources
+
+    asked: list[list[dict[str, float]]] = []
+    monkeypatch.setattr(resources, "ask_autoscaler", lambda requests: asked.append([dict(r) for r in requests]))
+    return asked
+
+
 class Nodes:
     """Successive node lists, one per read; the last repeats."""
 
@@ -39,14 +49,15 @@ def test_a_cluster_with_a_fitting_node_passes_at_once_and_silently():
     assert said == [] and nodes.reads == 1
 
 
-def test_waits_with_one_line_until_a_node_joins():
+def test_waits_with_one_line_until_a_node_joins(autoscaler):
     said: list[str] = []
     nodes = Nodes([CPU_NODE, CPU_NODE], [CPU_NODE, CPU_NODE], [CPU_NODE, GPU_NODE])
     wait_for_resources(GPU_TRIALS, timeout_s=30, poll_s=0.01, say=said.append, nodes=nodes)
     assert nodes.reads == 3
+    assert autoscaler == [[{"CPU": 4.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 0.25}], []], "asked, then withdrawn"
     assert said == ["waiting up to 30 s for a node with 4 CPU and 1 GPU for a Stage-I trial and 1 CPU and 0.25 GPU "
                     "for a trial on a trained Stage I: the cluster's 2 nodes offer 2 × (4 CPU, 0 GPU) "
-                    "(an autoscaling cluster adds one when asked)"]
+                    "(asked the autoscaler, if the cluster has one, for one)"]
 
 
 def test_times_out_with_an_error_naming_request_nodes_and_flags():
@@ -79,7 +90,7 @@ def test_same_request_for_both_roles_is_named_once():
         wait_for_resources(ExecutionOptions(address="auto", cpus_per_trial=2), timeout_s=0, say=said.append,
                            nodes=lambda: [])
     assert said == ["waiting up to 0 s for a node with 2 CPU for a trial: the cluster has no alive node "
-                    "(an autoscaling cluster adds one when asked)"]
+                    "(asked the autoscaler, if the cluster has one, for one)"]
 
 
 def test_describe_nodes_counts_each_shape():

@@ -111,12 +111,13 @@ def test_a_waiter_returns_once_the_holder_publishes(root):
 def test_a_claim_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
     root = str(tmp_path / "artifacts")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    body = {"holder": "gone", "host": os.uname().nodename, "pid": int(dead.stdout), "renewed_at": "then"}
+    body = {"holder": "gone", "host": os.uname().nodename, "pid": int(dead.stdout), "renewed_at": "then",
+            "pid_namespace": os.stat("/proc/self/ns/pid").st_ino}
     storage.create_exclusive(claim_location(root, "abc"), json.dumps(body).encode())
     start = time.monotonic()
     said: list[str] = []
-    claim = acquire(root, "abc", never_published, "me", ClaimSettings(lease_seconds=600, poll_seconds=0.05),
-                    said.append)
+    patient = ClaimSettings(lease_seconds=600, wait_seconds=5, poll_seconds=0.05)  # a wait shorter than a lease
+    claim = acquire(root, "abc", never_published, "me", patient, said.append)
     assert claim is not None and time.monotonic() - start < 600
     assert "is a process of this host that is gone" in said[-1]
     claim.release()
@@ -221,4 +222,134 @@ def test_on_a_shared_directory_the_first_artifact_in_place_wins(make_config, tmp
         adopted, hit = get_or_train_stage1(cfg, torch.device("cpu"))
     assert hit and adopted.record["writer"] == landed.record["writer"]
     assert sorted(p.name for p in (tmp_path / "shared" / "stage1").iterdir()) == [
-        landed.stage1_id, f"{landed.stage1_id}.lock"], "the discarded copy and the claim leave nothing behind"
+        landed.stage1_id, f"{landed.stage1_id}.claim.lock", f"{landed.stage1_id}.lock"], \
+        "the discarded copy and the claim leave nothing behind but their lock files"
+
+
+def test_a_trial_taking_over_continues_the_state_its_holder_left(make_config, tmp_path, monkeypatch):
+    """The holder dies after epoch 2 of 5; the next trial resumes at epoch 3 and ends with the model an
+    uninterrupted training gives."""
+    monkeypatch.setenv("CALIB_STAGE1_HANDOVER_SECONDS", "0")  # share the state after every epoch
+    cpu = torch.device("cpu")
+    whole, _ = get_or_train_stage1(parse_trial_config({**make_config(method={"name": "vanilla"}, epochs=5),
+                                                       "artifact_root": str(tmp_path / "uninterrupted")}), cpu)
+    cfg = parse_trial_config(make_config(method={"name": "vanilla"}, epochs=5))
+
+    class Died(Exception):
+        pass
+
+    def dies_after_epoch_2(state):
+        if state["epoch"] == 2:
+            raise Died
+
+    with pytest.raises(Died):
+        get_or_train_stage1(cfg, cpu, on_checkpoint=dies_after_epoch_2)
+    handover = Path(cfg.artifact_root) / "stage1" / f"{whole.stage1_id}.handover.pt"
+    assert handover.exists()
+    with pytest.warns(UserWarning, match="continuing the training a previous holder left at epoch 3"):
+        resumed, hit = get_or_train_stage1(cfg, cpu)
+    assert not hit and resumed.record["resumed_from_epoch"] == 2
+    assert not handover.exists(), "the handover state goes once the artifact is in place"
+    assert torch.equal(resumed.splits["test"].logits, whole.splits["test"].logits)
+    assert [r["train_loss"] for r in resumed.record["history"]] == [r["train_loss"] for r in whole.record["history"]]
+
+
+def test_a_local_copy_a_dead_trial_never_published_is_published_not_trained_again(s3, make_config, tmp_path,
+                                                                                  monkeypatch):
+    bucket, _ = s3
+    cfg = parse_trial_config({**make_config(method={"name": "vanilla"}), "artifact_root": f"s3://{bucket}/artifacts"})
+    monkeypatch.setenv("CALIB_ARTIFACT_CACHE", str(tmp_path / "node-a"))
+
+    def dies_before_publishing(final, remote):
+        raise KeyboardInterrupt  # the trial is killed between its training and the upload
+
+    real_publish = stage1_module.publish
+    monkeypatch.setattr(stage1_module, "publish", dies_before_publishing)
+    with pytest.raises(KeyboardInterrupt):
+        get_or_train_stage1(cfg, torch.device("cpu"))
+    monkeypatch.setattr(stage1_module, "publish", real_publish)
+    local = stage1_module.stage1_dir(cfg.artifact_root, config_hash(stage1_identity(cfg)))
+    orphan_writer = json.loads((local / "record.json").read_text())["writer"]
+
+    trained = []
+    monkeypatch.setattr(stage1_module, "train_stage1", lambda *a, **k: trained.append(1))
+    with pytest.warns(UserWarning, match=f"publishing the copy {orphan_writer} trained on this node"):
+        artifact, hit = get_or_train_stage1(cfg, torch.device("cpu"))
+    assert not hit and not trained, "its row is the one that trained it; nothing is trained again"
+    record = storage.read_bytes(storage.join(cfg.artifact_root, "stage1", artifact.stage1_id, "record.json"))
+    assert json.loads(record)["writer"] == orphan_writer == artifact.record["writer"]
+
+
+def test_a_stale_local_copy_gives_way_to_the_published_training(s3, make_config, tmp_path, monkeypatch):
+    import shutil
+
+    bucket, _ = s3
+    cfg = parse_trial_config({**make_config(method={"name": "vanilla"}), "artifact_root": f"s3://{bucket}/artifacts"})
+    monkeypatch.setenv("CALIB_ARTIFACT_CACHE", str(tmp_path / "node-a"))
+    mine, _ = get_or_train_stage1(cfg, torch.device("cpu"))
+    kept = tmp_path / "kept"
+    shutil.copytree(mine.path, kept)
+    # The published artifact is replaced behind this node's back (quarantined and published again).
+    for key in [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]]:
+        boto3.client("s3").delete_object(Bucket=bucket, Key=key)
+    monkeypatch.setenv("CALIB_ARTIFACT_CACHE", str(tmp_path / "node-b"))
+    theirs, _ = get_or_train_stage1(cfg, torch.device("cpu"))
+    assert theirs.record["writer"] != mine.record["writer"]
+    monkeypatch.setenv("CALIB_ARTIFACT_CACHE", str(tmp_path / "node-a"))
+    again, hit = get_or_train_stage1(cfg, torch.device("cpu"))
+    assert hit and again.record["writer"] == theirs.record["writer"], "node A reads the published training"
+
+
+def test_every_row_names_the_training_it_used(make_config, tmp_path):
+    from calib.store import read_trials, write_result
+    from calib.trial import run_trial
+
+    import warnings
+
+    from calib.artifacts import ArtifactWarning
+
+    store = str(tmp_path / "store")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ArtifactWarning)  # a plain training says nothing about claims or handovers
+        for method in ({"name": "vanilla"}, {"name": "temperature_scaling"}):
+            write_result(store, run_trial(make_config(method=method)))
+    rows = read_trials(store)
+    record = json.loads(next((tmp_path / "artifacts" / "stage1").glob("*/record.json")).read_text())
+    assert sorted(rows["stage1_cache_hit"]) == [False, True]
+    assert set(rows["stage1_writer"]) == {record["writer"]}
+
+
+def test_the_grid_searcher_starts_dependents_after_their_trainer():
+    from ray.tune.search import Searcher
+
+    from calib.search.searcher import Stage1FirstSearcher
+
+    trials = [{"configs": ["t-a"], "role": "stage1", "stage1_id": "a"},
+              {"configs": ["t-b"], "role": "stage1", "stage1_id": "b"},
+              {"configs": ["a1", "a2"], "role": "cached", "stage1_id": "a"},
+              {"configs": ["b1"], "role": "cached", "stage1_id": "b"},
+              {"configs": ["b2"], "role": "cached", "stage1_id": "b"}]
+    published: set[str] = set()
+    searcher = Stage1FirstSearcher(trials, published=lambda trial: trial["stage1_id"] in published)
+    given = {}
+
+    def suggest(name):
+        suggestion = searcher.suggest(name)
+        if isinstance(suggestion, dict):
+            given[name] = suggestion["trial"]
+        return suggestion
+
+    assert suggest("1")["trial"]["configs"] == ["t-a"] and suggest("2")["trial"]["configs"] == ["t-b"]
+    assert suggest("3") is None, "dependents wait while their trainers run"
+    published.add("a")
+    searcher.on_trial_complete("1", {})
+    assert suggest("3")["trial"]["configs"] == ["a1", "a2"]
+    assert suggest("4") is None
+    searcher.on_trial_complete("2", error=True)  # the trainer of b failed for good: b1 trains instead
+    assert suggest("4")["trial"] == {"configs": ["b1"], "role": "stage1", "stage1_id": "b"}
+    assert suggest("5") is None, "b2 waits for its new trainer"
+    searcher.on_trial_complete("4", {})  # ended without publishing (a population whose Stage I failed)
+    assert suggest("5")["trial"]["role"] == "stage1"
+    published.add("b")
+    searcher.on_trial_complete("5", {})
+    assert suggest("6") == Searcher.FINISHED
