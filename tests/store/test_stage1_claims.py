@@ -301,12 +301,11 @@ def test_a_stale_local_copy_gives_way_to_the_published_training(s3, make_config,
 
 
 def test_every_row_names_the_training_it_used(make_config, tmp_path):
-    from calib.store import read_trials, write_result
-    from calib.trial import run_trial
-
     import warnings
 
     from calib.artifacts import ArtifactWarning
+    from calib.store import read_trials, write_result
+    from calib.trial import run_trial
 
     store = str(tmp_path / "store")
     with warnings.catch_warnings():
