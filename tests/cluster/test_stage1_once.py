@@ -3,7 +3,8 @@
 Two hosts of :mod:`lab_hosts` (head and worker, 2 CPUs each) run Ray; the store and the artifacts are
 on a moto S3 server both reach. Two γ studies sharing their Stage Is start at once, one driver on each
 host; each has more trials on a stored Stage I than the cluster has slots. While the Stage Is train,
-the process of one claim holder is killed (its trial is retried, ``--max-failures 2``). Both studies
+the process of one claim holder is killed (its trial is retried, ``--max-failures 2``; whichever trial
+takes the claim over continues the training state the holder left). Both studies
 must finish with every row ok, and for every ``stage1_id`` exactly one row that trained it
 (``stage1_cache_hit`` false), one ``stage1_writer`` over all rows, the writer of its ``record.json``.
 """
@@ -21,8 +22,8 @@ import pytest
 from lab_hosts import Lab, missing_requirements
 
 ROOT = Path(__file__).resolve().parents[2]
-LEASE_SECONDS = 4
-COMMON = ("--seeds 1 2 --epochs 6 --stage2-epochs 1 --cpus-per-trial 2 --cpus-per-cached-trial 1 "
+LEASE_SECONDS = 3
+COMMON = ("--seeds 1 2 --epochs 5 --stage2-epochs 1 --cpus-per-trial 2 --cpus-per-cached-trial 1 "
           "--configs-per-trial 1 --max-failures 2 --checkpoint-min-seconds 0")
 
 
@@ -63,7 +64,9 @@ def test_each_stage1_is_trained_once_across_nodes_drivers_and_a_killed_holder(
         s3 = boto3.client("s3")
         bucket = f"calib-lab-{uuid.uuid4().hex[:10]}"
         s3.create_bucket(Bucket=bucket)
-        lab.start(host_env={**aws, "CALIB_STAGE1_LEASE_SECONDS": str(LEASE_SECONDS), "RAY_USAGE_STATS_ENABLED": "0"})
+        # A short lease, and the training state shared after every epoch: a takeover continues it.
+        lab.start(host_env={**aws, "CALIB_STAGE1_LEASE_SECONDS": str(LEASE_SECONDS),
+                            "CALIB_STAGE1_HANDOVER_SECONDS": "0", "RAY_USAGE_STATS_ENABLED": "0"})
         store = f"s3://{bucket}/calib"
 
         def run(where, command: str, timeout: float = 120) -> str:
@@ -103,7 +106,8 @@ def test_each_stage1_is_trained_once_across_nodes_drivers_and_a_killed_holder(
         for name, proc in drivers.items():
             assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{outputs[name][-4000:]}"
         transcript += [line for out in outputs.values() for line in out.splitlines()
-                       if "trials:" in line or "takes it over" in line or "waiting for it" in line]
+                       if "trials:" in line or "takes it over" in line or "waiting for it" in line
+                       or "continuing the training" in line]
 
         rows = read_trials(store)
         assert rows.groupby("study", observed=True).size().to_dict() == {"gamma-a": 6, "gamma-b": 4}
