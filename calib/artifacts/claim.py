@@ -112,17 +112,17 @@ class Claim:
         while not self._stop.wait(self._settings.lease_seconds / 3):
             try:
                 if not self.renew():
-                    self._say(f"Stage I {self.stage1_id}: another trial took over this trial's claim ({self.holder}); "
-                        f"the first of the two to publish wins")
+                    self._say(f"Stage I {self.stage1_id}: another trial took over this trial's claim "
+                              f"({self.holder}); the first of the two to publish wins")
                     return
                 renewed = time.monotonic()
             except Exception as err:  # a network blip: try again at the next tick, within the lease
                 self._say(f"Stage I {self.stage1_id}: renewing the claim of {self.holder} failed "
-                    f"({type(err).__name__}: {err})")
+                          f"({type(err).__name__}: {err})")
                 if time.monotonic() - renewed >= self._settings.lease_seconds:
                     self.lost.set()
-                    self._say(f"Stage I {self.stage1_id}: no renewal for a whole lease: another trial may take the "
-                        f"claim over; the first of the two to publish wins")
+                    self._say(f"Stage I {self.stage1_id}: no renewal for a whole lease: another trial may take "
+                              f"the claim over; the first of the two to publish wins")
                     return
 
     def renew(self) -> bool:
@@ -138,11 +138,17 @@ class Claim:
         return True
 
     def release(self) -> None:
-        """Stop renewing and delete the claim, if it is still this holder's."""
+        """Stop renewing and delete the claim, if it is still this holder's. A claim that cannot be
+        deleted (the store unreachable) is left to expire: waiters take it over after a lease."""
         self._stop.set()
         self._thread.join()
-        if not self.lost.is_set():
+        if self.lost.is_set():
+            return
+        try:
             storage.delete_if(self.location, self._token)
+        except Exception as err:
+            self._say(f"Stage I {self.stage1_id}: could not delete the claim {self.location} "
+                      f"({type(err).__name__}: {err}); it expires after its lease")
 
     def __enter__(self) -> Claim:
         return self
