@@ -309,7 +309,7 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
 
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "stage1": {"train_size": None},
-    "mac_cal": {"stats_source": "train", "accuracy_weight_source": "fixed"},
+    "mac_cal": {"stats_source": "train", "accuracy_weight_source": "fixed", "mask_mode": "forward"},
 }
 """Fields added after results were stored, per section ("stage1") or method name, with their defaults.
 At its default such a field is left out of the identity hashes, so the trials and Stage-I artifacts

@@ -76,13 +76,17 @@ class StackedLinears(nn.Module):
         return self.weights[0].shape[0]
 
     def forward(
-        self, h: torch.Tensor, masks: Sequence[torch.Tensor] | None = None, weight_scale: torch.Tensor | None = None
+        self, h: torch.Tensor, masks: Sequence[torch.Tensor] | None = None, weight_scale: torch.Tensor | None = None,
+        straight_through: bool = False,
     ) -> torch.Tensor:
-        """Member k's layer i uses ``weight_scale[k] · (masks[i][k] ⊙ W_i[k])`` (masks and scale optional)."""
+        """Member k's layer i uses ``weight_scale[k] · (masks[i][k] ⊙ W_i[k])`` (masks and scale optional).
+
+        ``straight_through``: the masked weights in the forward pass, but the gradient reaches W as if
+        unmasked (∂L/∂W = ∂L/∂(M ⊙ W)), the straight-through reading of MaC-Cal's Eq. 9-11."""
         x = h
         for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
             if masks is not None:
-                weight = weight * masks[i]
+                weight = weight - (weight * (1 - masks[i])).detach() if straight_through else weight * masks[i]
             if weight_scale is not None:
                 weight = weight * weight_scale.view(-1, 1, 1)
             x = torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))

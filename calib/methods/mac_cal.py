@@ -62,6 +62,14 @@ class MacCalConfig:
         head_init: "random" (the paper) or "stage1" (linear head only: start from the Stage-I head,
             Table 5 "+Masked Retraining").
         masked_forward: train with Bernoulli-masked weights M ⊙ W (Eq. 8-9).
+        mask_mode: how a drawn mask acts (docs/methods.md §1.9; readings of Eq. 9-11):
+            "forward" (default): the forward pass multiplies W by M, so autograd gives dropped weights
+            no gradient and gradient restriction removes only their weight decay and momentum;
+            "in_place": dropped weights are set to zero when the mask is drawn and the forward pass
+            uses W itself, so without restriction they regrow through their gradients during the
+            epoch and with it they stay zero until a later mask keeps them (q sets how much of the
+            head is reset each epoch); "straight_through": the forward pass uses M ⊙ W but the
+            gradient reaches every weight as if unmasked, and restriction multiplies it by M.
         gradient_restriction: mask the whole SGD update, weight decay and momentum included (Eq. 11).
         adaptive_retention: "none" keeps q_t = q_0; "static" adapts q with θ_t = θ_0; "decay" adapts
             with θ_t = θ_0·exp(−β·t/T) (Eq. 12-13).
@@ -86,7 +94,8 @@ class MacCalConfig:
             the generalisation gap the fixed γ stands for); ``accuracy_weight`` then stays at its default.
         train_mask_scaling: "none" (M ⊙ W) or "inverted" ((M ⊙ W)/q_t, as inverted dropout).
         inference_weights: "expected" (E[training weight]: q_T·W, or W under inverted scaling),
-            "full" (W), or "last_mask" (the last epoch's masked weights); docs/methods.md §1.6.
+            "full" (W; under ``mask_mode="in_place"`` the weights as trained, the current sparse ones),
+            or "last_mask" (the last epoch's masked weights); docs/methods.md §1.6.
     """
 
     epochs: int = 40
@@ -98,6 +107,7 @@ class MacCalConfig:
     bottleneck_width: int = 256
     head_init: Literal["random", "stage1"] = "random"
     masked_forward: bool = True
+    mask_mode: Literal["forward", "in_place", "straight_through"] = "forward"
     gradient_restriction: bool = True
     adaptive_retention: Literal["none", "static", "decay"] = "decay"
     retention_init: float = 0.9
@@ -142,6 +152,9 @@ class MacCalConfig:
             raise ConfigError(f"`accuracy_weight`={self.accuracy_weight!r} is unused under "
                               f"`accuracy_weight_source`='estimated' (γ is estimated from the data): leave "
                               f"`accuracy_weight` at its default {default_gamma}.")
+        if not self.masked_forward and self.mask_mode != "forward":
+            raise ConfigError(f"`mask_mode`={self.mask_mode!r} needs `masked_forward`=true: without masks there is "
+                              f"nothing to apply; leave `mask_mode` at 'forward'.")
         if not self.masked_forward and (self.gradient_restriction or self.adaptive_retention != "none"):
             raise ConfigError(
                 "`masked_forward`=false leaves nothing to restrict or adapt: set `gradient_restriction`=false "
@@ -256,7 +269,7 @@ class FittedMacCal:
 
 
 POPULATION_FIELDS = ("epochs", "lr", "momentum", "weight_decay", "batch_size", "head", "bottleneck_width",
-                     "head_init", "masked_forward", "mask_resample", "stats_pass", "stats_source")
+                     "head_init", "masked_forward", "mask_mode", "mask_resample", "stats_pass", "stats_source")
 """The fields that configs training in one population share (the loop's shape, the optimiser and where
 the statistics come from); the others (γ and its source, β, θ_0, q_0, q_min, the adaptation, the
 restriction, scaling, inference weights) and the seed may differ from member to member."""
@@ -370,11 +383,22 @@ def fit_mac_cal_population(
     retention = [p.retention_init for p in params_list]
     fitted = [FittedMacCal(head, p, None, q) for head, p, q in zip(heads, params_list, retention, strict=True)]
     failures: dict[int, FloatingPointError] = {}
+    in_place, straight_through = first.mask_mode == "in_place", first.mask_mode == "straight_through"
+
+    def draw() -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """The members' masks (Eq. 8) and where the update may move weights (one list per draw: see
+        RestrictedSGD); ``in_place`` zeroes the dropped weights now."""
+        drawn = _population_masks(heads, retention, generators, device)
+        if in_place:
+            with torch.no_grad():
+                for weight, mask in zip(stack.weights, drawn, strict=True):
+                    weight.mul_(mask)
+        return drawn, [*_kept(drawn, restrict, len(stack.weights)), *unrestricted]
+
     for epoch in range(first.epochs):
         progress.record("stage2", epoch)
         stack.train()
-        masks = _population_masks(heads, retention, generators, device) if first.masked_forward else None
-        keep = [*_kept(masks, restrict, len(stack.weights)), *unrestricted]  # one list per draw: see RestrictedSGD
+        masks, keep = draw() if first.masked_forward else (None, [None] * (len(stack.weights) + len(stack.biases)))
         order = torch.stack([torch.randperm(n, generator=g) for g in generators])  # (K, n)
         scale = None
         if first.masked_forward and any(p.train_mask_scaling == "inverted" for p in params_list):
@@ -382,15 +406,14 @@ def fit_mac_cal_population(
         sums = torch.zeros(size, 3, dtype=torch.float64, device=device)  # loss·B, correct, confidence
         for idx in order.split(first.batch_size, dim=1):
             if first.masked_forward and first.mask_resample == "step":
-                masks = _population_masks(heads, retention, generators, device)
-                keep = [*_kept(masks, restrict, len(stack.weights)), *unrestricted]
+                masks, keep = draw()
             with torch.no_grad():
                 if feature_fn is None:
                     h = inputs[idx].to(device, non_blocking=True)
                 else:
                     h = torch.stack([features_of(inputs[i].to(device, non_blocking=True)) for i in idx])
             y = labels[idx].to(device, non_blocking=True)
-            logits = stack(h, masks=masks, weight_scale=scale)
+            logits = stack(h, masks=None if in_place else masks, weight_scale=scale, straight_through=straight_through)
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(size, -1).mean(1)
             optimizer.zero_grad()
             loss.sum().backward()
@@ -401,13 +424,14 @@ def fit_mac_cal_population(
                                      confidence.sum(1).double()], dim=1)
         total_loss, correct, confidence_sum = sums.T.tolist()
         stats_correct, stats_confidence, stats_n = correct, confidence_sum, n
+        pass_masks = None if in_place else masks  # in place: the weights as they are now
         if stats_inputs is not None:
             stats_n = stats_inputs[0].shape[0]
-            stats_correct, stats_confidence = _clean_stats(stack, *stats_inputs, features_of, masks, scale, first,
-                                                           device)
+            stats_correct, stats_confidence = _clean_stats(stack, *stats_inputs, features_of, pass_masks, scale,
+                                                           first, device)
         elif first.stats_pass == "clean":
-            stats_correct, stats_confidence = _clean_stats(stack, inputs, labels, features_of, masks, scale, first,
-                                                           device)
+            stats_correct, stats_confidence = _clean_stats(stack, inputs, labels, features_of, pass_masks, scale,
+                                                           first, device)
         for k, (params, member) in enumerate(zip(params_list, fitted, strict=True)):
             if k in failures:
                 continue

@@ -35,6 +35,21 @@ def test_incremental_mac_cal_ladder_is_table5(make_config):
     assert len({str(parse_trial_config(s.config).stage1) for s in steps}) == 1
 
 
+@pytest.mark.parametrize(("reading", "inference"), [("in_place", "full"), ("straight_through", "expected")])
+def test_each_reading_has_the_table5_ladder(make_config, reading, inference):
+    """studies/ladders/mac_cal_<reading>.yaml: the same rows as the default ladder, every MaC-Cal row under
+    its reading (docs/methods.md §1.9)."""
+    ladder = load_ladder(LADDER.with_name(f"mac_cal_{reading}.yaml"))
+    steps, skipped = ladder.steps(make_config(method={"name": "vanilla"}), "incremental")
+    default, _ = load_ladder(LADDER).steps(make_config(method={"name": "vanilla"}), "incremental")
+    assert skipped == [] and [s.label for s in steps] == [s.label for s in default]
+    for step, same in zip(steps[1:], default[1:], strict=True):
+        params, reference = method_of(step).params, method_of(same).params
+        assert (params.mask_mode, params.inference_weights) == (reading, inference)
+        assert (params.head, params.gradient_restriction, params.adaptive_retention) == (
+            reference.head, reference.gradient_restriction, reference.adaptive_retention)
+
+
 def test_leave_one_out_skips_invalid_steps_with_a_reason(make_config):
     steps, skipped = load_ladder(LADDER).steps(make_config(method={"name": "vanilla"}), "leave_one_out")
     labels = [s.label for s in steps]
