@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.dataset as pads
 
 from calib.ablation import MODES, load_ladder
 from calib.cli import (
@@ -28,8 +29,9 @@ from calib.cli import (
 )
 from calib.presets import base_config, with_preset_stage2
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
+from calib.report.figures import plot_retention
 from calib.search import run_grid
-from calib.store import read_finished
+from calib.store import read_finished, read_history
 
 DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
 METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
@@ -85,8 +87,27 @@ def main(argv: list[str] | None = None) -> int:
             missing = [step for step in order if not (group["step"] == step).any()]
             if missing:
                 print(f"\nno finished trial for: {', '.join(missing)} (Δ ECE is against the row above in the table)")
+        with report_step(args.study, f"q_t figure for {dataset} · {arch}"):
+            figure = retention_figure(paths.store, args.study, group, paths.outputs / "figures" /
+                                      f"{args.study}_{dataset}_{arch}_retention.png", f"{dataset} · {arch}")
+            if figure is not None:
+                print(f"\nfigure (q_t per step): {figure}")
     print(f"\nstore: {paths.store} ({len(trials)} finished trials of this run; {run.skipped} were already there)")
     return study_exit_code(args.study, paths.store, run.failed, len(trials))
+
+
+def retention_figure(store: str, study: str, trials: pd.DataFrame, path: Path, setup: str) -> Path | None:
+    """q_t per epoch of every step whose q_t changes (adaptive retention), mean over seeds; None when no
+    step adapts q."""
+    history = read_history(store, study=study, filters=pads.field("trial_id").isin(list(trials["trial_id"]))
+                           & (pads.field("stage") == "stage2"))
+    history = history.merge(trials[["trial_id", "step"]], on="trial_id").dropna(subset=["retention_prob"])
+    adapting = history.groupby("step", observed=True)["retention_prob"].nunique()
+    history = history[history["step"].isin(adapting[adapting > 1].index)].sort_values("step")
+    if history.empty:
+        return None
+    return plot_retention(history.assign(step=history["step"].astype(str)), "step", path,
+                          title=f"{study} · {setup}: q_t per step")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-__all__ = ["plot_bars", "plot_gamma_sensitivity", "plot_metric_against", "plot_reliability"]
+__all__ = ["plot_bars", "plot_gamma_sensitivity", "plot_metric_against", "plot_reliability", "plot_retention"]
 
 
 def _save(fig: plt.Figure, path: Path, *, dpi: int) -> Path:
@@ -62,6 +62,29 @@ def plot_gamma_sensitivity(
     ax_q.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path, dpi=120)
+
+
+def plot_retention(history: pd.DataFrame, by: str, path: str | os.PathLike, *, title: str = "") -> Path:
+    """q_t against the Stage-II epoch, one line per value of ``by`` (mean over seeds, in the order the
+    values first appear), as MaC-Cal's Fig. 8 draws it.
+
+    ``history`` has the Stage-II rows (``epoch``, ``retention_prob``) and the column ``by``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, value in enumerate(dict.fromkeys(history[by])):
+        rows = history[history[by] == value].groupby("epoch")
+        curve = rows["retention_prob"].mean()
+        ax.plot(curve.index, curve.to_numpy(), color=f"C{i}", label=str(value))
+    ax.set_xlabel("Stage-II epoch t")
+    ax.set_ylabel("retention probability q_t (mean over seeds)")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return _save(fig, path, dpi=120)
 

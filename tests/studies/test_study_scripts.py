@@ -130,6 +130,8 @@ def test_ablation_study_prints_the_ladder(gamma_and_ablation):
     df = pd.read_parquet(store / "trials", filters=[("study", "==", "ablation")])
     assert len(df) == 6 and df["stage1_id"].nunique() == 1 and (~df["stage1_cache_hit"]).sum() == 1
     assert df["method_epochs"].dropna().eq(2).all(), "--stage2-epochs reaches every MaC-Cal step"
+    figure = store / "figures" / "ablation_digits-noisy_small_cnn_retention.png"
+    assert figure.exists() and f"figure (q_t per step): {figure}" in out.stdout
 
 
 @pytest.mark.ray
