@@ -14,7 +14,7 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +186,19 @@ def _s3_refused(err: Exception) -> bool:
     return code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey")
 
 
+def _s3_conditional(location: str, request: Callable[[Any, str, str], Any]) -> Any:
+    """``request(client, bucket, key)``'s answer, or None when S3 refuses its condition."""
+    import botocore.exceptions
+
+    bucket, key = _s3_key(location)
+    try:
+        return request(_s3_client(), bucket, key)
+    except botocore.exceptions.ClientError as err:
+        if _s3_refused(err):
+            return None
+        raise
+
+
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -229,15 +242,8 @@ def create_exclusive(location: str, data: bytes) -> str | None:
     file's lock locally and on a shared mount; a PUT with ``If-None-Match: *`` on S3). Its version
     token if this call created it, else None."""
     if is_remote(location):
-        import botocore.exceptions
-
-        bucket, key = _s3_key(location)
-        try:
-            return _s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")["ETag"]
-        except botocore.exceptions.ClientError as err:
-            if _s3_refused(err):
-                return None
-            raise
+        return _s3_conditional(location, lambda s3, bucket, key: s3.put_object(
+            Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")["ETag"])
     path = Path(normalize(location))
     with _guarded(path):
         if path.exists():
@@ -270,15 +276,8 @@ def replace_if(location: str, data: bytes, token: str) -> str | None:
     """Replace the file at ``location`` with ``data`` only if it still holds version ``token`` (S3:
     ``If-Match``); the new token, or None if the file changed or vanished meanwhile."""
     if is_remote(location):
-        import botocore.exceptions
-
-        bucket, key = _s3_key(location)
-        try:
-            return _s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfMatch=token)["ETag"]
-        except botocore.exceptions.ClientError as err:
-            if _s3_refused(err):
-                return None
-            raise
+        return _s3_conditional(location, lambda s3, bucket, key: s3.put_object(
+            Bucket=bucket, Key=key, Body=data, IfMatch=token)["ETag"])
     path = Path(normalize(location))
     with _guarded(path):
         if _local_version(path) != token:
@@ -290,16 +289,8 @@ def replace_if(location: str, data: bytes, token: str) -> str | None:
 def delete_if(location: str, token: str) -> bool:
     """Remove the file at ``location`` only if it still holds version ``token``; whether it did."""
     if is_remote(location):
-        import botocore.exceptions
-
-        bucket, key = _s3_key(location)
-        try:
-            _s3_client().delete_object(Bucket=bucket, Key=key, IfMatch=token)
-        except botocore.exceptions.ClientError as err:
-            if _s3_refused(err):
-                return False
-            raise
-        return True
+        return _s3_conditional(location, lambda s3, bucket, key: s3.delete_object(
+            Bucket=bucket, Key=key, IfMatch=token)) is not None
     path = Path(normalize(location))
     with _guarded(path):
         if _local_version(path) != token:
