@@ -86,6 +86,7 @@ class Lab:
     _links: list[str] = field(default_factory=list)
     _control_dirs: set[Path] = field(default_factory=set)  # Ray's SSH control dirs that existed before
     _made_sshd_dir: bool = False
+    _s3_server: object | None = None  # moto's ThreadedMotoServer of start_s3, stopped by close
 
     @property
     def head(self) -> Host:
@@ -105,6 +106,23 @@ class Lab:
         return subprocess.Popen(
             ["ssh", "-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
              "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", f"{self.user}@{host.ip}", command], **popen)
+
+    def start_s3(self) -> tuple[dict[str, str], str]:
+        """A moto S3 server on the bridge address, which every host reaches, with a new bucket: the AWS
+        variables that point at it, and the bucket's name. :meth:`close` stops it."""
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address=self.gateway, port=0, verbose=False)
+        server.start()
+        self._s3_server = server
+        host, port = server.get_host_and_port()
+        aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+        bucket = f"calib-lab-{secrets.token_hex(5)}"
+        boto3.client("s3", region_name="us-east-1", endpoint_url=aws["AWS_ENDPOINT_URL"],
+                     aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+        return aws, bucket
 
     def launcher_env(self) -> dict[str, str]:
         """This machine's environment for ``ray up`` and friends, with HOME and TMPDIR inside the lab."""
@@ -226,6 +244,8 @@ class Lab:
 
     def close(self) -> None:
         """Kill what the lab started, delete its namespaces, links and files; never raises halfway."""
+        if self._s3_server is not None:
+            self._s3_server.stop()
         for host in self.hosts:
             if host.process is not None and host.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

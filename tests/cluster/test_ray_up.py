@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -99,25 +98,14 @@ def what_broke(kind: str, output: str, lab: Lab, checkout: Path) -> list[str]:
 @pytest.mark.skipif(missing_requirements() is not None, reason=f"launcher test: {missing_requirements()}")
 def test_ray_up_runs_the_readme_on_two_hosts(capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    import boto3
-    from moto.server import ThreadedMotoServer
-
     from calib.store import read_trials
 
     commands = readme_commands("onprem-commands")
     monkeypatch.setattr(logging.getLogger("werkzeug"), "level", logging.ERROR)  # moto's request log
     lab = Lab.create()
-    server = None
     transcript: list[str] = []
     try:
-        server = ThreadedMotoServer(ip_address=lab.gateway, port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
-        bucket = f"calib-lab-{uuid.uuid4().hex[:10]}"
-        boto3.client("s3", region_name="us-east-1", endpoint_url=aws["AWS_ENDPOINT_URL"],
-                     aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+        aws, bucket = lab.start_s3()
         lab.start(host_env=aws)
         for name, value in aws.items():  # this process reads the store too
             monkeypatch.setenv(name, value)
@@ -176,8 +164,6 @@ def test_ray_up_runs_the_readme_on_two_hosts(capsys: pytest.CaptureFixture[str],
                 assert not leftover, f"ray down left processes on the hosts: {[_cmdline(p)[:200] for p in leftover]}"
     finally:
         lab.close()
-        if server is not None:
-            server.stop()
         with capsys.disabled():
             print("\n[launcher test] " + "\n[launcher test] ".join(transcript))
     assert not lab.leftovers(), lab.leftovers()

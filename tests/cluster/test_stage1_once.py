@@ -15,7 +15,6 @@ import json
 import logging
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -44,26 +43,18 @@ def _claims(s3, bucket: str) -> list[dict]:
 def test_each_stage1_is_trained_once_across_nodes_drivers_and_a_killed_holder(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     import boto3
-    from moto.server import ThreadedMotoServer
 
     from calib.store import read_trials
 
     monkeypatch.setattr(logging.getLogger("werkzeug"), "level", logging.ERROR)
     started = time.monotonic()
     lab = Lab.create()
-    server = None
     transcript: list[str] = []
     try:
-        server = ThreadedMotoServer(ip_address=lab.gateway, port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+        aws, bucket = lab.start_s3()
         for name, value in aws.items():
             monkeypatch.setenv(name, value)
         s3 = boto3.client("s3")
-        bucket = f"calib-lab-{uuid.uuid4().hex[:10]}"
-        s3.create_bucket(Bucket=bucket)
         # A short lease, and the training state shared after every epoch: a takeover continues it.
         lab.start(host_env={**aws, "CALIB_STAGE1_LEASE_SECONDS": str(LEASE_SECONDS),
                             "CALIB_STAGE1_HANDOVER_SECONDS": "0", "RAY_USAGE_STATS_ENABLED": "0"})
@@ -130,8 +121,6 @@ def test_each_stage1_is_trained_once_across_nodes_drivers_and_a_killed_holder(
                                 stderr=subprocess.DEVNULL)
             with_stop.wait(timeout=60)
         lab.close()
-        if server is not None:
-            server.stop()
         with capsys.disabled():
             print("\n[cluster test] " + "\n[cluster test] ".join(transcript))
     assert not lab.leftovers(), lab.leftovers()
