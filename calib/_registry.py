@@ -1,7 +1,13 @@
-"""One registry idiom for every kind of named component (datasets, models, losses, methods)."""
+"""One registry idiom for every kind of named component (datasets, models, losses, methods).
+
+A registry can be given a ``populate`` function that fills it on first read (calib's registries run
+:func:`calib.plugins.load_components`: the built-in components, then the plugins), and remembers which
+plugin registered each name (:func:`registering_as`, :meth:`Registry.origin`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 from collections.abc import Callable, Iterator
@@ -9,7 +15,19 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["Registry", "UnknownNameError"]
+__all__ = ["Registry", "UnknownNameError", "registering_as"]
+
+_registering: list[Any] = []  # the plugin whose module is being imported now (innermost last)
+
+
+@contextlib.contextmanager
+def registering_as(origin: Any) -> Iterator[None]:
+    """Attribute every registration made inside the block to ``origin`` (a plugin)."""
+    _registering.append(origin)
+    try:
+        yield
+    finally:
+        _registering.pop()
 
 
 class UnknownNameError(KeyError):
@@ -29,24 +47,39 @@ class Registry(Generic[T]):
     ['ce']
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, populate: Callable[[], None] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._origins: dict[str, Any] = {}
+        self._populate = populate
+
+    def _read(self) -> dict[str, T]:
+        if self._populate is not None:
+            self._populate()
+        return self._entries
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator registering ``obj`` under ``name``; a duplicate name is a ``ValueError``."""
 
         def decorator(obj: T) -> T:
             if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
+                by = self._origins.get(name)
+                raise ValueError(f"{self.kind} {name!r} is already registered" + (f" (by {by})" if by else ""))
             self._entries[name] = obj
+            if _registering:
+                self._origins[name] = _registering[-1]
             return obj
 
         return decorator
 
+    def origin(self, name: str) -> Any:
+        """The plugin that registered ``name``; None for calib's own components."""
+        self._read()
+        return self._origins.get(name)
+
     def get(self, name: str) -> T:
         """The entry registered under ``name``; an unknown name lists close matches and all names."""
-        if name not in self._entries:
+        if name not in self._read():
             close = difflib.get_close_matches(str(name), self._entries, n=3)
             hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             raise UnknownNameError(
@@ -60,16 +93,16 @@ class Registry(Generic[T]):
 
     def names(self, pattern: str = "*") -> list[str]:
         """Sorted registered names matching the fnmatch ``pattern``."""
-        return sorted(n for n in self._entries if fnmatch.fnmatchcase(n, pattern))
+        return sorted(n for n in self._read() if fnmatch.fnmatchcase(n, pattern))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._read()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._read())
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {self.names()})"

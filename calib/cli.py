@@ -19,7 +19,7 @@ from calib._config import ConfigError
 from calib._registry import UnknownNameError
 from calib.config import SEED_LIMIT, Stage1Config
 from calib.datasets import DATASETS, DatasetNotFoundError
-from calib.models import MODELS
+from calib.models import check_arch
 from calib.presets import PRESETS, Preset
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions
 
@@ -122,7 +122,7 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
                         help=f"seeds (default: {_per_preset(lambda p: _words(p.seeds))})")
     parser.add_argument("--datasets", nargs="+", default=None,
                         help=f"datasets (default: {_per_preset(lambda p: _words(p.datasets))})")
-    parser.add_argument("--archs", nargs="+", default=None,
+    parser.add_argument("--archs", "--arch", nargs="+", default=None,
                         help=f"architectures, applied to every dataset (default: {_per_preset(_archs_of)})")
     parser.add_argument("--device", default=None,
                         help=f"auto, cpu, cuda or cuda:N (default: {_per_preset(lambda p: p.device)})")
@@ -163,6 +163,53 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
                              "every seed (default: the whole training split)")
     parser.add_argument("--stage2-epochs", type=int, default=None,
                         help=f"Stage-II epochs of two-stage methods (default: {_per_preset(_stage2_epochs_of)})")
+    add_own_model_args(parser)
+
+
+class _LoadPlugin(argparse.Action):
+    """``--plugin NAME``: imported as soon as it is parsed, so its names are valid in every other flag."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from calib.plugins import use_plugin
+
+        use_plugin(str(values))
+        getattr(namespace, self.dest).append(str(values))
+
+
+FEATURES_ARCH = "features"
+"""The architecture name of a features Stage I in configs and tables (it has no model)."""
+
+
+def add_own_model_args(parser: argparse.ArgumentParser) -> None:
+    """Flags for a user's model, data and code (README "Your own model and data")."""
+    own = parser.add_argument_group("your own model, data and code")
+    own.add_argument("--checkpoint", default=None, metavar="FILE",
+                     help="Stage I from this trained model's weights (a path or s3:// URI; a state_dict) instead of "
+                          "training: --archs names its architecture (calib's, torchvision:NAME or timm:NAME), "
+                          "--datasets its data; loss-based rows do not apply")
+    own.add_argument("--head", default=None, metavar="MODULE",
+                     help="the checkpoint architecture's final linear layer (e.g. fc, classifier.3) where it is not "
+                          "found automatically")
+    own.add_argument("--features", default=None, metavar="FILE",
+                     help="Stage I from a file of precomputed features, labels and the final linear layer or the "
+                          "logits (.pt or .npz, docs/extending.md): no model, no dataset")
+    own.add_argument("--features-name", default=None, metavar="NAME",
+                     help="the dataset name of --features in the store and tables (default: the file's stem)")
+    own.add_argument("--image-size", type=int, default=None,
+                     help="imagefolder: side of the square crop the model sees (default: the images' own size)")
+    own.add_argument("--resize", type=int, default=None,
+                     help="imagefolder: resize the shorter side to this before cropping (default: --image-size)")
+    own.add_argument("--mean", type=float, nargs="+", default=None,
+                     help="imagefolder: per-channel normalisation mean (default: computed from the training images)")
+    own.add_argument("--std", type=float, nargs="+", default=None,
+                     help="imagefolder: per-channel normalisation std (default: computed from the training images)")
+    own.add_argument("--val-fraction", type=float, default=None,
+                     help="imagefolder without val/: the stratified share of train/ held out for validation "
+                          "(default: 0.1)")
+    own.add_argument("--plugin", action=_LoadPlugin, default=[], metavar="MODULE",
+                     help="import this module (a dotted name or a .py file) on the driver and every Ray worker: "
+                          "the datasets, models, losses and methods it registers become valid names; repeatable")
 
 
 class StudyPaths:
@@ -198,6 +245,7 @@ def preset_of(args: argparse.Namespace) -> Preset:
             raise ConfigError(f"`--seeds` must be integers with 0 <= seed < 2**32 = {SEED_LIMIT} (NumPy's seeding "
                               f"takes no other), got --seeds={seed}.")
     preset = PRESETS.get(args.preset)
+    preset = _with_own_model(args, preset)
     if train_size is not None:
         preset = dataclasses.replace(preset, stage1={**preset.stage1, "train_size": train_size})
     stage2 = dict(preset.stage2)
@@ -216,20 +264,92 @@ def preset_of(args: argparse.Namespace) -> Preset:
         dataset_stage1={d: shortened(preset.stage1_for(d)) for d in preset.dataset_stage1})
 
 
+_OPTION_FLAGS = {"image_size": "--image-size", "resize": "--resize", "mean": "--mean", "std": "--std",
+                 "val_fraction": "--val-fraction"}
+
+
+def _with_own_model(args: argparse.Namespace, preset: Preset) -> Preset:
+    """``preset`` with the Stage-I source (``--checkpoint``, ``--features``) and the dataset options flags."""
+    from calib.artifacts.sources import resolve_source
+
+    checkpoint, features = getattr(args, "checkpoint", None), getattr(args, "features", None)
+    if checkpoint and features:
+        raise ConfigError(f"`--checkpoint` and `--features` exclude each other (Stage I comes from one of them), got "
+                          f"--checkpoint {checkpoint} --features {features}.")
+    if getattr(args, "head", None) and not checkpoint:
+        raise ConfigError(f"`--head` names the final linear layer of a --checkpoint's architecture; without "
+                          f"--checkpoint it does not apply, got --head {args.head}.")
+    if getattr(args, "features_name", None) and not features:
+        raise ConfigError(f"`--features-name` names the data of --features; without --features it does not apply, "
+                          f"got --features-name {args.features_name}.")
+    options = {key: getattr(args, key) for key in _OPTION_FLAGS if getattr(args, key, None) is not None}
+    changes: dict[str, Any] = {}
+    if checkpoint:
+        changes["source"] = resolve_source("checkpoint", checkpoint, args.head)
+    elif features:
+        changes["source"] = resolve_source("features", features)
+        if options:
+            raise ConfigError(f"`{_OPTION_FLAGS[next(iter(options))]}` sets how images are read, but --features "
+                              f"reads no images.")
+    if options:
+        datasets = args.datasets or preset.datasets
+        takers = [d for d in datasets if DATASETS.get(d).options is not None]
+        if not takers:
+            raise ConfigError(f"`{_OPTION_FLAGS[next(iter(options))]}` applies to a dataset with options "
+                              f"(imagefolder), but the study's datasets are {', '.join(datasets)}.")
+        changes["dataset_options"] = {d: options for d in takers}
+    return dataclasses.replace(preset, **changes) if changes else preset
+
+
+def _features_label(args: argparse.Namespace) -> str:
+    label = args.features_name or re.sub(r"[^A-Za-z0-9_.-]", "-", Path(str(args.features)).stem).lstrip("-_.")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", label or ""):
+        raise ConfigError(f"`--features-name` must start with a letter or digit and hold only letters, digits, '_', "
+                          f"'-' and '.', got {label!r}.")
+    return label
+
+
+def _check_given_stage1(args: argparse.Namespace, preset: Preset, setups: list[tuple[str, str]]) -> None:
+    """The checkpoint or features file loads and fits each setup, before any trial (``ConfigError`` otherwise)."""
+    from calib.artifacts.sources import check_source
+    from calib.config import parse_trial_config
+    from calib.presets import base_config
+
+    paths = study_paths(args)
+    for dataset, arch in setups:
+        config = base_config(preset, study="check", dataset=dataset, arch=arch, seed=0, method={"name": "vanilla"},
+                             data_root=str(paths.data_root), artifact_root=paths.artifacts, download=args.download,
+                             device="cpu")
+        print(f"[{args.study or 'calib'}] Stage I from the {check_source(parse_trial_config(config))}", flush=True)
+
+
 def study_setups(args: argparse.Namespace, preset: Preset) -> list[tuple[str, str]]:
     """The (dataset, architecture) pairs of a study run; unknown names and a ``--train-size`` outside
-    [classes, training images) fail before anything runs."""
+    [classes, training images) fail before anything runs, as does a ``--checkpoint`` or ``--features`` file
+    that does not fit them."""
+    if preset.source.get("kind") == "features":
+        if args.datasets or args.archs:
+            raise ConfigError("`--datasets` and `--archs` do not apply to --features: the file holds the data's "
+                              "features; name them with --features-name.")
+        setups = [(_features_label(args), FEATURES_ARCH)]
+        _check_given_stage1(args, preset, setups)
+        return setups
+    if preset.source.get("kind") == "checkpoint" and not args.archs:
+        raise ConfigError("`--checkpoint` needs --archs: the architecture of the checkpoint (calib's name, "
+                          "torchvision:NAME or timm:NAME).")
     setups = preset.setups(args.datasets, args.archs)
     for dataset, arch in setups:
         info = DATASETS.get(dataset)
-        MODELS.get(arch)
+        check_arch(arch)
         train_size = preset.stage1_for(dataset).get("train_size")
-        if train_size is not None and train_size < info.num_classes:
+        if train_size is not None and info.num_classes is not None and train_size < info.num_classes:
             raise ConfigError(f"`--train-size` must be at least the {info.num_classes} classes of {dataset} (Stage I "
                               f"trains on a stratified sample that holds every class), got --train-size={train_size}.")
         if train_size is not None and info.train_images is not None and train_size >= info.train_images:
             raise ConfigError(f"`--train-size` must be below the {info.train_images} images of {dataset}'s training "
                               f"split, got --train-size={train_size}. Leave it out to train on all of them.")
+    if preset.source:
+        _check_given_stage1(args, preset, setups)
     return setups
 
 
@@ -373,7 +493,8 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
 
 def require_datasets(names: Sequence[str], data_root: Path, download: bool) -> None:
     """Fail before any trial starts if ``data_root`` is (or lies under) something that is not a directory,
-    or a dataset is missing and ``--download`` was not given."""
+    or a dataset is missing and ``--download`` was not given. A name that is not a registered dataset (the
+    data of ``--features``, which :func:`study_setups` named) has nothing on disk to find."""
     data_root = Path(data_root).resolve()
     existing = next(path for path in (data_root, *data_root.parents) if path.exists())
     if not existing.is_dir():
@@ -381,9 +502,8 @@ def require_datasets(names: Sequence[str], data_root: Path, download: bool) -> N
         raise ConfigError(f"`--data-root` must be a directory (it holds the datasets), but {data_root} {where}: name "
                           f"a directory, or a path that does not exist yet (--download creates it).")
     for name in names:
-        info = DATASETS.get(name)
-        if not download:
-            info.require(str(data_root))
+        if name in DATASETS and not download:
+            DATASETS.get(name).require(str(data_root))
 
 
 def _numbers(values: Sequence[float]) -> str:
@@ -414,10 +534,13 @@ def _device_used(device: str, options: ExecutionOptions) -> str:
 def settings_line(study: str, preset: Preset, configs: Sequence[Mapping[str, Any]], options: ExecutionOptions) -> str:
     """``[study] preset quick · Stage I 20 epochs · Stage II 40 epochs · seeds 1 2 · device cpu · per trial
     2 CPU (cached 1 CPU)``: what the run's trial configs and resources use, flags over the preset."""
+    kinds = list(dict.fromkeys(config.get("source", {}).get("kind", "train") for config in configs))
     stage1: dict[str, list[int]] = {}
     for config in configs:
         stage1.setdefault(config["dataset"], []).append(config["stage1"].get("epochs", Stage1Config.epochs))
-    if len({_numbers(e) for e in stage1.values()}) == 1:
+    if kinds != ["train"]:
+        parts = [f"Stage I from the {' / '.join(kinds)} file (not trained)"]
+    elif len({_numbers(e) for e in stage1.values()}) == 1:
         parts = [f"Stage I {_numbers(next(iter(stage1.values())))} epochs"]
     else:
         parts = ["Stage I " + ", ".join(f"{d} {_numbers(e)}" for d, e in stage1.items()) + " epochs"]

@@ -25,17 +25,17 @@ from typing import Any, ClassVar, Literal
 from calib import storage
 from calib._config import ConfigError, check, from_dict
 from calib._registry import Registry
-from calib.datasets import DATASETS, OOD_SETS
+from calib.datasets import dataset_options
 from calib.datasets.corruptions import C_DIRECTORY, CORRUPTIONS
-from calib.losses import LOSSES
-from calib.methods import METHODS
-from calib.models import MODELS
+from calib.models import check_arch
+from calib.registries import DATASETS, LOSSES, METHODS, OOD_SETS
 
 __all__ = [
     "ADDED_FIELDS",
     "SEED_LIMIT",
     "Component",
     "Stage1Config",
+    "Stage1Source",
     "TrialConfig",
     "config_hash",
     "get_dotted",
@@ -146,6 +146,45 @@ class Stage1Config:
             )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Stage1Source:
+    """Where a trial's Stage I comes from (docs/architecture.md §4.1). The default trains it.
+
+    Attributes:
+        kind: "train" (calib trains the backbone: the default); "checkpoint" (a trained model's weights,
+            for ``arch`` on ``dataset``: the splits' features and logits are computed with it, nothing is
+            trained); "features" (a file of precomputed features, labels and the final linear layer or
+            the logits, :mod:`calib.artifacts.features_file`: no model, no dataset).
+        path: the checkpoint or features file: an absolute path or an ``s3://`` URI.
+        sha256: the file's SHA-256 (64 hex digits), part of the Stage-I identity, so a changed file is a
+            new ``stage1_id``; the study computes it when it builds the configs and the trial checks it.
+        head: dotted path of the final ``nn.Linear`` of a checkpoint's architecture ("fc",
+            "classifier.3"), where finding it automatically fails; None: found automatically.
+    """
+
+    kind: Literal["train", "checkpoint", "features"] = "train"
+    path: str | None = None
+    sha256: str | None = None
+    head: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "train":
+            check(self.path is None and self.sha256 is None and self.head is None, "source", self,
+                  "give no path, sha256 or head when kind is 'train' (Stage I is trained)")
+            return
+        check(isinstance(self.path, str) and (os.path.isabs(self.path) or storage.is_remote(self.path)),
+              "source.path", self.path, f"be the absolute path or s3:// URI of the {self.kind} file")
+        check(isinstance(self.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", self.sha256) is not None,
+              "source.sha256", self.sha256, "be the file's SHA-256, 64 lowercase hex digits",
+              "The studies compute it (calib.artifacts.sources.resolve_source).")
+        check(self.head is None or self.kind == "checkpoint", "source.head", self.head,
+              "be null unless kind is 'checkpoint'")
+
+
+TRAINED_STAGE1 = ("loss", "stage1.mixup_alpha", "stage1.mit_alpha")
+"""What only a Stage I that calib trains has: a config of another source must leave these at their defaults."""
+
+
 @dataclass(frozen=True)
 class Component:
     """A registered name plus its validated config dataclass (a loss or a method)."""
@@ -179,6 +218,8 @@ class TrialConfig:
     corruptions: tuple[str, ...] = ()
     label: str = ""
     label_rank: int = 0
+    source: Stage1Source = Stage1Source()
+    dataset_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain-dict form that :func:`parse_trial_config` reads back."""
@@ -190,7 +231,7 @@ class TrialConfig:
             elif dataclasses.is_dataclass(value):
                 out[f.name] = _plain(dataclasses.asdict(value))
             else:
-                out[f.name] = value
+                out[f.name] = _plain(value)
         return out
 
 
@@ -255,8 +296,16 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     if missing:
         raise ConfigError(f"Trial config is missing required key(s): {', '.join(missing)}.")
     validate_study_name(data["study"])
-    DATASETS.get(data["dataset"])
-    MODELS.get(data["arch"])
+    source = data.get("source") or {}
+    source = source if isinstance(source, Stage1Source) else from_dict(Stage1Source, source, prefix="source.")
+    if source.kind == "features":
+        for key in ("dataset", "arch"):
+            check(isinstance(data[key], str) and _STUDY_NAME.match(data[key]) is not None, key, data[key],
+                  "be a name (letters, digits, '_', '-', '.') for the features file's data and model: a features "
+                  "Stage I (source.kind='features') reads no registered dataset or architecture")
+    else:
+        DATASETS.get(data["dataset"])
+        check_arch(data["arch"])
     check(isinstance(data["data_root"], str) and os.path.isabs(data["data_root"]), "data_root", data["data_root"],
           "be an absolute path (Ray Tune changes each trial's working directory)")
     check(isinstance(data["artifact_root"], str) and (os.path.isabs(data["artifact_root"])
@@ -265,6 +314,11 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
           "be an absolute path or an object-store URI such as s3://bucket/prefix "
           "(Ray Tune changes each trial's working directory)")
     fields: dict[str, Any] = {k: v for k, v in data.items() if k not in ("stage1", "loss", "method")}
+    fields["source"] = source
+    options = data.get("dataset_options") or {}
+    if source.kind == "features":
+        check(not options, "dataset_options", options, "be empty for a features Stage I (no dataset is read)")
+    fields["dataset_options"] = {} if source.kind == "features" else dataset_options(data["dataset"], options)
     fields["stage1"] = from_dict(Stage1Config, data.get("stage1", {}), prefix="stage1.") \
         if not isinstance(data.get("stage1"), Stage1Config) else data["stage1"]
     fields["loss"] = _component(LOSSES, data.get("loss", "cross_entropy"), "loss")
@@ -272,9 +326,13 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     cfg = from_dict(TrialConfig, fields)
     check(0 <= cfg.seed < SEED_LIMIT, "seed", cfg.seed,
           "be an integer with 0 <= seed < 2**32 (it seeds Python, NumPy and torch; NumPy's seeding takes no other)")
+    if cfg.source.kind != "train":
+        _check_given_stage1(cfg)
+        if cfg.source.kind == "features":
+            return cfg
     info = DATASETS.get(cfg.dataset)
     train_images = info.train_images
-    if cfg.stage1.train_size is not None:
+    if cfg.stage1.train_size is not None and info.num_classes is not None:
         check(cfg.stage1.train_size >= info.num_classes, "stage1.train_size", cfg.stage1.train_size,
               f"be at least the {info.num_classes} classes of {cfg.dataset} (Stage I trains on a stratified sample "
               f"that holds every class)")
@@ -307,6 +365,32 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     return cfg
 
 
+def _check_given_stage1(cfg: TrialConfig) -> None:
+    """A Stage I that calib does not train (a checkpoint, a features file) takes no training recipe, and a
+    features one no dataset: the rows of loss-based methods, Mixup and MIT, OOD sets and method splits."""
+    kind = cfg.source.kind
+    given = f"this trial's Stage I comes from a {kind} file (source.kind={kind!r}), which calib does not train"
+    runs_on_it = f"The methods that run on a given Stage I: {', '.join(METHODS.names())}."
+    if cfg.loss.name != "cross_entropy" or cfg.loss.params != LOSSES.get("cross_entropy").config():
+        raise ConfigError(f"`loss`={cfg.loss.name!r} is a way to train Stage I, but {given}: loss-based methods do "
+                          f"not apply to it (they are Stage-I trainings). {runs_on_it}")
+    for key in ("mixup_alpha", "mit_alpha"):
+        value = getattr(cfg.stage1, key)
+        check(value is None, f"stage1.{key}", value,
+              f"be null: {'Mixup' if key == 'mixup_alpha' else 'MIT'} trains Stage I, but {given}. {runs_on_it}")
+    if kind != "features":
+        return
+    check(cfg.stage1.train_size is None, "stage1.train_size", cfg.stage1.train_size,
+          "be null for a features Stage I: its splits are the file's")
+    for key in ("ood_datasets", "corruptions"):
+        check(not getattr(cfg, key), key, getattr(cfg, key),
+              "be empty for a features Stage I: without a model, calib cannot compute features of other images")
+    splits = METHODS.get(cfg.method.name).splits(cfg.method.params)
+    check(not splits, "method", cfg.method.to_dict(),
+          f"read only the train/val/test splits of a features Stage I, but this config reads {', '.join(splits)}, "
+          f"which the file does not hold (use method.stats_source 'train')")
+
+
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "stage1": {"train_size": None},
     "mac_cal": {"stats_source": "train", "accuracy_weight_source": "fixed", "mask_mode": "forward"},
@@ -322,15 +406,25 @@ def _without_added(section: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
-    """Exactly the config fields that change Stage I (docs/architecture.md contract 3)."""
-    return {
-        "dataset": cfg.dataset,
-        "arch": cfg.arch,
-        "seed": cfg.seed,
-        "stage1": _trained(_plain(dataclasses.asdict(cfg.stage1))),
-        "loss": cfg.loss.to_dict(),
-        "cifar100_test_norm": cfg.cifar100_test_norm,
-    }
+    """Exactly the config fields that change Stage I (docs/architecture.md contract 3).
+
+    A given Stage I (``source``) is identified by its file's SHA-256: a checkpoint with the dataset, its
+    options, the architecture and how the splits are computed (no seed: nothing is trained); a features
+    file by the file alone."""
+    source = cfg.source
+    if source.kind == "features":
+        return {"source": {"kind": "features", "sha256": source.sha256}}
+    stage1 = _trained(_plain(dataclasses.asdict(cfg.stage1)))
+    identity: dict[str, Any] = {"dataset": cfg.dataset, "arch": cfg.arch}
+    if source.kind == "checkpoint":
+        identity["source"] = {"kind": "checkpoint", "sha256": source.sha256, "head": source.head}
+        identity["stage1"] = {k: v for k, v in stage1.items() if k in ("train_size", "amp")}
+    else:
+        identity.update(seed=cfg.seed, stage1=stage1, loss=cfg.loss.to_dict())
+    identity["cifar100_test_norm"] = cfg.cifar100_test_norm
+    if cfg.dataset_options:
+        identity["dataset_options"] = dict(cfg.dataset_options)
+    return identity
 
 
 def _trained(stage1: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +436,12 @@ def trial_identity(cfg: TrialConfig) -> dict[str, Any]:
     """Everything that changes a trial's result: the config without its placement keys."""
     identity = {k: v for k, v in cfg.to_dict().items() if k not in _PLACEMENT_KEYS}
     method = identity["method"]
+    if cfg.source == Stage1Source():
+        del identity["source"]
+    else:  # the file is its hash; where it lies is placement
+        identity["source"] = {k: v for k, v in identity["source"].items() if k != "path"}
+    if not cfg.dataset_options:
+        del identity["dataset_options"]
     return {**identity, "stage1": _trained(identity["stage1"]), "method": _without_added(method, method["name"])}
 
 

@@ -45,6 +45,11 @@ class Preset:
     gpus_if_available: bool = False
     """The GPU shares apply only where there are GPUs (a CUDA device here, or a cluster given by
     ``--address``); on a machine without one the trials ask for none and run on the CPU."""
+    source: dict[str, Any] = field(default_factory=dict)
+    """Where Stage I comes from when it is not trained (``TrialConfig.source``: ``--checkpoint``,
+    ``--features``); empty: trained."""
+    dataset_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Options per dataset that takes them (imagefolder's ``--image-size`` ...)."""
 
     def setups(self, datasets: Sequence[str] | None = None, archs: Sequence[str] | None = None
                ) -> list[tuple[str, str]]:
@@ -144,6 +149,10 @@ def base_config(
         "device": device or preset.device,
         "num_workers": preset.num_workers,
     }
+    if preset.source:
+        config["source"] = dict(preset.source)
+    if preset.dataset_options.get(dataset):
+        config["dataset_options"] = dict(preset.dataset_options[dataset])
     return with_preset_stage2(preset, config)
 
 

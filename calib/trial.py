@@ -21,7 +21,6 @@ from calib._versions import run_environment
 from calib.artifacts import corrupted_split, get_or_train_stage1, method_split, ood_split
 from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity, trial_identity
 from calib.datasets.corruptions import SEVERITIES
-from calib.methods import METHODS
 from calib.metrics import (
     accuracy,
     compute_all,
@@ -30,6 +29,8 @@ from calib.metrics import (
     ood_fpr_at_95_tpr,
     reliability_bins,
 )
+from calib.plugins import plugins_of
+from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS
 from calib.training import describe_device, resolve_device, seed_everything
 
 __all__ = ["TrialResult", "population_groups", "run_trial", "run_trials", "trial_id"]
@@ -68,6 +69,12 @@ class TrialResult:
 
     population_size: int = 1
     pruned_epoch: int | None = None
+    plugins: list[str] = field(default_factory=list)
+    """``"<module> <version>"`` of the plugins whose components the trial used (:mod:`calib.plugins`)."""
+
+    def __post_init__(self) -> None:
+        if not self.plugins:
+            self.plugins = used_plugins(self.config)
 
     @classmethod
     def failed(cls, config: TrialConfig, error: BaseException, started_at: dt.datetime,
@@ -93,6 +100,14 @@ class TrialResult:
             status="pruned", metrics=dict(metrics), started_at=started_at,
             finished_at=dt.datetime.now(dt.timezone.utc), pruned_epoch=epoch,
         )
+
+
+def used_plugins(cfg: TrialConfig) -> list[str]:
+    """The plugins that registered the trial's dataset, architecture, loss, method and OOD sets."""
+    names = [(LOSSES, cfg.loss.name), (METHODS, cfg.method.name), *((OOD_SETS, n) for n in cfg.ood_datasets)]
+    if cfg.source.kind != "features":
+        names += [(DATASETS, cfg.dataset), (MODELS, cfg.arch)]
+    return plugins_of((registry, name) for registry, name in names if name in registry)
 
 
 def stage1_execution(record: dict[str, Any]) -> dict[str, Any]:

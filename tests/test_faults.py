@@ -474,6 +474,41 @@ CASES = [
 ]
 # These run as real command lines (started together when the module's first test starts, so they run
 # while the in-process cases do); the rest in-process.
+# Your own model and data (studies/calibrate.py, and every study's --checkpoint / --plugin)
+OWN = ["--seeds", "1", "--stage2-epochs", "2"]
+CASES += [
+    ("checkpoint_missing", "calibrate.py",
+     ["--checkpoint", "{tmp}/absent.pt", "--archs", "small_cnn", "--datasets", "digits-noisy", *OWN],
+     r"`--checkpoint` file not found: '.*absent\.pt'"),
+    ("checkpoint_unreadable", "calibrate.py",
+     ["--checkpoint", "{tmp}/file.txt", "--archs", "small_cnn", "--datasets", "digits-noisy", *OWN],
+     r"file\.txt.*(cannot be loaded|not a checkpoint|could not be read|cannot be read)"),
+    ("checkpoint_head_has_other_classes", "calibrate.py",
+     ["--checkpoint", "{tmp}/small_cnn_3_classes.pt", "--archs", "small_cnn", "--datasets", "digits-noisy", *OWN],
+     r"head\.weight has 3 outputs, the dataset has 10 classes"),
+    ("checkpoint_head_not_found", "calibrate.py",
+     ["--checkpoint", "{tmp}/small_cnn_3_classes.pt", "--archs", "torchvision:squeezenet1_0", "--datasets",
+      "digits-noisy", *OWN],
+     r"torchvision:squeezenet1_0.*no nn\.Linear.*--head"),
+    ("checkpoint_loss_row", "calibrate.py",
+     ["--checkpoint", "{tmp}/small_cnn_10_classes.pt", "--archs", "small_cnn", "--datasets", "digits-noisy",
+      "--methods", "FL", *OWN],
+     r"`loss`='focal' is a way to train Stage I, but this trial's Stage I comes from a checkpoint file"),
+    ("calibrate_without_a_model", "calibrate.py", OWN, r"calibrates a given model: pass --checkpoint FILE"),
+    ("checkpoint_and_features", "calibrate.py",
+     ["--checkpoint", "{tmp}/small_cnn_10_classes.pt", "--features", "{tmp}/features.pt", *OWN],
+     r"`--checkpoint` and `--features` exclude each other"),
+    ("features_with_ood", "ood.py", ["--features", "{tmp}/features.pt", *OWN],
+     r"`--datasets` and `--archs` do not apply to --features|`ood_datasets` must be empty for a features Stage I|"
+     r"No OOD sets are defined for 'features'"),
+    ("plugin_fails_to_import", "compare_methods.py", ["--plugin", "{tmp}/broken_plugin.py", *OWN],
+     r"The plugin '.*broken_plugin\.py' failed to import: ModuleNotFoundError: No module named "
+     r"'a_package_that_is_not_installed' \(.*broken_plugin\.py, line 1\)"),
+    ("imagefolder_splits_disagree", "compare_methods.py",
+     ["--datasets", "imagefolder", "--data-root", "{tmp}/disagreeing_folder", "--methods", "Vanilla (CE)", *OWN],
+     r"ImageFolder splits disagree on the classes: test/ lacks 'c'"),
+]
+
 SUBPROCESS = {"gamma_negative", "space_q0_high_1.5", "store_under_a_file", "address_nothing_answers",
               "gpus_per_trial_no_gpu", "device_cuda_no_gpu", "data_root_a_file"}
 # These are bad input only on a machine where torch sees no CUDA device (as on CI); skipped elsewhere.
@@ -497,6 +532,30 @@ def write_inputs(tmp: Path, script: str) -> None:
     for name, text in (LADDERS if script == "ablation.py" else SPACES).items():
         (tmp / f"{name}.yaml").write_text(text)
     (tmp / "file.txt").write_text("not a directory")
+    if script in ("calibrate.py", "compare_methods.py", "ood.py"):
+        write_own_model_inputs(tmp)
+
+
+def write_own_model_inputs(tmp: Path) -> None:
+    """Checkpoints of small_cnn (3 and 10 classes), a features file, a plugin that fails to import, and an
+    ImageFolder tree whose test split lacks a class."""
+    import torch
+    from PIL import Image
+
+    from calib.models import create_model
+
+    for classes in (3, 10):
+        torch.save(create_model("small_cnn", num_classes=classes, in_channels=1).state_dict(),
+                   tmp / f"small_cnn_{classes}_classes.pt")
+    g = torch.Generator().manual_seed(0)
+    torch.save({f"{s}_{k}": v for s in ("train", "val", "test")
+                for k, v in (("features", torch.randn(6, 4, generator=g)), ("labels", torch.arange(6) % 3),
+                             ("logits", torch.randn(6, 3, generator=g)))}, tmp / "features.pt")
+    (tmp / "broken_plugin.py").write_text("import a_package_that_is_not_installed\n")
+    for split, classes in (("train", "abc"), ("test", "ab")):
+        for name in classes:
+            (tmp / "disagreeing_folder" / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(tmp / "disagreeing_folder" / split / name / "0.png")
 
 
 def command(tmp: Path, argv: list[str]) -> list[str]:

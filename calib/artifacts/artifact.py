@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from calib import storage
+from calib._config import ConfigError
 from calib.artifacts.checks import (
     CorruptArtifactError,
     load_checked,
@@ -85,16 +86,30 @@ class Stage1Artifact:
     def num_features(self) -> int:
         return int(self.splits["train"].features.shape[1])
 
+    @property
+    def source_kind(self) -> str:
+        """Where this Stage I came from: "train", "checkpoint" or "features" (``TrialConfig.source``)."""
+        return str(self.record.get("source", {}).get("kind", "train"))
+
     def load_model(self, device: torch.device | str = "cpu") -> CalibModel:
-        """The trained Stage-I model (backbone and linear head), in eval mode."""
+        """The Stage-I model (backbone and linear head), in eval mode. A features Stage I has none."""
+        if self.source_kind == "features":
+            raise ConfigError(f"Stage I {self.stage1_id} is a features file: it has no model to compute the features "
+                              f"of other images (OOD sets, corrupted test sets, other splits).")
+        source = self.record.get("source", {})
         model = create_model(self.record["arch"], num_classes=self.num_classes,
-                             in_channels=int(self.record["input_shape"][0]))
+                             in_channels=int(self.record["input_shape"][0]), head=source.get("head"))
         model.load_state_dict(self._model_state())
         return model.to(device).eval()
 
     def head_state(self) -> dict[str, torch.Tensor]:
         """The Stage-I linear head's weight and bias."""
-        return {k.removeprefix("head."): v for k, v in self._model_state().items() if k.startswith("head.")}
+        head = {k.removeprefix("head."): v for k, v in self._model_state().items() if k.startswith("head.")}
+        if not head:
+            raise ConfigError(f"Stage I {self.stage1_id} has no linear head: its features file holds logits but no "
+                              f"head_weight, so a method that starts from the Stage-I head (MaC-Cal's "
+                              f"head_init='stage1') cannot run on it.")
+        return head
 
     def _model_state(self) -> dict[str, torch.Tensor]:
         """model.pt, checked against the record; ``CorruptArtifactError`` if it changed since it was loaded

@@ -36,18 +36,20 @@ from calib.artifacts.checks import CorruptArtifactError, file_checksum, parse_re
 from calib.artifacts.claim import ClaimSettings, acquire, new_writer_id
 from calib.artifacts.handover import Handover
 from calib.artifacts.publish import fetch_checked, publish
+from calib.artifacts.sources import checkpoint_model, features_of
 from calib.config import TrialConfig, config_hash, stage1_identity
 from calib.datasets import load_dataset
 from calib.datasets.subsets import TrainingSubset, restrict_training
 from calib.metrics import compute_all, softmax64
-from calib.training import describe_device, predict, train_stage1
+from calib.training import describe_device, predict, prepare_model, train_stage1
 
 __all__ = ["get_or_train_stage1", "stage1_data"]
 
 
 def stage1_data(cfg: TrialConfig) -> TrainingSubset:
     """The dataset as Stage I trains on it (``stage1.train_size`` applied) and the held-out training images."""
-    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download, cifar100_test_norm=cfg.cifar100_test_norm)
+    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download, cifar100_test_norm=cfg.cifar100_test_norm,
+                        options=cfg.dataset_options)
     return restrict_training(data, cfg.stage1.train_size, cfg.dataset)
 
 
@@ -154,34 +156,37 @@ def get_or_train_stage1(
     return load_artifact(final, stage1_id, remote), False
 
 
-def _train_and_write(
-    cfg: TrialConfig,
-    identity: dict[str, Any],
-    final: Path,
-    device: torch.device,
-    on_epoch: Callable[[dict[str, Any]], None] | None,
-    on_checkpoint: Callable[[dict[str, Any]], None] | None,
-    resume: dict[str, Any] | None,
-    writer: str,
-) -> bool:
-    """Train Stage I, cache its splits and write the artifact into ``final`` through a temporary
-    directory and a rename; False (and nothing written) if another writer's artifact took ``final`` first."""
+def _cache_splits(model: Any, sources: Any, cfg: TrialConfig, device: torch.device
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Features, logits and labels of each split under ``model``, and the val/test metrics of its logits."""
+    cache: dict[str, torch.Tensor] = {}
+    for split, source in sources:
+        features, logits, labels = predict(model, source, device, num_workers=cfg.num_workers,
+                                           amp=cfg.stage1.amp, channels_last=cfg.stage1.channels_last)
+        cache.update({f"{split}_features": features, f"{split}_logits": logits, f"{split}_labels": labels})
+    return cache, _split_metrics(cache, cfg)
+
+
+def _split_metrics(cache: dict[str, torch.Tensor], cfg: TrialConfig) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for split in ("val", "test"):
+        scores = compute_all(softmax64(cache[f"{split}_logits"]), cache[f"{split}_labels"].numpy(),
+                             num_bins=cfg.num_bins)
+        metrics.update({f"{split}_{k}": v for k, v in scores.items()})
+    return metrics
+
+
+def _trained(cfg: TrialConfig, device: torch.device, on_epoch: Callable[[dict[str, Any]], None] | None,
+             on_checkpoint: Callable[[dict[str, Any]], None] | None, resume: dict[str, Any] | None
+             ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """Stage I trained here: the model's state, the cached splits, the record's fields."""
     data = stage1_data(cfg).data
     trained = train_stage1(cfg, data, device, on_epoch=on_epoch, on_checkpoint=on_checkpoint, resume=resume)
-    cache: dict[str, torch.Tensor] = {}
-    metrics: dict[str, float] = {}
     sources = ((("train", data.tensors.train), ("val", data.tensors.val), ("test", data.tensors.test))
                if trained.pipeline == "device" and data.tensors is not None
                else (("train", data.train_eval), ("val", data.val), ("test", data.test)))
-    for split, source in sources:
-        features, logits, labels = predict(trained.model, source, device, num_workers=cfg.num_workers,
-                                           amp=cfg.stage1.amp, channels_last=cfg.stage1.channels_last)
-        cache.update({f"{split}_features": features, f"{split}_logits": logits, f"{split}_labels": labels})
-        if split != "train":
-            scores = compute_all(softmax64(logits), labels.numpy(), num_bins=cfg.num_bins)
-            metrics.update({f"{split}_{k}": v for k, v in scores.items()})
-    record = {
-        **identity,
+    cache, metrics = _cache_splits(trained.model, sources, cfg, device)
+    return trained.model.state_dict(), cache, {
         "num_classes": data.num_classes,
         "input_shape": list(data.input_shape),
         "num_features": trained.model.num_features,
@@ -196,6 +201,62 @@ def _train_and_write(
         "peak_memory_bytes": trained.peak_memory_bytes,
         "checkpoint_epoch": trained.best_epoch,
         "resumed_from_epoch": None if resume is None else int(resume["epoch"]),
+    }
+
+
+def _from_checkpoint(cfg: TrialConfig, device: torch.device
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """Stage I from a checkpoint: its model's features and logits of the dataset's splits; nothing trained."""
+    start = time.perf_counter()
+    data = stage1_data(cfg).data
+    model = prepare_model(checkpoint_model(cfg, data.num_classes, data.input_shape), device,
+                          cfg.stage1.channels_last)
+    cache, metrics = _cache_splits(model, (("train", data.train_eval), ("val", data.val), ("test", data.test)),
+                                   cfg, device)
+    return model.state_dict(), cache, {
+        "num_classes": data.num_classes, "input_shape": list(data.input_shape), "num_features": model.num_features,
+        "head_name": getattr(model, "head_name", None), "history": [], "metrics": metrics,
+        "train_seconds": 0.0, "extract_seconds": time.perf_counter() - start, "data_pipeline": "loader",
+        "precision": "fp32" if cfg.stage1.amp == "off" or device.type != "cuda" else cfg.stage1.amp,
+    }
+
+
+def _from_features(cfg: TrialConfig) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """Stage I from a features file: its splits as they are, its head (if any) as the model's state."""
+    file = features_of(cfg)
+    cache = {f"{split}_{part}": getattr(c, part) for split, c in file.splits.items()
+             for part in ("features", "logits", "labels")}
+    head = {f"head.{k}": v for k, v in (file.head_state or {}).items()}
+    return head, cache, {
+        "num_classes": file.num_classes, "input_shape": None, "num_features": file.num_features,
+        "class_names": file.class_names, "history": [], "metrics": _split_metrics(cache, cfg),
+        "train_seconds": 0.0,
+    }
+
+
+def _train_and_write(
+    cfg: TrialConfig,
+    identity: dict[str, Any],
+    final: Path,
+    device: torch.device,
+    on_epoch: Callable[[dict[str, Any]], None] | None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None,
+    resume: dict[str, Any] | None,
+    writer: str,
+) -> bool:
+    """Train Stage I (or compute it from ``cfg.source``), cache its splits and write the artifact into
+    ``final`` through a temporary directory and a rename; False (and nothing written) if another writer's
+    artifact took ``final`` first."""
+    if cfg.source.kind == "checkpoint":
+        model_state, cache, fields = _from_checkpoint(cfg, device)
+    elif cfg.source.kind == "features":
+        model_state, cache, fields = _from_features(cfg)
+    else:
+        model_state, cache, fields = _trained(cfg, device, on_epoch, on_checkpoint, resume)
+    record = {
+        **identity,
+        **fields,
+        **({"source_path": cfg.source.path} if cfg.source.kind != "train" else {}),
         "device": describe_device(device),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "writer": writer,
@@ -203,7 +264,7 @@ def _train_and_write(
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
     tmp.mkdir()
     try:
-        torch.save(trained.model.state_dict(), tmp / "model.pt")
+        torch.save(model_state, tmp / "model.pt")
         torch.save(cache, tmp / "cache.pt")
         record["files"] = {name: file_checksum(tmp / name) for name in ARTIFACT_FILES}
         (tmp / "record.json").write_text(json.dumps(record, indent=1))

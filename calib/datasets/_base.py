@@ -105,15 +105,23 @@ class DatasetSplits:
 class DatasetInfo:
     """A registry entry: how to load a dataset and how to check, cheaply, that it is on disk.
 
-    ``load(root, download)`` returns the splits; ``require(root)`` raises
+    ``load(root, download, **options)`` returns the splits; ``require(root)`` raises
     :class:`DatasetNotFoundError` when the files are missing (used before any trial starts);
+    ``num_classes`` and ``input_shape`` (C, H, W) are None when only the files tell them (a dataset
+    of the user's own images): then they are known after loading, from :class:`DatasetSplits`;
     ``train_images`` is the size of the training split Stage I trains on (None: not known before
     loading), which bounds ``stage1.train_size`` before any trial starts.
+
+    ``options`` is the config class of the loader's keyword options, a
+    ``@dataclass(frozen=True, kw_only=True)`` whose fields are the keyword arguments ``load`` takes
+    (``load_dataset`` validates a mapping of them with ``calib._config.from_dict`` and passes the
+    fields on); None: the dataset takes no options.
     """
 
-    load: Callable[[str, bool], DatasetSplits]
+    load: Callable[..., DatasetSplits]
     require: Callable[[str], None]
-    num_classes: int
-    input_shape: tuple[int, int, int]
+    num_classes: int | None
+    input_shape: tuple[int, int, int] | None
     description: str
     train_images: int | None = None
+    options: type | None = None

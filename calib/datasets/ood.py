@@ -23,9 +23,9 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import Dataset, TensorDataset
 
-from calib._registry import Registry
 from calib.datasets import cifar, digits, fashion_mnist
 from calib.datasets._base import DatasetNotFoundError
+from calib.registries import OOD_SETS
 
 __all__ = ["DEFAULT_OOD", "OOD_SETS", "OODSet", "load_ood"]
 
@@ -40,8 +40,6 @@ class OODSet:
     compatible: tuple[str, ...]
     description: str
 
-
-OOD_SETS: Registry[OODSet] = Registry("OOD dataset")
 
 # The OOD sets each in-distribution dataset is evaluated against (MaC-Cal Table 2; FeDLaS Table 3).
 DEFAULT_OOD: dict[str, tuple[str, ...]] = {

@@ -1,4 +1,3 @@
-from calib._registry import Registry
-from calib.losses._base import LossSpec
+from calib.registries import LOSSES
 
-LOSSES: Registry[LossSpec] = Registry("loss")
+__all__ = ["LOSSES"]

@@ -1,4 +1,3 @@
-from calib._registry import Registry
-from calib.methods._base import MethodSpec
+from calib.registries import METHODS
 
-METHODS: Registry[MethodSpec] = Registry("method")
+__all__ = ["METHODS"]

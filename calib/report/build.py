@@ -29,7 +29,7 @@ from calib.report.tables import (
 )
 from calib.store import read_history, read_trials
 
-__all__ = ["KNOWN_STUDIES", "build_report"]
+__all__ = ["KNOWN_STUDIES", "build_report", "pooled_bins"]
 
 FULL = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_nll": "NLL",
         "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE"}
@@ -46,6 +46,7 @@ KNOWN_STUDIES: dict[str, tuple[str, dict[str, str]]] = {
                                "test_ece": "ECE"}),
     "corruption": ("studies/corruption.py", {"corrupted_ece": "ECE (corrupted)",
                                              "corrupted_accuracy": "Acc (corrupted)", "test_ece": "ECE clean"}),
+    "calibrate": ("studies/calibrate.py --checkpoint FILE --archs ARCH --datasets DATASET", FULL),
     "decompose": ("studies/decompose.py", {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE",
                                            "test_accuracy": "Acc"}),
 }
@@ -116,7 +117,7 @@ def latex_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread, ca
     return "\n".join(lines) + "\n"
 
 
-def _pooled_bins(trials: pd.DataFrame) -> pd.DataFrame:
+def pooled_bins(trials: pd.DataFrame) -> pd.DataFrame:
     """Reliability bins pooled over seeds per label: counts summed, means weighted by counts."""
     rows = []
     trials = trials[trials["test_bin_count"].notna()]
@@ -213,7 +214,7 @@ def build_report(
             if note := mixed_trainings(group):
                 log(f"{name}: {note}")
             with report_step(study, f"reliability diagram of {dataset} · {arch}", log=log):
-                bins = _pooled_bins(group)
+                bins = pooled_bins(group)
                 if not bins.empty:
                     written.append(figures.plot_reliability(
                         bins, out / "figures" / f"{study}_{dataset}_{arch}_reliability.png",

@@ -1,7 +1,8 @@
 """Ray on the driver: joining a cluster or starting local Ray, checking ``--address``, quieting Ray's logs.
 
-Stage-I claim settings (``CALIB_STAGE1_*``, :mod:`calib.artifacts.claim`) set on the driver are
-forwarded to every Ray worker of the run through Ray's runtime environment.
+Stage-I claim settings (``CALIB_STAGE1_*``, :mod:`calib.artifacts.claim`) and the ``--plugin`` modules
+(``CALIB_PLUGINS``, :mod:`calib.plugins`) of the driver are forwarded to every Ray worker of the run
+through Ray's runtime environment, with the plugins' code where it is not installed (``py_modules``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from calib._config import ConfigError
 from calib.artifacts.claim import LEASE_ENV, WAIT_ENV
 from calib.artifacts.handover import HANDOVER_ENV
+from calib.plugins import PLUGINS_ENV, ray_py_modules
 
 __all__ = ["FORWARDED_ENV", "RAY_NOISE", "check_address", "init_ray", "quiet_ray_logs"]
 
@@ -61,15 +63,17 @@ def check_address(address: str | None) -> None:
         ) from None
 
 
-FORWARDED_ENV = (LEASE_ENV, WAIT_ENV, HANDOVER_ENV)
-"""Environment variables of the driver that every Ray worker of its run sees: the Stage-I claim settings."""
+FORWARDED_ENV = (LEASE_ENV, WAIT_ENV, HANDOVER_ENV, PLUGINS_ENV)
+"""Environment variables of the driver that every Ray worker of its run sees: the Stage-I claim settings and
+the ``--plugin`` modules."""
 
 
 def init_ray(address: str | None = None) -> None:
     """Start local Ray on this machine's CPUs, or join the cluster at ``address`` ("auto" or host:port).
 
     A cluster that cannot be reached raises ``ConfigError``. The driver's :data:`FORWARDED_ENV` reach
-    every worker of the run (Ray's runtime environment).
+    every worker of the run (Ray's runtime environment), and so does the code of the ``--plugin`` modules
+    that are not installed (:func:`calib.plugins.ray_py_modules`).
     """
     import ray
 
@@ -81,6 +85,8 @@ def init_ray(address: str | None = None) -> None:
     forwarded = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     if forwarded:
         common["runtime_env"] = {"env_vars": forwarded}
+    if shipped := ray_py_modules():
+        common.setdefault("runtime_env", {})["py_modules"] = shipped
     if address is None:
         ray.init(num_cpus=os.cpu_count(), **common)
         return

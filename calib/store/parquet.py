@@ -76,6 +76,10 @@ def trial_row(result: TrialResult, *, node_id: str | None = None) -> dict[str, A
         "failed_stage": result.failed_stage, "failed_epoch": result.failed_epoch,
         "pruned_epoch": result.pruned_epoch, "population_size": result.population_size,
         "cifar100_test_norm": cfg.cifar100_test_norm,
+        "source_kind": cfg.source.kind, "source_path": cfg.source.path, "source_sha256": cfg.source.sha256,
+        "source_head": cfg.source.head,
+        "dataset_options": json.dumps(cfg.dataset_options, sort_keys=True) if cfg.dataset_options else None,
+        "plugins": list(result.plugins),
         "node_id": node_id, "config_json": json.dumps(cfg.to_dict(), sort_keys=True),
     }
     row.update(_flatten("stage1", dataclasses.asdict(cfg.stage1)))

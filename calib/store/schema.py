@@ -31,6 +31,16 @@ IDENTITY = [
     ("loss", pa.string(), "registered Stage-I loss name"),
     ("stage1_id", pa.string(), "hash of the Stage-I config: the artifact directory name"),
     ("cifar100_test_norm", pa.string(), "CIFAR-100 test normalisation: cifar, or focal_bug (FOCAL-R's ImageNet stats)"),
+    ("source_kind", pa.string(),
+     "where Stage I came from: train (calib trained it), checkpoint (a given model's weights) or features (a "
+     "given file of features; dataset and arch are then the study's names for them)"),
+    ("source_path", pa.string(), "the checkpoint or features file (path or s3:// URI), null when trained"),
+    ("source_sha256", pa.string(), "SHA-256 of that file: part of stage1_id, null when trained"),
+    ("source_head", pa.string(), "the checkpoint architecture's final linear layer, when given with --head"),
+    ("dataset_options", pa.string(), "the dataset's options as JSON (imagefolder: image_size, resize, mean, std, "
+                                     "val_fraction), null for a dataset without options"),
+    ("plugins", pa.list_(pa.string()),
+     "the plugins whose components (dataset, arch, loss, method, OOD sets) the trial used: \"<module> <version>\""),
 ]
 OOD = [
     ("ood_datasets", pa.list_(pa.string()), "OOD sets the trial was evaluated against (empty: none)"),

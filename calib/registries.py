@@ -1,0 +1,44 @@
+"""calib's registries of named components, the one place plugins and calib's own modules register into.
+
+::
+
+    from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS
+
+    @METHODS.register("my_method")
+    ...
+
+Each registry fills itself on first read (:func:`calib.plugins.load_components`): calib's built-in
+datasets, models, losses and methods, then the installed plugins (entry-point group ``calib.plugins``)
+and the modules named with ``--plugin``. This module imports none of them, so any module (the trial
+config among them) can read a registry without importing the implementations it holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from calib._registry import Registry
+
+__all__ = ["DATASETS", "LOSSES", "METHODS", "MODELS", "OOD_SETS"]
+
+
+def _populate() -> None:
+    from calib.plugins import load_components
+
+    load_components()
+
+
+DATASETS: Registry[Any] = Registry("dataset", populate=_populate)
+"""Dataset name → :class:`calib.datasets.DatasetInfo`."""
+
+OOD_SETS: Registry[Any] = Registry("OOD dataset", populate=_populate)
+"""OOD set name → :class:`calib.datasets.OODSet`."""
+
+MODELS: Registry[Any] = Registry("architecture", populate=_populate)
+"""Architecture name → factory ``(num_classes, in_channels=3) -> CalibModel``."""
+
+LOSSES: Registry[Any] = Registry("loss", populate=_populate)
+"""Stage-I loss name → :class:`calib.losses.LossSpec`."""
+
+METHODS: Registry[Any] = Registry("method", populate=_populate)
+"""Method name → :class:`calib.methods.MethodSpec`: what runs on a Stage-I artifact."""

@@ -1,0 +1,68 @@
+"""Calibrate your own model: every method that runs on a trained Stage I, on your checkpoint or features.
+
+Stage I is not trained: it is your model, given as
+
+- ``--checkpoint FILE --archs ARCH --datasets DATASET``: the weights (a state_dict) of an architecture
+  by name (calib's own, ``torchvision:resnet18``, ``timm:convnext_tiny``) for a registered dataset or
+  your own images (``--datasets imagefolder --data-root DIR``: ``DIR/train``, ``DIR/test`` and optionally
+  ``DIR/val`` in torchvision's ImageFolder layout). calib computes the features and logits of each split
+  once (the backbone before the final linear layer, found automatically or named with ``--head``);
+- ``--features FILE``: the features, labels and final linear layer (or logits) of the train, val and
+  test splits, from any model (docs/extending.md, "Precomputed features").
+
+Runs the uncalibrated model, temperature scaling, SMART, TST, V-TST and MaC-Cal (``--methods``), each
+over the seeds of its Stage II (the backbone is fixed, so seeds vary only what calibration draws), and
+prints accuracy, ECE, AECE, MCE, NLL, Brier, O-ECE and U-ECE on the test split, mean ± 95% CI over
+seeds, and writes the reliability diagrams (pooled over seeds) to ``<store>/figures``. ``studies/report.py``
+regenerates both from the store.
+"""
+
+from __future__ import annotations
+
+from calib._config import ConfigError
+from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
+from calib.report import report_step
+from calib.report.build import pooled_bins
+from calib.report.figures import plot_reliability
+from calib.study_rows import METHOD_ROWS, Row, print_row_tables, run_rows
+
+METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_nll": "NLL",
+           "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE"}
+
+ROWS: dict[str, Row] = {
+    "Uncalibrated": Row(),
+    "TS": Row(method={"name": "temperature_scaling"}),
+    "SMART": Row(method={"name": "smart"}),
+    "TST": Row(method={"name": "tst"}),
+    "V-TST": Row(method={"name": "vtst"}),
+    "MaC-Cal": Row(method={"name": "mac_cal"}),
+}
+"""The rows that run on a given Stage I; the other rows of compare_methods train Stage I and are refused."""
+
+
+@guarded_main
+def main(argv: list[str] | None = None) -> int:
+    parser = study_parser(__doc__, study="calibrate")
+    choices = list(ROWS) + [label for label in METHOD_ROWS if label not in ROWS]
+    parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=choices, metavar="ROW",
+                        help=f"rows to run, from: {', '.join(ROWS)} (default: all of them)")
+    args = parser.parse_args(argv)
+    if not (args.checkpoint or args.features):
+        raise ConfigError("calibrate.py calibrates a given model: pass --checkpoint FILE (with --archs and "
+                          "--datasets) or --features FILE. To train Stage I with calib, use compare_methods.py.")
+    rows = {label: ROWS.get(label) or METHOD_ROWS[label] for label in args.methods}
+    trials, run = run_rows(args, rows, table=ROWS)
+    print_row_tables(trials, METRICS, study=args.study)
+    for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
+        with report_step(args.study, f"reliability diagrams of {dataset} · {arch}"):
+            bins = pooled_bins(group.assign(label=group["row"].astype(str)))
+            if not bins.empty:
+                path = plot_reliability(bins, study_paths(args).outputs / "figures" /
+                                        f"{args.study}_{dataset}_{arch}_reliability.png",
+                                        title=f"{dataset} · {arch} (test, pooled over seeds)")
+                print(f"\nreliability diagrams: {path}")
+    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
