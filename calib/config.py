@@ -377,7 +377,7 @@ def _check_given_stage1(cfg: TrialConfig) -> None:
     for key in ("mixup_alpha", "mit_alpha"):
         value = getattr(cfg.stage1, key)
         check(value is None, f"stage1.{key}", value,
-              f"be null: {'Mixup' if key == 'mixup_alpha' else 'MIT'} trains Stage I, but {given}. {runs_on_it}")
+              f"be null: {'Mixup' if key == 'mixup_alpha' else 'MIT'} trains Stage I, but {given}", runs_on_it)
     if kind != "features":
         return
     check(cfg.stage1.train_size is None, "stage1.train_size", cfg.stage1.train_size,
