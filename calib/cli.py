@@ -22,6 +22,7 @@ from calib.datasets import DATASETS, DatasetNotFoundError
 from calib.models import check_arch
 from calib.presets import PRESETS, Preset
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions
+from calib.tracking import check_trackers
 
 __all__ = [
     "HelpFormatter",
@@ -163,6 +164,10 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
                              "every seed (default: the whole training split)")
     parser.add_argument("--stage2-epochs", type=int, default=None,
                         help=f"Stage-II epochs of two-stage methods (default: {_per_preset(_stage2_epochs_of)})")
+    parser.add_argument("--log-to", action="append", default=[], choices=["mlflow", "tensorboard", "wandb"],
+                        help="also log the study to this tracker (repeatable): a parent per study, a child run per "
+                             "trial; where to comes from MLFLOW_TRACKING_URI, WANDB_MODE/WANDB_PROJECT, "
+                             "CALIB_TENSORBOARD_DIR (default <store>/tensorboard)")
     add_own_model_args(parser)
 
 
@@ -483,7 +488,9 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         checkpoint_every=preset.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every,
         checkpoint_min_seconds=args.checkpoint_min_seconds,
         configs_per_trial=args.configs_per_trial,
+        log_to=tuple(dict.fromkeys(getattr(args, "log_to", None) or ())),
     )
+    check_trackers(options.log_to)
     _check_whole_gpus(options, args, preset)
     _check_device(args.device or preset.device, options, args, preset)
     if args.address is None:

@@ -23,6 +23,7 @@ from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_id
 from calib.datasets.corruptions import SEVERITIES
 from calib.metrics import (
     accuracy,
+    clopper_pearson,
     compute_all,
     expected_calibration_error,
     ood_auroc,
@@ -69,6 +70,8 @@ class TrialResult:
 
     population_size: int = 1
     pruned_epoch: int | None = None
+    tracker_runs: dict[str, str] = field(default_factory=dict)
+    """The ``--log-to`` runs of the trial by store column (``mlflow_run_id``, ``tensorboard_run``, ``wandb_run_id``)."""
     plugins: list[str] = field(default_factory=list)
     """``"<module> <version>"`` of the plugins whose components the trial used (:mod:`calib.plugins`)."""
 
@@ -172,8 +175,10 @@ def _evaluate(cfg: TrialConfig, artifact: Any, outcome: Any, device: torch.devic
         outcome.test_probs.detach().cpu().double().numpy(), artifact.splits["test"].labels.numpy(),
         num_bins=cfg.num_bins,
     )
+    lower, upper = clopper_pearson(np.rint(counts * accuracy).astype(np.int64), counts)
     details = {"test_bin_count": counts.tolist(), "test_bin_confidence": confidence.tolist(),
-               "test_bin_accuracy": accuracy.tolist()}
+               "test_bin_accuracy": accuracy.tolist(), "test_bin_accuracy_lower": lower.tolist(),
+               "test_bin_accuracy_upper": upper.tolist()}
     ood_means, ood_per_set = _ood_metrics(cfg, artifact, outcome, device)
     metrics.update(ood_means)
     details.update(ood_per_set)

@@ -12,9 +12,9 @@ Stage I is not trained: it is your model, given as
 
 Runs the uncalibrated model, temperature scaling, SMART, TST, V-TST and MaC-Cal (``--methods``), each
 over the seeds of its Stage II (the backbone is fixed, so seeds vary only what calibration draws), and
-prints accuracy, ECE, AECE, MCE, NLL, Brier, O-ECE and U-ECE on the test split, mean ± 95% CI over
-seeds, and writes the reliability diagrams (pooled over seeds) to ``<store>/figures``. ``studies/report.py``
-regenerates both from the store.
+prints accuracy, ECE, AECE, MCE, NLL, Brier, O-ECE, U-ECE, AURC and AUGRC on the test split, mean ± 95%
+CI over seeds, and writes the reliability diagrams (pooled over seeds, with Clopper–Pearson 95% intervals
+per bin) to ``<store>/figures``. ``studies/report.py`` regenerates both from the store.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from calib.report.figures import plot_reliability
 from calib.study_rows import METHOD_ROWS, Row, print_row_tables, run_rows
 
 METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_nll": "NLL",
-           "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE"}
+           "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE",
+           "test_aurc": "AURC", "test_augrc": "AUGRC"}
 
 ROWS: dict[str, Row] = {
     "Uncalibrated": Row(),

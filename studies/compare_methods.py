@@ -2,8 +2,8 @@
 
 Trains each method on the preset's setup and seeds through Ray Tune (methods that share a Stage I,
 e.g. TS, SMART, TST, V-TST and MaC-Cal on a CE Stage I, share its artifact) and prints one table
-from the store: accuracy, ECE, AECE, MCE, NLL, Brier, O-ECE and U-ECE per method, mean ± 95% CI
-over seeds, on the test split.
+from the store: accuracy, ECE, AECE, MCE, NLL, Brier, O-ECE, U-ECE, AURC and AUGRC per method,
+mean ± 95% CI over seeds, on the test split.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.study_rows import METHOD_ROWS, print_row_tables, run_rows
 
 METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_nll": "NLL",
-           "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE"}
+           "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE",
+           "test_aurc": "AURC", "test_augrc": "AUGRC"}
 
 
 @guarded_main

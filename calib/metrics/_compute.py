@@ -11,6 +11,12 @@ from calib.metrics._binning import top_label
 from calib.metrics._validation import ArrayLike, check_num_bins, check_probs_labels
 from calib.metrics.accuracy import _accuracy_compute, accuracy
 from calib.metrics.adaptive_ece import _aece_compute, adaptive_calibration_error
+from calib.metrics.aurc import (
+    _augrc_compute,
+    _aurc_compute,
+    area_under_generalized_risk_coverage,
+    area_under_risk_coverage,
+)
 from calib.metrics.brier import _brier_compute, brier_score
 from calib.metrics.classwise_ece import _cwece_compute, classwise_ece
 from calib.metrics.decomposed_ece import _oece_compute, _uece_compute, overconfidence_ece, underconfidence_ece
@@ -93,6 +99,16 @@ METRICS: dict[str, MetricSpec] = {
         "Brier score, sum over classes, mean over samples (Brier 1950); C times sklearn's MSE.",
         bounds=(0.0, 2.0),
     ),
+    "aurc": MetricSpec(
+        area_under_risk_coverage,
+        False,
+        "Area under the risk-coverage curve of the max-softmax confidence, 0/1 loss (Geifman & El-Yaniv 2017).",
+    ),
+    "augrc": MetricSpec(
+        area_under_generalized_risk_coverage,
+        False,
+        "Area under the generalized risk-coverage curve, 0/1 loss (Traub et al. 2024).",
+    ),
 }
 """Every metric by its stable name (the Parquet column name); values are fractions, not percent."""
 
@@ -113,7 +129,8 @@ def higher_is_better(name: str) -> bool:
 def compute_all(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 15) -> dict[str, float]:
     """Every metric in :data:`METRICS`, validating the inputs once; values as in each function.
 
-    Calibration errors and accuracy are fractions in [0, 1], NLL is in nats and Brier in [0, 2].
+    Calibration errors, accuracy, AURC and AUGRC are fractions in [0, 1], NLL is in nats and Brier
+    in [0, 2].
 
     Args:
         probs: probabilities, shape (N, C); rows sum to 1. Numpy array or torch tensor.
@@ -141,4 +158,6 @@ def compute_all(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 15) -> d
         "cwece": _cwece_compute(p, y, num_bins),
         "nll": _nll_compute(p, y),
         "brier": _brier_compute(p, y),
+        "aurc": _aurc_compute(confidences, correct),
+        "augrc": _augrc_compute(confidences, correct),
     }

@@ -1,8 +1,9 @@
 """The report: every table and figure regenerated from whatever the store holds.
 
 Tables (Markdown and LaTeX, mean ± 95% CI or ± std over seeds, the best mean of each metric in bold)
-go to ``<out>/tables/<study>_<dataset>_<arch>.{md,tex}``; figures (reliability diagrams with per-bin counts,
-and each study's own figure) to ``<out>/figures/``. Rows are the studies' labels in their order.
+go to ``<out>/tables/<study>_<dataset>_<arch>.{md,tex}``; figures (reliability diagrams with per-bin counts
+and Clopper–Pearson intervals, and each study's own figure) to ``<out>/figures/``. Rows are the studies'
+labels in their order.
 Tables depend only on the stored rows, so regenerating them from the same store gives the same bytes.
 """
 
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as pads
 
+from calib.metrics import clopper_pearson
 from calib.report import figures
 from calib.report.published import published_ece
 from calib.report.steps import report_step
@@ -32,7 +34,7 @@ from calib.store import read_history, read_trials
 __all__ = ["KNOWN_STUDIES", "build_report", "pooled_bins"]
 
 FULL = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_nll": "NLL",
-        "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE"}
+        "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_aurc": "AURC", "test_augrc": "AUGRC"}
 SHORT = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
 # study -> (the script that runs it, the metrics of its table)
 KNOWN_STUDIES: dict[str, tuple[str, dict[str, str]]] = {
@@ -117,8 +119,15 @@ def latex_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread, ca
     return "\n".join(lines) + "\n"
 
 
-def pooled_bins(trials: pd.DataFrame) -> pd.DataFrame:
-    """Reliability bins pooled over seeds per label: counts summed, means weighted by counts."""
+def pooled_bins(trials: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
+    """Reliability bins pooled over seeds per label: counts summed, means weighted by counts.
+
+    One row per (label, bin) with ``label``, ``bin``, ``count``, ``confidence``, ``accuracy`` and
+    ``accuracy_lower`` / ``accuracy_upper``, the Clopper–Pearson ``level`` interval of the pooled
+    accuracy: round(Σ_seeds count·accuracy) correct of Σ_seeds count ([0, 1] for an empty bin;
+    docs/methods.md §6.10). Every seed predicts the same test images, so the pooled predictions are
+    not independent and the interval is narrower than one over independent images would be.
+    """
     rows = []
     trials = trials[trials["test_bin_count"].notna()]
     for (_, label), group in trials.groupby(["label_rank", "label"], sort=True):
@@ -127,10 +136,13 @@ def pooled_bins(trials: pd.DataFrame) -> pd.DataFrame:
         acc = np.array(group["test_bin_accuracy"].tolist(), dtype=float)
         total = counts.sum(axis=0)
         safe = np.where(total > 0, total, 1)
+        correct = np.minimum(np.rint((counts * acc).sum(axis=0)), total)
+        lower, upper = clopper_pearson(correct.astype(np.int64), total.astype(np.int64), level=level)
         for b in range(counts.shape[1]):
             rows.append({"label": label, "bin": b, "count": int(total[b]),
                          "confidence": float((counts[:, b] * conf[:, b]).sum() / safe[b]),
-                         "accuracy": float((counts[:, b] * acc[:, b]).sum() / safe[b])})
+                         "accuracy": float((counts[:, b] * acc[:, b]).sum() / safe[b]),
+                         "accuracy_lower": float(lower[b]), "accuracy_upper": float(upper[b])})
     return pd.DataFrame(rows)
 
 

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 __all__ = ["plot_bars", "plot_gamma_sensitivity", "plot_metric_against", "plot_reliability", "plot_retention"]
@@ -128,7 +129,9 @@ def plot_reliability(bins: pd.DataFrame, path: str | os.PathLike, *, title: str 
     with the number of test samples in each bin written above its bar.
 
     ``bins`` has one row per (label, bin) with ``label``, ``bin``, ``count``, ``confidence``, ``accuracy``
-    (already pooled over seeds).
+    (already pooled over seeds), and optionally ``accuracy_lower`` / ``accuracy_upper``, drawn as error
+    bars on the accuracy bars of the non-empty bins (the Clopper–Pearson intervals of
+    :func:`calib.report.build.pooled_bins`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,9 +148,18 @@ def plot_reliability(bins: pd.DataFrame, path: str | os.PathLike, *, title: str 
         ax.bar(centres, rows["confidence"] - rows["accuracy"], bottom=rows["accuracy"], width=width,
                color="C3", alpha=0.3, label="gap")
         ax.plot([0, 1], [0, 1], "k--", lw=1)
-        for x, acc, count in zip(centres, rows["accuracy"], rows["count"], strict=True):
+        tops = rows["accuracy"].to_numpy(dtype=float)
+        if {"accuracy_lower", "accuracy_upper"} <= set(rows.columns):
+            filled = rows["count"].to_numpy() > 0
+            acc = tops[filled]
+            lower = rows["accuracy_lower"].to_numpy(dtype=float)[filled]
+            upper = rows["accuracy_upper"].to_numpy(dtype=float)[filled]
+            ax.errorbar(centres[filled], acc, yerr=np.clip([acc - lower, upper - acc], 0, None), fmt="none",
+                        ecolor="k", elinewidth=0.8, capsize=1.5, label="95% CI")
+            tops = np.where(filled, np.maximum(tops, rows["accuracy_upper"].to_numpy(dtype=float)), tops)
+        for x, top, count in zip(centres, tops, rows["count"], strict=True):
             if count:
-                ax.text(x, min(acc, 0.92) + 0.02, str(int(count)), ha="center", fontsize=6, rotation=90)
+                ax.text(x, min(top, 0.92) + 0.02, str(int(count)), ha="center", fontsize=6, rotation=90)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
         ax.set_title(str(label), fontsize=9)

@@ -63,6 +63,10 @@ class ExecutionOptions:
     checkpoint_min_seconds: float = 60.0
     configs_per_trial: int | None = None
     verbose: bool = True
+    log_to: tuple[str, ...] = ()
+    tracking: Any = None
+    """The trackers of ``--log-to``, and (set by the driver when the run starts) where their runs go:
+    :class:`calib.tracking.TrackingSettings`."""
 
     def resources(self, role: str) -> dict[str, float]:
         """The Ray resource request of a ``"stage1"`` or a ``"cached"`` trial."""
@@ -153,6 +157,15 @@ def _artifact_notes(notes: list[str]) -> Iterator[None]:
                     warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
+def _store(store: str, result: TrialResult, options: ExecutionOptions, node_id: str | None, **kwargs: Any) -> None:
+    """Log the trial's runs to the ``--log-to`` trackers (their ids go into the row), then write its row."""
+    if options.tracking is not None:
+        from calib.tracking import log_trial
+
+        result.tracker_runs = log_trial(options.tracking, result)
+    write_result(store, result, node_id=node_id, **kwargs)
+
+
 def execute(config: dict[str, Any], store: str, options: ExecutionOptions,
              report_epochs: bool = False) -> dict[str, Any]:
     """Run one trial and store it; a failure is stored as a ``failed`` row and re-raised for Tune.
@@ -170,9 +183,9 @@ def execute(config: dict[str, Any], store: str, options: ExecutionOptions,
         with _artifact_notes(notes):
             result = run_trial(cfg, on_checkpoint=on_checkpoint, resume=resume)
     except Exception as err:
-        write_result(store, TrialResult.failed(cfg, err, started), node_id=node_id)
+        _store(store, TrialResult.failed(cfg, err, started), options, node_id)
         raise
-    write_result(store, result, node_id=node_id)
+    _store(store, result, options, node_id)
     final = {**result.metrics, "calib_trial_id": result.trial_id, "calib_notes": "\n".join(notes),
              "calib_results": json.dumps([summary(result)])}
     if report_epochs:
@@ -213,7 +226,7 @@ def execute_population(configs: Sequence[dict[str, Any]], store: str, options: E
         if not pending:
             break
         with _artifact_notes(notes):
-            results = run_trials(pending, on_result=lambda r: write_result(store, r, node_id=node_id, known_new=True))
+            results = run_trials(pending, on_result=lambda r: _store(store, r, options, node_id, known_new=True))
         summaries.update({r.trial_id: summary(r) for r in results})
         pending = [c for c, r in zip(pending, results, strict=True) if r.status != "ok"]
     ordered = [summaries[i] for i in ids]

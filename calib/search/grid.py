@@ -5,6 +5,7 @@ Before anything is scheduled, trials already in the store are skipped: re-runnin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -111,6 +112,10 @@ def run_grid(
     parsed = [parse_trial_config(config) for config in configs]
     manifest = manifest_of([parse_trial_config(config) for config in table] if table else parsed)
     check_address(options.address)
+    if options.log_to and options.tracking is None:
+        from calib.tracking import start_study
+
+        options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
     storage.check_writable(store)
     check_manifest(store, study, manifest)
     ids = [trial_id(c) for c in parsed]

@@ -207,6 +207,10 @@ def run_search(
                                   "base": space.base})
     manifest["constant"] = {k: v for k, v in manifest["constant"].items() if k not in space.parameters}
     check_address(options.address)
+    if options.log_to and options.tracking is None:
+        from calib.tracking import start_study
+
+        options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
     storage.check_writable(store)
     check_manifest(store, study, manifest)
     modes = ["max" if higher_is_better(o.removeprefix("val_")) else "min" for o in objectives]

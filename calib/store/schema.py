@@ -64,6 +64,10 @@ RUN = [
     ("test_bin_count", pa.list_(pa.int64()), "test reliability diagram: samples per equal-width bin"),
     ("test_bin_confidence", pa.list_(pa.float64()), "test reliability diagram: mean confidence per bin"),
     ("test_bin_accuracy", pa.list_(pa.float64()), "test reliability diagram: accuracy per bin"),
+    ("test_bin_accuracy_lower", pa.list_(pa.float64()),
+     "test reliability diagram: lower end of the Clopper-Pearson 95% interval of each bin's accuracy (0 if empty)"),
+    ("test_bin_accuracy_upper", pa.list_(pa.float64()),
+     "test reliability diagram: upper end of the Clopper-Pearson 95% interval of each bin's accuracy (1 if empty)"),
     ("num_bins", pa.int64(), "bins of the binned calibration metrics"),
     ("status", pa.string(), "ok, failed, or pruned (a search's scheduler stopped it during Stage I)"),
     ("error", pa.string(), "the exception of a failed trial, null when ok"),
@@ -104,6 +108,9 @@ RUN = [
     ("cuda_visible_devices", pa.string(), "CUDA_VISIBLE_DEVICES the trial's process saw (Ray's GPU assignment)"),
     ("node_id", pa.string(), "Ray node id, null outside Ray"),
     ("config_json", pa.string(), "the full trial config as JSON (paths included)"),
+    ("mlflow_run_id", pa.string(), "the trial's MLflow run (--log-to mlflow), a child of its study's run"),
+    ("tensorboard_run", pa.string(), "the trial's TensorBoard run folder (--log-to tensorboard)"),
+    ("wandb_run_id", pa.string(), "the trial's Weights & Biases run id (--log-to wandb), in its study's group"),
 ]
 HISTORY_COLUMNS = [
     ("trial_id", pa.string(), "the trial"),

@@ -1,6 +1,7 @@
 """Report tables: bold best per column by the metric's direction, LaTeX escaping, the published column."""
 
 import pandas as pd
+import pytest
 
 from calib.report.build import _published_column, latex_table, markdown_table
 from calib.report.published import PUBLISHED_ECE, published_ece
@@ -60,3 +61,42 @@ def test_cost_table():
                            "stage1_train_seconds": [10.0, 12.0, 21.0], "method_seconds": [0.0, 0.0, 1.0]})
     assert cost_table(trials).splitlines()[2:] == ["| CE | 11.0 | 0.00 | 11.0 | 1.00 |",
                                                    "| MIT | 21.0 | 1.00 | 22.0 | 2.00 |"]
+
+
+def test_selective_metrics_in_the_methods_table():
+    from calib.report.build import FULL
+    from calib.report.tables import is_fraction_metric
+
+    assert FULL["test_aurc"] == "AURC" and FULL["test_augrc"] == "AUGRC"
+    assert not column_higher_is_better("test_aurc") and not column_higher_is_better("val_augrc")
+    assert is_fraction_metric("test_aurc") and is_fraction_metric("test_augrc")
+
+
+def test_pooled_bins_with_clopper_pearson_intervals(tmp_path):
+    from scipy import stats
+
+    from calib.report.build import pooled_bins
+    from calib.report.figures import plot_reliability
+
+    # Two seeds of one row, 3 bins. Bin 0: empty. Bin 1: 4 of 8 right + 1 of 2 -> 5 of 10 pooled.
+    # Bin 2: 10 of 10 + 0 of 0 -> 10 of 10 (upper 1, lower 0.025^(1/10)).
+    trials = pd.DataFrame({
+        "label_rank": [0, 0], "label": ["CE", "CE"],
+        "test_bin_count": [[0, 8, 10], [0, 2, 0]],
+        "test_bin_confidence": [[0.0, 0.6, 0.9], [0.0, 0.7, 0.0]],
+        "test_bin_accuracy": [[0.0, 0.5, 1.0], [0.0, 0.5, 0.0]],
+    })
+    bins = pooled_bins(trials)
+    assert list(bins.columns) == ["label", "bin", "count", "confidence", "accuracy", "accuracy_lower",
+                                  "accuracy_upper"]
+    assert bins["count"].tolist() == [0, 10, 10]
+    assert bins["confidence"].tolist() == pytest.approx([0.0, (8 * 0.6 + 2 * 0.7) / 10, 0.9], abs=1e-12)
+    assert bins["accuracy"].tolist() == pytest.approx([0.0, 0.5, 1.0], abs=1e-12)
+    lower = [0.0, stats.beta(5, 6).ppf(0.025), 0.025 ** (1 / 10)]
+    assert bins["accuracy_lower"].tolist() == pytest.approx(lower, abs=1e-12)
+    assert bins["accuracy_upper"].tolist() == pytest.approx([1.0, stats.beta(6, 5).ppf(0.975), 1.0], abs=1e-12)
+    path = plot_reliability(bins, tmp_path / "reliability.png", title="t")
+    assert path.stat().st_size > 0
+    # without the interval columns (a caller's own bins) the diagram is drawn as before
+    plain = plot_reliability(bins.drop(columns=["accuracy_lower", "accuracy_upper"]), tmp_path / "plain.png")
+    assert plain.stat().st_size > 0

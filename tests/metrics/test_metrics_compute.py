@@ -8,7 +8,7 @@ import pytest
 import calib.metrics as metrics
 from calib.metrics import METRICS, MetricSpec, compute_all, higher_is_better
 
-NAMES = ["accuracy", "ece", "aece", "mce", "oece", "uece", "cwece", "nll", "brier"]
+NAMES = ["accuracy", "ece", "aece", "mce", "oece", "uece", "cwece", "nll", "brier", "aurc", "augrc"]
 
 
 def test_names() -> None:
@@ -41,6 +41,8 @@ def test_worked_example(worked: tuple[np.ndarray, np.ndarray]) -> None:
         "uece": 0.05,
         "cwece": 5.1 / 18,
         "brier": 2.63 / 6,
+        "aurc": 67 / 360,
+        "augrc": 5 / 36,
     }
     for name, value in expected.items():
         assert result[name] == pytest.approx(value, abs=1e-12), name
@@ -76,7 +78,8 @@ def test_errors(worked: tuple[np.ndarray, np.ndarray]) -> None:
     ):
         higher_is_better("eec")
     with pytest.raises(
-        KeyError, match=r"Valid metric names: accuracy, ece, aece, mce, oece, uece, cwece, nll, brier\."
+        KeyError,
+        match=r"Valid metric names: accuracy, ece, aece, mce, oece, uece, cwece, nll, brier, aurc, augrc\.",
     ):
         higher_is_better("ece_pct")
     with pytest.raises(ValueError, match=r"^`num_bins` must be an integer >= 1, got num_bins=0\.$"):

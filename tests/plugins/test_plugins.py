@@ -120,16 +120,6 @@ class TestUsePlugin:
         assert "broken_plugin" not in sys.modules
         assert "broken_plugin" not in os.environ.get("CALIB_PLUGINS", "")
 
-    def test_a_failing_plugin_exits_2_before_any_trial(self, tmp_path):
-        broken = tmp_path / "broken_plugin.py"
-        broken.write_text("import torch\nraise ImportError('needs a package that is not installed')\n")
-        done = _run("studies/compare_methods.py", "--plugin", str(broken), "--store", str(tmp_path / "store"))
-        assert done.returncode == 2, done.stderr
-        assert done.stderr.strip().splitlines() == [
-            f"error: The plugin {str(broken)!r} failed to import: ImportError: needs a package that is not installed "
-            f"({broken}, line 2). Fix it, or uninstall it / leave out --plugin."]
-        assert not (tmp_path / "store").exists()
-
 
 @pytest.fixture
 def installed_plugin(tmp_path):
@@ -171,7 +161,7 @@ def test_plugins_reach_every_ray_worker(installed_plugin, tmp_path):
     module.write_text(MODULE_PLUGIN)
     store, data = tmp_path / "store", tmp_path / "data"
     done = _run(str(REPO / "studies" / "compare_methods.py"), "--plugin", str(module), "--datasets", "demo-blobs",
-                "--archs", "demo_mlp", "--methods", "Vanilla (CE)", "CE+TS", "--seeds", "1", "2", "--epochs", "2",
+                "--archs", "demo_mlp", "--methods", "Vanilla (CE)", "--seeds", "1", "2", "--epochs", "2",
                 "--cpus-per-trial", "1",
                 "--store", str(store), "--data-root", str(data), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -182,7 +172,7 @@ def test_plugins_reach_every_ray_worker(installed_plugin, tmp_path):
     import pandas as pd
 
     trials = pd.read_parquet(store / "trials")
-    assert len(trials) == 4 and set(trials["status"]) == {"ok"}
+    assert len(trials) == 2 and set(trials["status"]) == {"ok"}
     source = module.read_bytes()
     import hashlib
 

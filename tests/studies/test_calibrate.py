@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,11 +41,14 @@ def calibrated(tmp_path_factory):
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=3).eval()
     torch.save(model.state_dict(), tmp / "resnet18.pt")
+    trackers = {"MLFLOW_TRACKING_URI": (tmp / "mlruns").as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true",
+                "CALIB_TENSORBOARD_DIR": str(tmp / "tb")}
     done = subprocess.run(
         [sys.executable, str(ROOT / "studies" / "calibrate.py"), "--checkpoint", str(tmp / "resnet18.pt"),
          "--arch", "torchvision:resnet18", "--datasets", "imagefolder", "--data-root", str(tmp / "images"),
          "--image-size", "16", "--methods", "Uncalibrated", "TS", "TST", "--seeds", "1", "2", "--stage2-epochs", "2",
-         "--store", str(tmp / "store")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+         "--log-to", "mlflow", "--log-to", "tensorboard", "--store", str(tmp / "store")],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, **trackers})
     return tmp, model, done
 
 
@@ -83,3 +87,25 @@ def test_the_report_regenerates_the_calibrate_table(calibrated):
     assert report.returncode == 0, report.stderr[-3000:]
     table = (tmp / "store" / "report" / "tables" / "calibrate_imagefolder_torchvision:resnet18.md").read_text()
     assert "| Uncalibrated |" in table and "| TS |" in table and "| TST |" in table
+
+
+@pytest.mark.ray
+def test_the_study_is_followed_in_mlflow_and_tensorboard(calibrated, monkeypatch):
+    """--log-to through Ray: each worker logs its trials as child runs of the study's run; rows hold the ids."""
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tmp, _, done = calibrated
+    assert done.returncode == 0
+    trials = pd.read_parquet(tmp / "store" / "trials")
+    client = MlflowClient(tracking_uri=(tmp / "mlruns").as_uri())
+    (parent,) = client.search_runs([client.get_experiment_by_name("calibrate").experiment_id],
+                                   filter_string="tags.`calib.parent` = 'calibrate'")
+    for _, row in trials.iterrows():
+        run = client.get_run(row["mlflow_run_id"])
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert (run.data.tags["trial_id"], run.data.tags["arch"]) == (row["trial_id"], "torchvision:resnet18")
+        assert run.data.metrics["test_ece"] == pytest.approx(row["test_ece"])
+        assert Path(row["tensorboard_run"]) == tmp / "tb" / "calibrate" / row["trial_id"]
+        assert any(Path(row["tensorboard_run"]).glob("events.out.tfevents.*"))
+    assert trials["wandb_run_id"].isna().all()
