@@ -181,10 +181,6 @@ class Stage1Source:
               "be null unless kind is 'checkpoint'")
 
 
-TRAINED_STAGE1 = ("loss", "stage1.mixup_alpha", "stage1.mit_alpha")
-"""What only a Stage I that calib trains has: a config of another source must leave these at their defaults."""
-
-
 @dataclass(frozen=True)
 class Component:
     """A registered name plus its validated config dataclass (a loss or a method)."""

@@ -72,12 +72,11 @@ class TrialResult:
     pruned_epoch: int | None = None
     tracker_runs: dict[str, str] = field(default_factory=dict)
     """The ``--log-to`` runs of the trial by store column (``mlflow_run_id``, ``tensorboard_run``, ``wandb_run_id``)."""
-    plugins: list[str] = field(default_factory=list)
-    """``"<module> <version>"`` of the plugins whose components the trial used (:mod:`calib.plugins`)."""
 
-    def __post_init__(self) -> None:
-        if not self.plugins:
-            self.plugins = used_plugins(self.config)
+    @property
+    def plugins(self) -> list[str]:
+        """``"<module> <version>"`` of the plugins whose components the trial used (:mod:`calib.plugins`)."""
+        return used_plugins(self.config)
 
     @classmethod
     def failed(cls, config: TrialConfig, error: BaseException, started_at: dt.datetime,

@@ -86,17 +86,12 @@ class Stage1Artifact:
     def num_features(self) -> int:
         return int(self.splits["train"].features.shape[1])
 
-    @property
-    def source_kind(self) -> str:
-        """Where this Stage I came from: "train", "checkpoint" or "features" (``TrialConfig.source``)."""
-        return str(self.record.get("source", {}).get("kind", "train"))
-
     def load_model(self, device: torch.device | str = "cpu") -> CalibModel:
         """The Stage-I model (backbone and linear head), in eval mode. A features Stage I has none."""
-        if self.source_kind == "features":
+        source = self.record.get("source", {})  # TrialConfig.source; absent for a trained Stage I
+        if source.get("kind") == "features":
             raise ConfigError(f"Stage I {self.stage1_id} is a features file: it has no model to compute the features "
                               f"of other images (OOD sets, corrupted test sets, other splits).")
-        source = self.record.get("source", {})
         model = create_model(self.record["arch"], num_classes=self.num_classes,
                              in_channels=int(self.record["input_shape"][0]), head=source.get("head"))
         model.load_state_dict(self._model_state())
