@@ -157,6 +157,10 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
                         help=f"trials on an already trained Stage I that one Ray trial runs, their Stage II "
                              f"trained together as one population; 1 runs each alone (default: "
                              f"{DEFAULT_CONFIGS_PER_TRIAL}, and 1 in a search whose space changes Stage I)")
+    parser.add_argument("--compact-every", type=int, default=1000, metavar="N",
+                        help="compact the study's result store in the background every N finished trials (its "
+                             "rows moved from one file per trial into a few large Parquet files), and once when "
+                             "the run ends; 0: only at the end")
     parser.add_argument("--epochs", type=int, default=None,
                         help=f"Stage-I epochs, every dataset (default: {_per_preset(_epochs_of)})")
     parser.add_argument("--train-size", type=int, default=None,
@@ -473,6 +477,9 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         raise ConfigError(f"`--checkpoint-every` must be >= 1 (Stage-I epochs), got {args.checkpoint_every}.")
     if args.configs_per_trial is not None and args.configs_per_trial < 1:
         raise ConfigError(f"`--configs-per-trial` must be >= 1, got {args.configs_per_trial}.")
+    if args.compact_every < 0:
+        raise ConfigError(f"`--compact-every` must be >= 0 (finished trials; 0: compact only at the end), got "
+                          f"{args.compact_every}.")
     if not args.checkpoint_min_seconds >= 0:
         raise ConfigError(f"`--checkpoint-min-seconds` must be >= 0, got {args.checkpoint_min_seconds}.")
     if preset.gpus_if_available and args.address is None and not torch.cuda.is_available():
@@ -487,7 +494,7 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         max_failures=args.max_failures,
         checkpoint_every=preset.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every,
         checkpoint_min_seconds=args.checkpoint_min_seconds,
-        configs_per_trial=args.configs_per_trial,
+        configs_per_trial=args.configs_per_trial, compact_every=args.compact_every,
         log_to=tuple(dict.fromkeys(getattr(args, "log_to", None) or ())),
     )
     check_trackers(options.log_to)

@@ -21,8 +21,8 @@ from typing import Any
 import pyarrow.fs as pafs
 
 __all__ = [
-    "check_writable", "create_exclusive", "delete", "delete_if", "download", "exists", "filesystem", "is_remote",
-    "join", "list_files", "move", "normalize", "read_bytes", "read_versioned", "replace_if", "upload",
+    "check_writable", "create_exclusive", "delete", "delete_if", "delete_many", "download", "exists", "filesystem",
+    "is_remote", "join", "list_files", "move", "normalize", "read_bytes", "read_versioned", "replace_if", "upload",
 ]
 
 
@@ -59,7 +59,15 @@ def exists(location: str) -> bool:
 
 
 def upload(local: Path, location: str) -> None:
-    """Copy the local file ``local`` to the remote ``location`` (one atomic PUT)."""
+    """Copy the local file ``local`` to the remote ``location``, which appears whole or not at all.
+
+    On S3 through boto3's managed transfer, which aborts an interrupted multipart upload (pyarrow's
+    output stream would complete it with the parts sent so far when an exception closes it).
+    """
+    if location.startswith("s3://"):
+        bucket, key = _s3_key(location)
+        _s3_client().upload_file(str(local), bucket, key)
+        return
     fs, path = filesystem(location)
     with open(local, "rb") as source, fs.open_output_stream(path) as target:
         shutil.copyfileobj(source, target, length=16 << 20)
@@ -142,6 +150,26 @@ def delete(location: str) -> None:
         _s3_client().delete_object(Bucket=bucket, Key=key)
         return
     Path(normalize(location)).unlink(missing_ok=True)
+
+
+def delete_many(locations: list[str]) -> None:
+    """Remove the files at ``locations`` (missing ones are fine): on S3 in batches of 1,000 keys per
+    request."""
+    remote = [loc for loc in locations if is_remote(loc)]
+    for loc in locations:
+        if not is_remote(loc):
+            Path(normalize(loc)).unlink(missing_ok=True)
+    by_bucket: dict[str, list[str]] = {}
+    for loc in remote:
+        bucket, key = _s3_key(loc)
+        by_bucket.setdefault(bucket, []).append(key)
+    for bucket, keys in by_bucket.items():
+        for start in range(0, len(keys), 1000):
+            answer = _s3_client().delete_objects(
+                Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
+            if answer.get("Errors"):
+                error = answer["Errors"][0]
+                raise OSError(f"S3 could not delete s3://{bucket}/{error['Key']}: {error.get('Message', error)}")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calib import storage
+from calib._holders import holder_identity, holder_is_dead
 
 __all__ = ["LEASE_ENV", "WAIT_ENV", "Claim", "ClaimSettings", "Stage1WaitTimeout", "acquire", "claim_location",
            "new_writer_id"]
@@ -78,18 +79,9 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _pid_namespace() -> int | None:
-    """The inode of this process's PID namespace: two processes with one host name may still not share
-    their PIDs (containers)."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
-
-
 def _body(stage1_id: str, holder: str, settings: ClaimSettings, renewals: int, took_over: str | None) -> bytes:
-    return json.dumps({"stage1_id": stage1_id, "holder": holder, "host": socket.gethostname(), "pid": os.getpid(),
-                       "pid_namespace": _pid_namespace(), "lease_seconds": settings.lease_seconds,
+    return json.dumps({"stage1_id": stage1_id, "holder": holder, **holder_identity(),
+                       "lease_seconds": settings.lease_seconds,
                        "renewals": renewals, "renewed_at": _now(), "took_over_from": took_over}).encode()
 
 
@@ -157,20 +149,6 @@ class Claim:
         self.release()
 
 
-def _holder_is_dead(claim: dict[str, Any]) -> bool:
-    """Whether the claim's holder is a process of this host that no longer runs (no need to wait a lease)."""
-    if (claim.get("host") != socket.gethostname() or claim.get("pid_namespace") != _pid_namespace()
-            or not isinstance(claim.get("pid"), int)):
-        return False
-    try:
-        os.kill(claim["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def _parse(data: bytes) -> dict[str, Any]:
     try:
         claim = json.loads(data)
@@ -205,8 +183,8 @@ def acquire(artifact_root: str, stage1_id: str, published: Callable[[], bool], h
         other = _parse(data)
         other_holder = str(other.get("holder", "an unknown holder"))
         lease = max(settings.lease_seconds, float(other.get("lease_seconds") or 0))  # the holder's own, if longer
-        if now - seen_since >= lease or _holder_is_dead(other):
-            why = ("is a process of this host that is gone" if _holder_is_dead(other)
+        if now - seen_since >= lease or holder_is_dead(other):
+            why = ("is a process of this host that is gone" if holder_is_dead(other)
                    else f"stopped renewing its claim {lease:g} s ago")
             token = storage.replace_if(location, _body(stage1_id, holder, settings, 0, other_holder), token)
             if token is not None:

@@ -62,6 +62,9 @@ class ExecutionOptions:
     checkpoint_every: int = 1
     checkpoint_min_seconds: float = 60.0
     configs_per_trial: int | None = None
+    compact_every: int = 1000
+    """The driver compacts the study's store (:mod:`calib.store.compaction`) in the background every
+    ``compact_every`` finished trials, and once more when the run ends; 0: only at the end."""
     verbose: bool = True
     log_to: tuple[str, ...] = ()
     tracking: Any = None

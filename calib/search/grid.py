@@ -18,7 +18,7 @@ from calib.search.display import ProgressDisplay
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions, placement, run_configs
 from calib.search.resources import wait_for_resources
 from calib.search.runtime import check_address, init_ray
-from calib.search.tuner import StudyRun, progress_callback, run_config, trial_dirname
+from calib.search.tuner import StudyRun, compact_study_store, progress_callback, run_config, trial_dirname
 from calib.store import completed_trial_ids
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
 from calib.trial import trial_id
@@ -125,6 +125,7 @@ def run_grid(
     if options.verbose:
         print(f"[{study}] {len(configs)} trials: {run.skipped} already in the store, {len(pending)} to run", flush=True)
     if not pending:
+        compact_study_store(store, study, verbose=options.verbose)
         return run
     init_ray(options.address)
     if options.address is not None:  # a cluster: some node must fit each trial (or join within the wait)
@@ -147,6 +148,7 @@ def run_grid(
         run_config=run_config(store, study, options, callbacks),
     )
     tuner.fit()
+    compact_study_store(store, study, verbose=options.verbose)
     stored = completed_trial_ids(store, study, trial_ids=[trial_id(c) for c in pending])
     run.failed = len(pending) - len(stored)
     run.seconds = time.perf_counter() - start

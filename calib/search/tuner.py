@@ -1,11 +1,13 @@
-"""What grids and searches share on the driver: the run's summary, Tune's run config, and the callback that
-turns Tune's trial events into the progress display and stores the trials a scheduler pruned."""
+"""What grids and searches share on the driver: the run's summary, Tune's run config, the callback that
+turns Tune's trial events into the progress display and stores the trials a scheduler pruned, and the
+compaction of the study's store while it runs and when it ends."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +23,8 @@ from calib.search.execution import ExecutionOptions
 from calib.store import completed_trial_ids, write_result
 from calib.trial import TrialResult, trial_id
 
-__all__ = ["StudyRun", "progress_callback", "run_config", "trial_dirname"]
+__all__ = ["StudyRun", "compact_study_store", "compaction_callback", "progress_callback", "run_config",
+           "trial_dirname"]
 
 
 @dataclass
@@ -135,6 +138,62 @@ def progress_callback(display: ProgressDisplay | None, configs_of: Callable[[dic
     return ProgressCallback()
 
 
+END_OF_RUN_WAIT_SECONDS = 120.0
+"""How long the end-of-run compaction waits for another process's compaction of the study to end."""
+
+
+def compact_study_store(store: str, study: str, *, verbose: bool, wait_seconds: float = END_OF_RUN_WAIT_SECONDS
+                        ) -> None:
+    """Compact ``study`` in ``store`` (:func:`calib.store.compaction.compact`); a failure is reported in one
+    line and never fails the study: every row stays readable in its own file."""
+    from calib.store.compaction import compact
+
+    try:
+        (report,) = compact(store, [study], wait_seconds=wait_seconds)
+    except Exception as err:
+        print(f"[{study}] compaction failed ({type(err).__name__}: {err}); the rows stay in their own files "
+              f"and are read as they are: run `python -m calib.store compact --store {store} --study {study}` "
+              f"later", flush=True)
+        return
+    if verbose and (report.skipped or report.trials_moved or report.parts_merged):
+        print(report.line(), flush=True)
+
+
+def compaction_callback(store: str, study: str, every: int) -> Any:
+    """A Tune callback that compacts ``study`` in a background thread of the driver: when the run starts
+    (what an earlier, killed run left) and every ``every`` finished trials (0: never during the run).
+    One compaction at a time; Tune's loop never waits for one, except at the end of the run for the last."""
+    from ray import tune
+
+    class CompactionCallback(tune.Callback):
+        def __init__(self) -> None:
+            self._thread: threading.Thread | None = None
+            self._finished = self._at_last = 0
+
+        def _start(self) -> None:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._at_last = self._finished
+            self._thread = threading.Thread(target=compact_study_store, args=(store, study),
+                                            kwargs={"verbose": False, "wait_seconds": 0.0},
+                                            name=f"compact-{study}", daemon=True)
+            self._thread.start()
+
+        def setup(self, **info: Any) -> None:
+            self._start()
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._finished += len(json.loads((trial.last_result or {}).get("calib_results", "[0]")))
+            if every and self._finished - self._at_last >= every:
+                self._start()
+
+        def on_experiment_end(self, trials: list, **info: Any) -> None:
+            if self._thread is not None:
+                self._thread.join()
+
+    return CompactionCallback()
+
+
 def trial_dirname(trial: Any) -> str:
     return trial.trial_id
 
@@ -147,7 +206,7 @@ def run_config(store: str, study: str, options: ExecutionOptions, callbacks: lis
         name=f"{study}-{stamp}",
         storage_path=options.storage or storage.join(store, "_ray"),
         verbose=0,
-        callbacks=callbacks,
+        callbacks=[*callbacks, compaction_callback(store, study, options.compact_every)],
         failure_config=tune.FailureConfig(max_failures=options.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
     )

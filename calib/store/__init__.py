@@ -1,5 +1,7 @@
-"""The Parquet result store: ``trials`` and ``history`` tables, one file per trial, hive-partitioned by study."""
+"""The Parquet result store: ``trials`` and ``history`` tables, hive-partitioned by study; each trial written
+to its own file, finished trials compacted into a few large parts (:mod:`calib.store.compaction`)."""
 
+from calib.store.compaction import CompactionReport, compact
 from calib.store.parquet import (
     StoreWarning,
     completed_trial_ids,
@@ -14,7 +16,9 @@ from calib.store.schema import HISTORY_COLUMNS, history_schema, trial_columns, t
 
 __all__ = [
     "HISTORY_COLUMNS",
+    "CompactionReport",
     "StoreWarning",
+    "compact",
     "completed_trial_ids",
     "history_schema",
     "read_finished",

@@ -7,6 +7,7 @@ does not apply, so every file carries the same schema and readers never drop a c
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -168,9 +169,16 @@ def trial_columns() -> list[tuple[str, pa.DataType, str]]:
 
 
 def trial_schema() -> pa.Schema:
+    """The ``trials`` schema of the losses and methods registered now (plugins add columns)."""
+    return _trial_schema(tuple(LOSSES.names()), tuple(METHODS.names()))
+
+
+@functools.lru_cache(maxsize=8)
+def _trial_schema(losses: tuple[str, ...], methods: tuple[str, ...]) -> pa.Schema:
     return pa.schema([pa.field(n, t, metadata={"description": d}) for n, t, d in trial_columns()])
 
 
+@functools.cache
 def history_schema() -> pa.Schema:
     return pa.schema([pa.field(n, t, metadata={"description": d}) for n, t, d in HISTORY_COLUMNS])
 

@@ -1,0 +1,58 @@
+"""``python -m calib.store compact``: move finished trials' rows from their own files into a few large parts.
+
+Studies compact themselves (every ``--compact-every`` finished trials and when a run ends); this command
+is for a store written by an earlier calib (one file per trial), a run that was killed, or ``--full``:
+every part below the size limit merged into one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from calib import storage
+from calib._config import ConfigError
+from calib.store.compaction import compact, stored_studies
+
+
+def _parser() -> argparse.ArgumentParser:
+    from calib.cli import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="python -m calib.store", description=__doc__.split("\n\n")[0],
+                                     formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("compact", formatter_class=HelpFormatter, help="compact a result store (all its studies)")
+    run.add_argument("--store", default="results", help="result-store directory or s3:// URI")
+    run.add_argument("--study", nargs="+", default=None, help="only these studies (default: every study)")
+    run.add_argument("--full", action="store_true",
+                     help="merge every part below the size limit, not only those of the new part's size tier")
+    run.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
+                     help="how long to wait for another process's compaction of a study before skipping it")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        store = storage.normalize(args.store)
+        studies = stored_studies(store)
+        if not studies:
+            raise ConfigError(f"No result store at {store}: it has no trials/study=<name> or history/study=<name> "
+                              f"folder. Pass --store the folder or s3:// URI the studies wrote to.")
+        unknown = [s for s in args.study or () if s not in studies]
+        if unknown:
+            raise ConfigError(f"No study {', '.join(map(repr, unknown))} in the store {store}; it holds: "
+                              f"{', '.join(studies)}.")
+        if args.wait < 0:
+            raise ConfigError(f"--wait must be >= 0 seconds, got {args.wait:g}.")
+        reports = compact(store, args.study, full=args.full, wait_seconds=args.wait)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for report in reports:
+        print(report.line())
+    return 1 if any(r.skipped for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
