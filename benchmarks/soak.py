@@ -1,6 +1,7 @@
 """Soak test of crash-safe resumption: SIGKILL the study driver at random moments, re-run, check the store.
 
     python benchmarks/soak.py --kills 10
+    python benchmarks/soak.py --kills 10 --compact-every 1 --worker-kills 2
 
 Runs ``studies/sensitivity_gamma.py`` (quick preset; 3 seeds × {vanilla, γ 0.9, γ 1} = 9 trials, 12 Stage-I
 and 100 Stage-II epochs: about 40-60 s on 2 cores, a third of it Ray's start-up) once uninterrupted into a
@@ -13,11 +14,17 @@ moment ends a *round*: its store must then equal the reference, and the next run
 (resumed runs are shorter, so a late moment needs a full-length run). After the N-th kill the last round's
 command is run to completion.
 
+With ``--compact-every N`` the study compacts its store every N finished trials (1: after every trial,
+so that kills land inside compactions), and ``--worker-kills K`` also SIGKILLs, K times per run at
+random moments, a Ray worker process that runs a trial (the study runs with ``--max-failures 3`` then,
+so that Tune retries the killed trial: from its last Stage-I checkpoint).
+
 Checked at every kill, and continuously by a reader thread while a driver runs:
   * every Parquet file under ``<store>/trials`` and ``<store>/history`` (names not starting with "."
-    or "_") reads with ``pyarrow.parquet.read_table``; ``pandas.read_parquet(<store>/trials)``,
-    ``calib.store.read_trials`` and ``read_history`` work; no trial id is stored twice; a stored trial
-    has its history file (written first);
+    or "_") reads with ``pyarrow.parquet.read_table``; a trial's own file holds that trial's rows only;
+    ``calib.store.read_trials`` and ``read_history`` read each trial once; ``pandas.read_parquet(<store>/trials)``
+    reads each trial once unless a compaction is under way or was killed (its lease
+    ``<store>/compaction/study=<study>.json`` exists); every stored trial has its history rows;
   * every Stage-I artifact directory ``<store>/artifacts/stage1/<id>/`` (``.tmp-*`` ones excepted) has
     a ``record.json`` and loadable ``model.pt`` / ``cache.pt`` (``torch.load(weights_only=True)``);
     every other visible JSON file of the store (the study manifest) parses;
@@ -172,36 +179,42 @@ def check_anytime(store: Path) -> list[str]:
                 continue
             try:
                 table = pq.read_table(path)
+            except FileNotFoundError:
+                continue  # a compaction deleted it since the listing: its rows are in a part
             except Exception as err:
                 problems.append(f"unreadable {kind} file {_stamp(path)}: {type(err).__name__}: {err}")
                 continue
             ids = table.column("trial_id").to_pylist() if "trial_id" in table.column_names else []
+            if path.name.startswith("part-"):
+                stored[kind].update(ids)
+                continue
             if ids and set(ids) != {path.stem}:
                 problems.append(f"{kind} file {path} holds trial ids {sorted(set(ids))}, not {path.stem}")
             if kind == "trials" and len(ids) != 1:
                 problems.append(f"trials file {path} has {len(ids)} rows")
-            if path.stem in stored[kind]:
-                problems.append(f"trial {path.stem} has two {kind} files (second: {path})")
             stored[kind].add(path.stem)
-    for missing in sorted(stored["trials"] - stored["history"]):
-        problems.append(f"trial {missing} is stored without its history file")
     trials = None
     try:
         if (store / "trials").exists():
+            compacting = any((store / "compaction").glob("study=*.json"))
             # A table directory whose only files are hidden temporaries reads as a frame without columns.
             frame = pd.read_parquet(store / "trials")
             if "trial_id" in frame.columns:
                 dup = frame["trial_id"][frame["trial_id"].duplicated()]
-                if len(dup):
-                    problems.append(f"pandas.read_parquet(trials) sees trial ids twice: {sorted(set(dup))}")
+                if len(dup) and not compacting:
+                    problems.append(f"pandas.read_parquet(trials) sees trial ids twice with no compaction under way "
+                                    f"or killed: {sorted(set(dup))}")
             elif stored["trials"]:
                 problems.append(f"pandas.read_parquet(trials) sees no trial_id column but {len(stored['trials'])} "
-                                "trial files")
+                                "stored trials")
         trials = read_trials(store)
         dup = trials["trial_id"][trials["trial_id"].duplicated()]
         if len(dup):
             problems.append(f"read_trials sees trial ids twice: {sorted(set(dup))}")
-        read_history(store)
+        history = read_history(store, columns=["trial_id"])
+        pruned_or_failed = set(trials.loc[trials["status"] != "ok", "trial_id"])
+        for missing in sorted(set(trials["trial_id"]) - set(history["trial_id"]) - pruned_or_failed):
+            problems.append(f"trial {missing} is stored without its history rows")
     except Exception as err:
         problems.append(f"reading the store failed: {type(err).__name__}: {err}")
     problems += check_artifacts(store)
@@ -377,17 +390,44 @@ def phase_of(log_text: str, store: Path, num_seeds: int) -> str:
     return "stage I" if len(artifacts) < num_seeds else "stage II"
 
 
+class WorkerKiller(threading.Thread):
+    """SIGKILLs ``kills`` times, at moments drawn in [1 s, ``span`` s], a Ray worker of session ``sid`` that
+    runs a trial (its command line names a Tune trainable, ``ray::ImplicitFunc`` or ``ray::_Inner``)."""
+
+    def __init__(self, sid: int, kills: int, span: float, rng: random.Random) -> None:
+        super().__init__(daemon=True)
+        self.sid, self.moments, self.rng = sid, sorted(rng.uniform(1.0, span) for _ in range(kills)), rng
+        self.stop = threading.Event()
+        self.killed: list[str] = []
+
+    def run(self) -> None:
+        start = time.monotonic()
+        for moment in self.moments:
+            if self.stop.wait(max(0.0, moment - (time.monotonic() - start))):
+                return
+            workers = [p for p in session_members(self.sid)
+                       if p.args.startswith(("ray::ImplicitFunc", "ray::_Inner")) and "IDLE" not in p.args]
+            if workers:
+                victim = self.rng.choice(workers)
+                sigkill(victim.pid)
+                self.killed.append(f"{time.monotonic() - start:.1f} s {victim.args[:40]}")
+
+
 class Driver:
     """Starts the study command in its own session and ends it (on exit or by SIGKILL of the session)."""
 
-    def __init__(self, command: list[str], workdir: Path, num_seeds: int, grace: float, watch_interval: float) -> None:
+    def __init__(self, command: list[str], workdir: Path, num_seeds: int, grace: float, watch_interval: float,
+                 worker_kills: int = 0, rng: random.Random | None = None) -> None:
         self.command, self.workdir, self.num_seeds = command, workdir, num_seeds
         self.grace, self.watch_interval = grace, watch_interval
+        self.worker_kills, self.rng = worker_kills, rng or random.Random(0)
         self.runs = 0
         self.reads = 0
         self.watch_problems: list[str] = []
+        self.workers_killed: list[str] = []
+        self.span = 60.0  # worker-kill moments: within the last full run's duration, once known
 
-    def run(self, store: Path, kill_after: float | None, timeout: float) -> Run:
+    def run(self, store: Path, kill_after: float | None, timeout: float, kill_workers: bool = True) -> Run:
         """Run the command on ``store``; SIGKILL its session after ``kill_after`` s unless it ended before."""
         self.runs += 1
         logfile = self.workdir / f"run-{self.runs:03d}.log"
@@ -399,6 +439,10 @@ class Driver:
                 [*self.command, "--store", str(store)], cwd=self.workdir, env=env, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
         watcher.start()
+        killer = None
+        if self.worker_kills and kill_workers:
+            killer = WorkerKiller(proc.pid, self.worker_kills, min(self.span, kill_after or self.span), self.rng)
+            killer.start()
         ray_sessions: set[str] = set()
         rc: int | None
         phase = ""
@@ -418,6 +462,10 @@ class Driver:
             seconds = time.monotonic() - start
             watcher.stop.set()
             watcher.join()
+            if killer is not None:
+                killer.stop.set()
+                killer.join()
+                self.workers_killed += killer.killed
         self.reads += watcher.reads
         self.watch_problems += [p for p in watcher.problems if p not in self.watch_problems]
         # A run that exited by itself gets a longer grace: a normal exit shuts local Ray down.
@@ -461,14 +509,19 @@ def soak(args: argparse.Namespace, workdir: Path) -> tuple[bool, str]:
     command = [sys.executable, str(STUDY_SCRIPT), "--preset", "quick", "--data-root", str(workdir / "data"),
                "--seeds", *map(str, args.seeds), "--gammas", *map(str, args.gammas),
                "--epochs", str(args.epochs), "--stage2-epochs", str(args.stage2_epochs)]
-    driver = Driver(command, workdir, len(args.seeds), args.grace, args.watch_interval)
+    if args.compact_every is not None:
+        command += ["--compact-every", str(args.compact_every)]
+    if args.worker_kills:
+        command += ["--max-failures", "3"]
     rng = random.Random(args.seed)
+    driver = Driver(command, workdir, len(args.seeds), args.grace, args.watch_interval, args.worker_kills,
+                    random.Random(args.seed + 1))
     failures: list[str] = []
     stray: list[str] = []
     stragglers = 0
 
     log(f"reference run: {' '.join(command)} --store {workdir / 'reference'}")
-    ref_run = driver.run(workdir / "reference", None, timeout=args.timeout)
+    ref_run = driver.run(workdir / "reference", None, timeout=args.timeout, kill_workers=False)
     stray += ref_run.cleanup.stray
     if ref_run.rc != 0:
         log(f"the reference run exited with {ref_run.rc}:\n{_tail(ref_run.log)}")
@@ -477,6 +530,7 @@ def soak(args: argparse.Namespace, workdir: Path) -> tuple[bool, str]:
     if problems := check_anytime(workdir / "reference"):
         failures += [f"reference store: {p}" for p in problems]
     full_runs = [ref.seconds]  # durations of uninterrupted runs from an empty store: the machine's load varies
+    driver.span = 0.9 * ref.seconds
     strata = kill_strata(rng, args.kills)
     log(f"reference: {len(ref.trials)} trials, {len(ref.history)} history rows, {len(ref.artifacts)} Stage-I "
         f"artifacts in {ref.seconds:.1f} s; kill moments ~ U(1 s, {args.span:g} × the last full run's duration), "
@@ -545,6 +599,7 @@ def soak(args: argparse.Namespace, workdir: Path) -> tuple[bool, str]:
     full = f"{min(full_runs):.1f}-{max(full_runs):.1f} s runs" if len(full_runs) > 1 else f"a {ref.seconds:.1f} s run"
     line = (f"soak: {len(kills)} kills in {rounds} round{'s' * (rounds != 1)} (at {span} of {full}; "
             f"{', '.join(f'{p} {phases[p]}' for p in order if phases[p])}), "
+            f"{len(driver.workers_killed)} Ray workers SIGKILLed, "
             f"{len(ref.trials)} trials each stored once, all files readable at every kill and in {driver.reads} "
             f"reads while running, metrics identical to the uninterrupted run (max |Δ| {max_delta:.3g}), "
             f"{len(stray)} stray processes ({stragglers} session processes SIGKILLed after the driver)")
@@ -575,6 +630,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watch-interval", type=float, default=2.0,
                         help="seconds between the reader's checks while a driver runs (default 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="limit of an uninterrupted run (default 600 s)")
+    parser.add_argument("--compact-every", type=int, default=None,
+                        help="the study's --compact-every (1: a compaction after every finished trial)")
+    parser.add_argument("--worker-kills", type=int, default=0,
+                        help="SIGKILLs of a Ray worker running a trial per run, at random moments (default 0)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 

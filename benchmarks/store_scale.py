@@ -17,9 +17,9 @@ the study-start check (:func:`calib.store.completed_trial_ids` of every trial id
 :func:`calib.search.run_grid` runs first), and ``studies/report.py`` (:func:`calib.report.build_report`,
 its tables and figures included). ``--backends s3`` runs the same against moto's S3 server on loopback.
 
-Also printed: trials written per second with compaction running, the same for the first 2,000 trials
-written one file per trial with no stored-check and no compaction (an upper bound for the writer before
-compaction existed, whose stored-check read every file of the study), and bytes per trial of each table.
+Also printed: trials written per second with compaction running; the writer alone (2,000 trials into a
+fresh store, no compaction) beside the writer before compaction existed, whose stored-check read every
+trial file of the study (20 trials into that store); files and bytes per trial of each table.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import hashlib
 import itertools
+import logging
 import multiprocessing
 import os
 import pickle
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -134,23 +136,51 @@ def tree_bytes(location: str) -> tuple[int, int]:
     return len(infos), sum(i.size for i in infos)
 
 
-def write_store(pool: Any, store: str, trials: int, writers: int, compact_every: int) -> float:
-    """Write ``trials`` trials into ``store`` from the pool, compacting as a driver does; seconds."""
+def write_in_parallel(pool: Any, store: str, start: int, stop: int, writers: int, known_new: bool = False) -> None:
+    bounds = [start + (stop - start) * w // writers for w in range(writers + 1)]
+    pool.map(_write_range, [(store, a, b, known_new) for a, b in itertools.pairwise(bounds) if b > a])
+
+
+def write_store(pool: Any, store: str, trials: int, writers: int, compact_every: int) -> tuple[float, float]:
+    """Write ``trials`` trials into ``store`` from the pool, compacting in a thread as a driver does;
+    (seconds in all, seconds compacting)."""
     start = time.perf_counter()
+    compacting = [0.0]
+
+    def timed_compaction() -> None:
+        began = time.perf_counter()
+        compact(store, [STUDY])
+        compacting[0] += time.perf_counter() - began
+
     compaction: threading.Thread | None = None
     step = compact_every or trials
     for chunk in range(0, trials, step):
-        stop = min(trials, chunk + step)
-        bounds = [chunk + (stop - chunk) * w // writers for w in range(writers + 1)]
-        pool.map(_write_range, [(store, a, b, False) for a, b in itertools.pairwise(bounds) if b > a])
+        write_in_parallel(pool, store, chunk, min(trials, chunk + step), writers)
         if compaction is not None:
             compaction.join()
-        compaction = threading.Thread(target=compact, args=(store, [STUDY]))
+        compaction = threading.Thread(target=timed_compaction)
         compaction.start()
     if compaction is not None:
         compaction.join()
-    compact(store, [STUDY])
-    return time.perf_counter() - start
+    timed_compaction()
+    return time.perf_counter() - start, compacting[0]
+
+
+def writer_rates(pool: Any, root: str, writers: int) -> tuple[int, float, float]:
+    """Trials per second of the writer alone (no compaction) over 2,000 trials written one file per trial,
+    and of the writer before compaction existed, whose stored-check read every trial file of the study,
+    over 20 more trials into the same store (its cost grows with the study)."""
+    store = storage.join(root, "one-file-per-trial")
+    sample = 2000
+    start = time.perf_counter()
+    write_in_parallel(pool, store, 0, sample, writers)
+    alone = sample / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for index in range(sample, sample + 20):
+        result = trial(index)
+        if result.trial_id not in completed_trial_ids(store, STUDY, trial_ids=[result.trial_id]):
+            write_result(store, result, known_new=True)
+    return sample, alone, 20 / (time.perf_counter() - start)
 
 
 def one_file_copy(store: str, target: str) -> None:
@@ -198,6 +228,7 @@ def run_backend(backend: str, sizes: list[int], args: argparse.Namespace, workdi
         import boto3
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()
@@ -211,20 +242,21 @@ def run_backend(backend: str, sizes: list[int], args: argparse.Namespace, workdi
             for size in sizes:
                 root = f"s3://bench/n{size}" if backend == "s3" else str(workdir / f"n{size}")
                 store, reference = storage.join(root, "store"), storage.join(root, "one-file")
-                seconds = write_store(pool, store, size, args.writers, args.compact_every)
-                plain = storage.join(root, "one-file-per-trial")
-                sample = min(size, 2000)
-                start = time.perf_counter()
-                bounds = [sample * w // args.writers for w in range(args.writers + 1)]
-                pool.map(_write_range, [(plain, a, b, True) for a, b in itertools.pairwise(bounds)])
-                plain_seconds = time.perf_counter() - start
+                reused = args.reuse and storage.exists(storage.join(store, "trials"))
+                if not reused:
+                    seconds, compacting = write_store(pool, store, size, args.writers, args.compact_every)
+                    sample, alone, before = writer_rates(pool, root, args.writers)
                 one_file_copy(store, reference)
                 files = {t: tree_bytes(storage.join(store, t)) for t in ("trials", "history")}
                 print(f"\n## {backend}, {size:,} trials ({args.writers} writers, compaction every "
                       f"{args.compact_every})\n")
-                print(f"- written: {size / seconds:,.0f} trials/s with compaction ({seconds:.1f} s); one file "
-                      f"per trial, no check, no compaction: {sample / plain_seconds:,.0f} trials/s "
-                      f"(first {sample:,})")
+                if reused:
+                    print("- written: (a store of an earlier run, --reuse)")
+                else:
+                    print(f"- written: {size / seconds:,.0f} trials/s with compaction running ({seconds:.1f} s, "
+                          f"{compacting:.1f} s of it compacting in the driver's thread)")
+                    print(f"- the writer alone, over {sample:,} trials: {alone:,.1f} trials/s; the writer before "
+                          f"compaction (its stored-check read all {sample:,} files): {before:,.2f} trials/s")
                 for table, (count, size_bytes) in files.items():
                     print(f"- {table}: {count} files, {size_bytes / 1e6:,.1f} MB, {size_bytes / size:,.0f} bytes "
                           f"per trial")
@@ -247,13 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="best of this many runs per reader")
     parser.add_argument("--workdir", default=None, help="where stores are built (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the stores")
+    parser.add_argument("--reuse", action="store_true", help="measure the readers on stores an earlier --keep run "
+                                                             "built in --workdir instead of writing them again")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="calib-store-scale-"))
     workdir.mkdir(parents=True, exist_ok=True)
     _BASE.extend(base_results(workdir))
     print(f"store_scale: {len(_BASE)} base rows ({', '.join(r.config.label for r in _BASE)}), "
           f"{len(_BASE[1].history)} history rows per MaC-Cal trial; {os.cpu_count()} CPUs; workdir {workdir}")
-    print(f"python {sys.version.split()[0]}, pyarrow {pq.__dict__.get('__version__', '')}".rstrip(", "))
+    print(f"python {sys.version.split()[0]}, pyarrow {pa.__version__}, pandas {pd.__version__}")
     for backend in args.backends:
         run_backend(backend, args.trials, args, workdir)
     return 0

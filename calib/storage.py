@@ -22,7 +22,8 @@ import pyarrow.fs as pafs
 
 __all__ = [
     "check_writable", "create_exclusive", "delete", "delete_if", "delete_many", "download", "exists", "filesystem",
-    "is_remote", "join", "list_files", "move", "normalize", "read_bytes", "read_versioned", "replace_if", "upload",
+    "is_remote", "join", "list_files", "list_names", "move", "normalize", "read_bytes", "read_versioned", "replace_if",
+    "upload", "write_bytes",
 ]
 
 
@@ -131,6 +132,39 @@ def list_files(location: str) -> list[str]:
     fs, path = filesystem(location)
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     return sorted(info.path[len(path) + 1:] for info in infos if info.type == pafs.FileType.File)
+
+
+def write_bytes(location: str, data: bytes) -> None:
+    """Write ``data`` at ``location`` so that readers see the old file or the new one, never a part:
+    locally through a temporary name, fsync and a rename; on an object store in one PUT."""
+    if is_remote(location):
+        fs, path = filesystem(location)
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+        return
+    path = Path(normalize(location))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_in_place(path, data)
+
+
+def list_names(folder: str, prefix: str) -> list[tuple[str, int]]:
+    """``(name, size)`` of the files directly in ``folder`` whose name starts with ``prefix``, sorted; an
+    object store lists only those keys (a prefix request), not the whole folder."""
+    if folder.startswith("s3://"):
+        bucket, key = _s3_key(folder.rstrip("/") + "/" + prefix)
+        pages = _s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key, Delimiter="/")
+        return sorted((item["Key"].rpartition("/")[2], item["Size"]) for page in pages
+                      for item in page.get("Contents", []))
+    if is_remote(folder):
+        fs, path = filesystem(folder)
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        return sorted((i.base_name, i.size) for i in infos
+                      if i.type == pafs.FileType.File and i.base_name.startswith(prefix))
+    try:
+        with os.scandir(normalize(folder)) as entries:
+            return sorted((e.name, e.stat().st_size) for e in entries if e.name.startswith(prefix) and e.is_file())
+    except FileNotFoundError:
+        return []
 
 
 def move(source: str, target: str) -> None:

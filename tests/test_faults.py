@@ -17,6 +17,8 @@ from types import ModuleType
 import pandas as pd
 import pytest
 
+from calib.store import StoreWarning, read_trials
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--epochs", "2", "--stage2-epochs", "2"]
 
@@ -149,16 +151,20 @@ def test_killed_driver_resumes_without_duplicates(tmp_path):
     finally:
         kill_session(proc)  # every Ray process of that session goes too
 
-    kept = {p: p.stat().st_mtime_ns for p in trial_files(store, "sensitivity_gamma")}
+    kept = read_trials(store, columns=["trial_id", "status", "finished_at"]).set_index("trial_id")
+    kept = kept[kept["status"] == "ok"]
     resumed = study("sensitivity_gamma.py", *args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{total} trials: {len(kept)} already in the store, {total - len(kept)} to run" in resumed.stdout
     df = pd.read_parquet(store / "trials")
     assert len(df) == total and df["trial_id"].is_unique and (df["status"] == "ok").all()
-    assert all(p.stat().st_mtime_ns == m for p, m in kept.items()), "finished trials are never rewritten"
+    finished = df.set_index("trial_id")["finished_at"]
+    assert (finished[kept.index] == kept["finished_at"]).all(), "finished trials are never run or written again"
     history = pd.read_parquet(store / "history")
     assert history["trial_id"].nunique() == total
     assert not history.duplicated(["trial_id", "stage", "epoch"]).any()
+    # the run ended with a compaction: every row is in a part, no trial keeps its own file
+    assert [p.name.startswith("part-") for p in trial_files(store, "sensitivity_gamma")] == [True]
     assert not list(store.rglob(".*.tmp")), "no temporary file is left visible"
 
 
@@ -264,21 +270,21 @@ def test_a_truncated_stage1_cache_is_moved_aside_and_rebuilt_by_the_study(finish
 @pytest.mark.ray
 def test_corrupt_and_foreign_files_are_skipped_with_a_warning_and_rerun(finished_study, tmp_path):
     store, args = copy_of(finished_study, tmp_path)
-    files = trial_files(store, "sensitivity_gamma")
-    truncated = files[0]
-    truncated.write_bytes(truncated.read_bytes()[:100])
+    (part,) = trial_files(store, "sensitivity_gamma")  # the finished study's rows, compacted into one part
+    part.write_bytes(part.read_bytes()[:100])
     foreign = store / "trials" / "study=sensitivity_gamma" / "notes.txt"
     foreign.write_text("not a trial")
 
     report = subprocess.run([sys.executable, str(ROOT / "studies" / "report.py"), "--store", str(store)],
                             capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert report.returncode == 0, report.stderr[-2000:]
-    assert f"skipped {truncated}" in report.stderr and f"skipped {foreign}" in report.stderr
+    assert f"skipped {part}" in report.stderr and f"skipped {foreign}" in report.stderr
 
     rerun = study("sensitivity_gamma.py", *args)
-    assert rerun.returncode == 0 and "2 trials: 1 already in the store, 1 to run" in rerun.stdout
-    trials = pd.read_parquet(truncated)  # rewritten whole by the re-run
-    assert trials["status"].tolist() == ["ok"]
+    assert rerun.returncode == 0 and "2 trials: 0 already in the store, 2 to run" in rerun.stdout
+    with pytest.warns(StoreWarning, match=re.escape(f"skipped {part}")):  # left as it was, for its owner to see
+        trials = read_trials(store)
+    assert trials["status"].tolist() == ["ok", "ok"] and part.stat().st_size == 100
 
 
 # ---------------------------------------------------------------------------------- bad input

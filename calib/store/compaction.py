@@ -55,7 +55,7 @@ from calib._holders import holder_identity, holder_is_dead
 from calib.config import validate_study_name
 from calib.store.files import TABLES, StoreFile, file_location, list_table, new_part_name, study_folder, table_location
 from calib.store.scan import _STATUS_RANK as _RANK
-from calib.store.scan import FINAL_STATUSES, Scan, scan_listed, winners
+from calib.store.scan import FINAL_STATUSES, PartIndex, Scan, part_index, remember_part, scan_files, winners
 from calib.store.schema import history_schema, trial_schema
 
 __all__ = ["FANOUT", "LEASE_ENV", "PART_TRIALS", "CompactionLost", "CompactionReport", "compact", "compact_study",
@@ -66,6 +66,7 @@ PART_TRIALS = 100_000
 """A part stops growing once it holds this many trials (merging two sources may reach about twice)."""
 _TIER_BASE = 1_000
 _ROW_GROUP_ROWS = {"trials": 16_384, "history": 262_144}
+_INDEX_COLUMNS = {"trials": ["trial_id", "status"], "history": ["trial_id"]}
 LEASE_ENV = "CALIB_COMPACTION_LEASE_SECONDS"
 _STALE_PART = re.compile(r"\.part-[0-9a-f]{32}\.parquet\.[0-9a-f]{32}\.tmp")
 
@@ -246,13 +247,15 @@ class _PartWriter:
     """Writes batches into parts of about :data:`PART_TRIALS` trials under ``folder``; each part appears
     whole when it is published (a rename next to it, or one upload from a local temporary file)."""
 
-    def __init__(self, store: str, folder: str, schema: pa.Schema, row_group: int,
+    def __init__(self, store: str, folder: str, schema: pa.Schema, row_group: int, index_columns: list[str],
                  on_step: Callable[[str], None]) -> None:
         self.store, self.folder, self.schema, self.row_group, self.on_step = store, folder, schema, row_group, on_step
+        self.index_columns = index_columns
         self.written: list[str] = []
         self._writer: pq.ParquetWriter | None = None
         self._buffer: list[pa.RecordBatch] = []
         self._buffered = 0
+        self._index: list[pa.Table] = []  # the part's trials, remembered once it is published
         self.trials = 0
 
     def _open(self) -> None:
@@ -266,13 +269,18 @@ class _PartWriter:
             self._local = Path(self.folder) / f".{self._name}.{uuid.uuid4().hex}.tmp"
         self._writer = pq.ParquetWriter(self._local, self.schema, compression="zstd")
         self.trials = 0
+        self._index = []
 
-    def add(self, batch: pa.RecordBatch, trials: int) -> None:
+    def add(self, batch: pa.RecordBatch) -> None:
         if self._writer is None:
             self._open()
         self._buffer.append(batch)
         self._buffered += batch.num_rows
-        self.trials += trials
+        index = pa.Table.from_batches([batch]).select(self.index_columns)
+        if self.index_columns == ["trial_id"]:  # history: rows per epoch, one index row per trial
+            index = index.group_by(["trial_id"]).aggregate([])
+        self._index.append(index)
+        self.trials += index.num_rows
         if self._buffered >= self.row_group:
             self._flush()
 
@@ -291,6 +299,7 @@ class _PartWriter:
         self._writer = None
         target = storage.join(self.folder, self._name)
         self.on_step(f"publish {target}")
+        size = self._local.stat().st_size
         try:
             if storage.is_remote(self.store):
                 storage.upload(self._local, target)
@@ -300,6 +309,8 @@ class _PartWriter:
                 os.replace(self._local, target)
         finally:
             self._local.unlink(missing_ok=True)
+        fs, path = storage.filesystem(target)
+        remember_part(fs, path, size, PartIndex(pa.concat_tables(self._index), self.schema))
         self.written.append(target)
 
     def abandon(self) -> None:
@@ -324,7 +335,7 @@ def _write_parts(store: str, study: str, plan: _Plan, on_step: Callable[[str], N
     index = {f.path: i for i, f in enumerate(plan.scan.files)}
     dataset = pads.dataset([f.path for f in plan.sources], filesystem=fs, format="parquet", schema=schema)
     writer = _PartWriter(store, study_folder(store, plan.table, study), schema, _ROW_GROUP_ROWS[plan.table],
-                         on_step)
+                         _INDEX_COLUMNS[plan.table], on_step)
     current = None
     try:
         for tagged in dataset.scanner(batch_readahead=4).scan_batches():
@@ -337,7 +348,7 @@ def _write_parts(store: str, study: str, plan: _Plan, on_step: Callable[[str], N
             if source in plan.drop:
                 batch = batch.filter(pc.invert(pc.is_in(batch.column("trial_id"), value_set=plan.drop[source])))
             if batch.num_rows:
-                writer.add(batch, len(pc.unique(batch.column("trial_id"))))
+                writer.add(batch)
         writer.close_part()
     except BaseException:
         writer.abandon()
@@ -365,6 +376,34 @@ def _remove_stale_temporaries(store: str, study: str) -> None:
                     path.unlink(missing_ok=True)
 
 
+def _index_scan(store: str, study: str, table: str, final: set[str] | None) -> Scan:
+    """One row per trial and file of the study's ``table`` (``trial_id``, and ``status`` for ``trials``;
+    a trial's own history file: one row per epoch): the parts' from their :class:`PartIndex`, read once
+    per process, the trials' own files' read now (in ``history``, only those of the ``final`` trials:
+    the others stay where they are). Foreign files are problems."""
+    fs, root = storage.filesystem(table_location(store, table))
+    schema = trial_schema() if table == "trials" else history_schema()
+    files = list_table(fs, root, [study])
+    problems = {f.path: f.problem for f in files if f.kind is None}
+    files = [f for f in files if f.kind == "part" or (f.kind == "trial" and (final is None or f.trial_id in final))]
+    own = [i for i, f in enumerate(files) if f.kind == "trial"]
+    scan = scan_files(fs, root, [files[i] for i in own], schema, _INDEX_COLUMNS[table])
+    pieces = [scan.table.select(_INDEX_COLUMNS[table])]
+    owners = [np.array(own, dtype=np.int64)[scan.file_of_row] if own else np.zeros(0, np.int64)]
+    schemas = list(scan.schemas)
+    for i, file in enumerate(files):
+        if file.kind == "part":
+            index = part_index(fs, root, file, schema)
+            if index.problem is not None:
+                problems[file.path] = index.problem
+                continue
+            pieces.append(index.rows.select(_INDEX_COLUMNS[table]))
+            owners.append(np.full(index.rows.num_rows, i, dtype=np.int64))
+            schemas += [index.schema] if index.schema is not None and not any(
+                index.schema.equals(k) for k in schemas) else []
+    return Scan(pa.concat_tables(pieces), files, np.concatenate(owners), {**problems, **scan.problems}, schemas)
+
+
 def compact_study(store: str | os.PathLike, study: str, *, full: bool = False,
                   on_step: Callable[[str], None] = _no_step, lease: Any = None) -> CompactionReport:
     """Compact one study of ``store`` (module docstring); the caller holds its lease (``lease``, renewed
@@ -378,11 +417,7 @@ def compact_study(store: str | os.PathLike, study: str, *, full: bool = False,
     plans: dict[str, _Plan] = {}
     final: set[str] | None = None
     for table in TABLES:  # trials first: which trials are finished decides what moves in history
-        fs, root = storage.filesystem(table_location(store, table))
-        schema = trial_schema() if table == "trials" else history_schema()
-        columns = ["trial_id", "status"] if table == "trials" else ["trial_id"]
-        scan = scan_listed(fs, root, [study], schema, columns, None)
-        plans[table], final = _plan(scan, table, final, full)
+        plans[table], final = _plan(_index_scan(store, study, table, final), table, final, full)
     renew()
     _remove_stale_temporaries(store, study)
     for table in ("history", "trials"):  # a trial's history part exists before its trials part

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from calib import storage
@@ -132,15 +130,4 @@ def record_manifest(store: str | os.PathLike, study: str, manifest: Mapping[str,
     store = storage.normalize(store)
     if _load(store, study) is not None:
         return
-    location = _location(store, study)
-    text = json.dumps(manifest, sort_keys=True, indent=1)
-    if storage.is_remote(location):
-        fs, path = storage.filesystem(location)
-        with fs.open_output_stream(path) as out:
-            out.write(text.encode())
-        return
-    path = Path(location)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    storage.write_bytes(_location(store, study), json.dumps(manifest, sort_keys=True, indent=1).encode())

@@ -44,8 +44,8 @@ import pyarrow.parquet as pq
 
 from calib import storage
 from calib.config import validate_study_name
-from calib.store.files import StoreFile, file_location, list_table, table_location, trial_file
-from calib.store.scan import scan_files, scan_listed, winners
+from calib.store.files import StoreFile, study_folder, table_location, trial_file
+from calib.store.scan import part_index, scan_files, scan_listed, winners
 from calib.store.schema import history_schema, trial_schema
 from calib.trial import TrialResult
 
@@ -148,42 +148,31 @@ def write_result(store: str | os.PathLike, result: TrialResult, *, node_id: str 
 
 
 def _stored_ok(store: str, study: str, trial_id: str) -> str | None:
-    """The file (URI or path) holding the ``ok`` row of ``trial_id``, or None."""
+    """The file (URI or path) holding the ``ok`` row of ``trial_id``, or None.
+
+    Looks at two things only: the study's parts (listed by their name prefix; their ok ids are read
+    once per process, a part never changes) and the trial's own file.
+    """
     fs, root = storage.filesystem(table_location(store, "trials"))
-    ok = pads.field("status") == "ok"
+    folder = study_folder(store, "trials", study)
     while True:
-        files = list_table(fs, root, [study])
         try:
-            for part in (f for f in files if f.kind == "part"):
-                if trial_id in _ok_ids_of_part(fs, root, part):
-                    return file_location(store, part.path)
+            for name, size in storage.list_names(folder, "part-"):
+                part = StoreFile(storage.filesystem(storage.join(folder, name))[1], study, "part", size)
+                if trial_id in part_index(fs, root, part, trial_schema()).ok_ids:
+                    return storage.join(folder, name)
         except FileNotFoundError:  # merged into a new part since the listing: look again
             continue
-        own = [f for f in files if f.trial_id == trial_id]
-        if not own:
+        own = trial_file(store, "trials", study, trial_id)
+        _, own_path = storage.filesystem(own)
+        if fs.get_file_info(own_path).type != pafs.FileType.File:
             return None
-        scan = scan_files(fs, root, own, trial_schema(), ["trial_id"], ok)
-        if "" in scan.problems.values():  # moved into a part since the listing
+        scan = scan_files(fs, root, [StoreFile(own_path, study, "trial", 0, trial_id=trial_id)], trial_schema(),
+                          ["trial_id"], pads.field("status") == "ok")
+        if "" in scan.problems.values():  # moved into a part since the check
             continue
         _warn(store, "trials", scan.problems)
-        return file_location(store, own[0].path) if scan.table.num_rows else None
-
-
-_PART_IDS: dict[tuple[str, str, int], frozenset[str]] = {}
-_PART_IDS_KEPT = 256
-
-
-def _ok_ids_of_part(fs: pafs.FileSystem, root: str, part: StoreFile) -> frozenset[str]:
-    """The ``ok`` trial ids of ``part``, remembered in this process (a part is never changed, only deleted)."""
-    key = (fs.type_name, part.path, part.size)
-    if key not in _PART_IDS:
-        scan = scan_files(fs, root, [part], trial_schema(), ["trial_id"], pads.field("status") == "ok")
-        if "" in scan.problems.values():
-            raise FileNotFoundError(part.path)
-        if len(_PART_IDS) >= _PART_IDS_KEPT:
-            _PART_IDS.pop(next(iter(_PART_IDS)))
-        _PART_IDS[key] = frozenset(scan.table["trial_id"].to_pylist())
-    return _PART_IDS[key]
+        return own if scan.table.num_rows else None
 
 
 class StoreWarning(UserWarning):

@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 
 from calib.store.files import StoreFile, list_table
 
-__all__ = ["FINAL_STATUSES", "Scan", "Winners", "access_error", "compatible", "scan_files", "scan_listed", "winners"]
+__all__ = ["FINAL_STATUSES", "PartIndex", "Scan", "Winners", "access_error", "compatible", "part_index",
+           "remember_part", "scan_files", "scan_listed", "winners"]
 
 _CHECK_THREADS = 16
 FINAL_STATUSES = ("ok", "pruned")
@@ -209,6 +210,56 @@ def _scan_each(fs: pafs.FileSystem, root: str, files: list[StoreFile], store: pa
                 problems, schemas)
 
 
+class PartIndex:
+    """What a part holds: one row per trial (``trial_id``, and ``status`` in a ``trials`` part), its
+    schema, and ``problem`` (why it is foreign; None when it is not)."""
+
+    def __init__(self, rows: pa.Table, schema: pa.Schema | None, problem: str | None = None) -> None:
+        self.rows, self.schema, self.problem = rows, schema, problem
+        self._ok: frozenset[str] | None = None
+
+    @property
+    def ok_ids(self) -> frozenset[str]:
+        """The trials stored as ``ok`` in the part."""
+        if self._ok is None:
+            ok = self.rows.filter(pc.equal(self.rows["status"], "ok")) if "status" in self.rows.column_names \
+                else self.rows
+            self._ok = frozenset(ok["trial_id"].to_pylist())
+        return self._ok
+
+
+_PART_INDEX: dict[tuple[str, str, int], PartIndex] = {}
+_PART_INDEX_KEPT = 1024
+
+
+def _index_key(fs: pafs.FileSystem, path: str, size: int) -> tuple[str, str, int]:
+    return fs.type_name, path, size
+
+
+def remember_part(fs: pafs.FileSystem, path: str, size: int, index: PartIndex) -> None:
+    """Keep ``index`` for the part at ``path`` (a part is never changed, only deleted: its path and size
+    identify its contents), at most :data:`_PART_INDEX_KEPT` parts per process."""
+    if len(_PART_INDEX) >= _PART_INDEX_KEPT:
+        _PART_INDEX.pop(next(iter(_PART_INDEX)))
+    _PART_INDEX[_index_key(fs, path, size)] = index
+
+
+def part_index(fs: pafs.FileSystem, root: str, part: StoreFile, store: pa.Schema) -> PartIndex:
+    """The :class:`PartIndex` of ``part`` (of the table at ``root``, whose schema is ``store``), read once
+    per process. ``FileNotFoundError`` if it is gone."""
+    key = _index_key(fs, part.path, part.size)
+    if key not in _PART_INDEX:
+        columns = ["trial_id", "status"] if "status" in store.names else ["trial_id"]
+        scan = scan_files(fs, root, [part], store, columns)
+        if "" in scan.problems.values():
+            raise FileNotFoundError(part.path)
+        rows = scan.table.select(columns)
+        rows = rows.group_by(columns).aggregate([]) if columns == ["trial_id"] else rows
+        remember_part(fs, part.path, part.size, PartIndex(rows, scan.schemas[0] if scan.schemas else None,
+                                                          scan.problems.get(part.path)))
+    return _PART_INDEX[key]
+
+
 _SETTLE_ATTEMPTS = 20
 
 
@@ -254,23 +305,35 @@ def winners(scan: Scan, *, by_status: bool) -> Winners:
     """Per trial, the file whose rows count: the one holding its best row (``by_status``: ``ok`` over
     ``pruned`` over ``failed``, from the ``status`` column), then the first in ``scan.files`` (listed
     parts first, then by path: :func:`calib.store.files.list_table`)."""
-    rows = pa.table({"trial_id": scan.table["trial_id"], "file": pa.array(scan.file_of_row, pa.int64())})
+    ids = scan.table["trial_id"]
+    files = pa.array(scan.file_of_row, pa.int64())
+    # Fast path: the runs of equal (trial_id, file) in scan order. A file's rows come in one run per trial
+    # (a trial's own file holds one trial; a part is written trial by trial), so when no trial id starts
+    # two runs every trial is in one file and every row counts, found without hashing or sorting.
+    if len(ids) == 0:
+        starts = np.zeros(0, dtype=np.int64)
+    else:
+        flat = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+        changed = pc.or_(pc.not_equal(flat[1:], flat[:-1]), pc.not_equal(files[1:], files[:-1]))
+        starts = np.concatenate([[0], np.flatnonzero(pc.fill_null(changed, True).to_numpy(zero_copy_only=False)) + 1])
+    runs = pa.table({"trial_id": ids.take(starts), "file": files.take(starts)})
     if by_status:
-        ranks = [_STATUS_RANK.get(s, len(_STATUS_RANK)) for s in scan.table["status"].to_pylist()]
-        rows = rows.append_column("rank", pa.array(ranks, pa.int64()))
-    pairs = rows.group_by(["trial_id", "file"], use_threads=False).aggregate(
-        [("rank", "min")] if by_status else [])
+        ranks = pc.fill_null(pc.index_in(scan.table["status"], value_set=pa.array(list(_STATUS_RANK))),
+                             len(_STATUS_RANK)).cast(pa.int64())
+        runs = runs.append_column("rank", ranks.take(starts))  # a trials table has one row per (trial, file)
+    if pc.count_distinct(runs["trial_id"]).as_py() == runs.num_rows:
+        return Winners(runs.append_column("wins", pa.array(np.ones(runs.num_rows, dtype=bool))), None)
+    rows = pa.table({"trial_id": ids, "file": files, **({"rank": ranks} if by_status else {})})
+    pairs = rows.group_by(["trial_id", "file"]).aggregate([("rank", "min")] if by_status else [])
     if by_status:
         pairs = pairs.rename_columns(["trial_id", "file", "rank"])
-    if len(pc.unique(pairs["trial_id"])) == pairs.num_rows:
-        return Winners(pairs.append_column("wins", pa.array(np.ones(pairs.num_rows, dtype=bool))), None)
     keys = [("trial_id", "ascending"), *([("rank", "ascending")] if by_status else []), ("file", "ascending")]
     ordered = pairs.sort_by(keys)
-    ids = ordered["trial_id"].to_numpy(zero_copy_only=False)
-    first = np.ones(len(ids), dtype=bool)
-    first[1:] = ids[1:] != ids[:-1]
+    sorted_ids = ordered["trial_id"].to_numpy(zero_copy_only=False)
+    first = np.ones(len(sorted_ids), dtype=bool)
+    first[1:] = sorted_ids[1:] != sorted_ids[:-1]
     ordered = ordered.append_column("wins", pa.array(first))
-    winner = dict(zip(ids[first], ordered["file"].to_numpy()[first].tolist(), strict=True))
-    keep = np.array([winner[i] == f for i, f in zip(rows["trial_id"].to_pylist(), scan.file_of_row.tolist(),
-                                                    strict=True)], dtype=bool)
+    winner = dict(zip(sorted_ids[first], ordered["file"].to_numpy()[first].tolist(), strict=True))
+    keep = np.array([winner[i] == f for i, f in zip(ids.to_pylist(), scan.file_of_row.tolist(), strict=True)],
+                    dtype=bool)
     return Winners(ordered, keep)

@@ -7,6 +7,8 @@ the process of one claim holder is killed (its trial is retried, ``--max-failure
 takes the claim over continues the training state the holder left). Both studies
 must finish with every row ok, and for every ``stage1_id`` exactly one row that trained it
 (``stage1_cache_hit`` false), one ``stage1_writer`` over all rows, the writer of its ``record.json``.
+Each driver compacts its study every 2 finished trials while the workers of both hosts write: at the
+end every row is in a part, and a plain pyarrow read of the store sees each trial once.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from lab_hosts import Lab, missing_requirements
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 3
 COMMON = ("--seeds 1 2 --epochs 5 --stage2-epochs 1 --cpus-per-trial 2 --cpus-per-cached-trial 1 "
-          "--configs-per-trial 1 --max-failures 2 --checkpoint-min-seconds 0")
+          "--configs-per-trial 1 --max-failures 2 --checkpoint-min-seconds 0 --compact-every 2")
 
 
 def _claims(s3, bucket: str) -> list[dict]:
@@ -113,6 +115,17 @@ def test_each_stage1_is_trained_once_across_nodes_drivers_and_a_killed_holder(
             assert json.loads(record["Body"].read())["writer"] == writers.iloc[0]
         assert victim["holder"] not in set(rows["stage1_writer"]), "the killed holder published nothing"
         assert not _claims(s3, bucket), "every claim is released once its Stage I is published"
+        listing = s3.list_objects_v2(Bucket=bucket, Prefix="calib/")["Contents"]
+        data = [o["Key"] for o in listing if o["Key"].endswith(".parquet")]
+        assert data and all(k.rpartition("/")[2].startswith("part-") for k in data), data  # all compacted
+        assert not [o["Key"] for o in listing if o["Key"].startswith("calib/compaction/")
+                    and o["Key"].endswith(".json")], "no compaction lease is left"
+        import pyarrow.dataset as pads
+        import pyarrow.fs as pafs
+
+        fs, path = pafs.FileSystem.from_uri(store)
+        plain = pads.dataset(f"{path}/trials", filesystem=fs, format="parquet", partitioning="hive").to_table()
+        assert plain.num_rows == 10 and len(plain["trial_id"].unique()) == 10
         transcript.append(f"{len(rows)} rows, {rows['stage1_id'].nunique()} Stage Is, each trained once; "
                           f"test took {time.monotonic() - started:.0f} s")
     finally:

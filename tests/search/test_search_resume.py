@@ -10,7 +10,7 @@ import pytest
 from trial_fixtures import tiny_config
 
 from calib.config import set_dotted
-from calib.search import ExecutionOptions, SchedulerSettings, load_search_space, run_search
+from calib.search import ExecutionOptions, SchedulerSettings, journal, load_search_space, run_search
 from calib.search.journal import ObjectStoreJournalBackend, export_journal, journal_location, optuna_storage
 from calib.search.optimize import resumed_seed, stage1_parameters
 from calib.store import read_trials
@@ -33,15 +33,18 @@ def load(tmp: Path) -> optuna.Study:
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
-    """4 trials; then a killed driver's leftovers (2 asked, never told); then a re-run to 6."""
+    """4 trials; then a killed driver's leftovers (2 asked, never told); then a re-run to 6. Every run
+    leaves a journal snapshot (each is due), so the re-run and ``load`` restore one and replay what follows."""
     tmp = tmp_path_factory.mktemp("search")
-    first = search(tmp, 4)
-    study = load(tmp)
-    space = load_search_space(HEAD_SPACE).optuna_space()
-    for _ in range(2):
-        study.ask(fixed_distributions=space)  # RUNNING forever: what a kill leaves
-    before = [t for t in load(tmp).trials]
-    second = search(tmp, 6)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(journal, "SNAPSHOT_EVERY", 1)
+        first = search(tmp, 4)
+        study = load(tmp)
+        space = load_search_space(HEAD_SPACE).optuna_space()
+        for _ in range(2):
+            study.ask(fixed_distributions=space)  # RUNNING forever: what a kill leaves
+        before = [t for t in load(tmp).trials]
+        second = search(tmp, 6)
     return tmp, first, before, second
 
 
@@ -51,6 +54,7 @@ def test_resumed_search_runs_only_the_missing_trials(resumed):
     assert len(first.trial_ids) == 4 and len(second.trial_ids) == 6
     assert (rows["status"] == "ok").sum() == 6 and rows["trial_id"].is_unique
     assert set(first.trial_ids) < set(second.trial_ids)
+    assert optuna_storage(str(tmp / "store"), STUDY).restored_logs > 0  # the re-run left a snapshot
 
 
 def test_killed_asks_fail_and_every_stored_trial_is_in_the_optuna_study(resumed):

@@ -253,6 +253,32 @@ def test_bad_lease_setting_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path
         compact(tmp_path)
 
 
+def test_the_readme_one_liners_read_each_trial_once(base: TrialResult, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch):
+    """pandas, a pyarrow dataset and DuckDB on a store holding parts, trials' own files (a failed one, new
+    ones), temporaries and a lease, exactly as the README writes them."""
+    import duckdb
+
+    monkeypatch.chdir(tmp_path)
+    for i in range(4):
+        write_result("results", copy_of(base, i))
+    compact("results")
+    write_result("results", copy_of(base, 4))
+    write_result("results", copy_of(base, 5, status="failed"))
+    (tmp_path / "results" / "trials" / f"study={STUDY}" / f".part-{'a' * 32}.parquet.{'b' * 32}.tmp").write_bytes(b"x")
+    (tmp_path / "results" / "compaction" / f"study={STUDY}.json").write_text("{}")
+    wanted = sorted(copy_of(base, i).trial_id for i in range(6))
+
+    assert sorted(pd.read_parquet("results/trials")["trial_id"]) == wanted
+    assert sorted(pads.dataset("results/trials", partitioning="hive").to_table()["trial_id"].to_pylist()) == wanted
+    rows = duckdb.sql("SELECT trial_id, study FROM read_parquet('results/trials/**/*.parquet', "
+                      "hive_partitioning=true, union_by_name=true)").fetchall()
+    assert sorted(r[0] for r in rows) == wanted and {r[1] for r in rows} == {STUDY}
+    history = duckdb.sql("SELECT count(*) FROM read_parquet('results/history/**/*.parquet', hive_partitioning=true, "
+                         "union_by_name=true)").fetchone()[0]
+    assert history == len(pd.read_parquet("results/history")) == 6 * len(base.history)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Crashes: a compaction killed at each of its steps
 
