@@ -24,13 +24,12 @@ __all__ = ["WindowedTPESampler"]
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
-def _window(study: Study, trials: Sequence[FrozenTrial], window: int) -> list[FrozenTrial]:
-    """``trials`` (in number order) with their finished ones cut to the best and the latest ``window // 2``."""
-    finished = [t for t in trials if t.state in _FINISHED]
-    if len(finished) <= window:
-        return list(trials)
+def _best_and_latest(study: Study, finished: Sequence[FrozenTrial], window: int) -> frozenset[int]:
+    """Numbers of the best ``window // 2`` of ``finished`` (by the objective; with several objectives, by
+    front of non-dominated sorting, then the sum of the objectives) and of the latest ones up to ``window``."""
     complete = [t for t in finished if t.state == TrialState.COMPLETE]
     signs = np.array([-1.0 if d == StudyDirection.MAXIMIZE else 1.0 for d in study.directions])
+    best: set[int] = set()
     if complete:
         values = np.array([t.values for t in complete], dtype=float) * signs
         if len(signs) == 1:
@@ -38,18 +37,15 @@ def _window(study: Study, trials: Sequence[FrozenTrial], window: int) -> list[Fr
         else:
             order = np.lexsort((values.sum(axis=1), _fast_non_domination_rank(values)))
         best = {complete[i].number for i in order[: window // 2]}
-    else:
-        best = set()
-    latest = {t.number for t in finished[-(window - len(best)):]}
-    keep = best | latest
-    return [t for t in trials if t.state not in _FINISHED or t.number in keep]
+    return frozenset(best | {t.number for t in finished[-(window - len(best)):]})
 
 
 class _WindowedStudy:
-    """``study`` as TPE sees it: every attribute its own, except that the trials TPE reads are windowed."""
+    """``study`` as TPE sees it: every attribute its own, except that the trials TPE reads are windowed
+    (the choice is remembered by ``sampler`` until more trials have finished)."""
 
-    def __init__(self, study: Study, window: int) -> None:
-        self._study, self._size = study, window
+    def __init__(self, study: Study, sampler: WindowedTPESampler) -> None:
+        self._study, self._sampler = study, sampler
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
@@ -57,7 +53,16 @@ class _WindowedStudy:
     def _get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None,
                     use_cache: bool = False) -> list[FrozenTrial]:
         trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
-        return _window(self._study, trials, self._size)
+        finished = [t for t in trials if t.state in _FINISHED]
+        window = self._sampler.window
+        if len(finished) <= window:
+            return trials
+        cached = self._sampler._kept
+        if cached is None or cached[0] != (self._study._study_id, len(finished)):
+            cached = ((self._study._study_id, len(finished)), _best_and_latest(self._study, finished, window))
+            self._sampler._kept = cached
+        keep = cached[1]
+        return [t for t in trials if t.state not in _FINISHED or t.number in keep]
 
     def get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
         return self._get_trials(deepcopy=deepcopy, states=states)
@@ -71,9 +76,10 @@ class WindowedTPESampler(TPESampler):
         if window < 0:
             raise ValueError(f"window must be >= 0 (finished trials; 0: all), got {window}")
         self.window = window
+        self._kept: tuple[tuple[int, int], frozenset[int]] | None = None  # (study, finished trials) -> numbers kept
 
     def _view(self, study: Study) -> Any:
-        return _WindowedStudy(study, self.window) if self.window else study
+        return _WindowedStudy(study, self) if self.window else study
 
     def _sample(self, study: Study, trial: FrozenTrial, search_space: dict) -> dict[str, Any]:
         return super()._sample(self._view(study), trial, search_space)

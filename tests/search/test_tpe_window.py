@@ -9,6 +9,10 @@ from optuna.trial import TrialState, create_trial
 
 from calib.search.tpe import WindowedTPESampler, _WindowedStudy
 
+
+def windowed(study: optuna.Study, window: int) -> _WindowedStudy:
+    return _WindowedStudy(study, WindowedTPESampler(window=window))
+
 SPACE = {"x": FloatDistribution(0.0, 1.0), "y": FloatDistribution(0.0, 1.0)}
 
 
@@ -29,19 +33,23 @@ def quiet():
 def test_the_window_keeps_the_best_and_the_latest_trials():
     values = [5, 3, 9, 1, 7, 2, 8, 4, 6, 0]  # trial numbers 0..9
     low = study_with(values, running=1)
-    seen = _WindowedStudy(low, 4)._get_trials(deepcopy=False)
+    seen = windowed(low, 4)._get_trials(deepcopy=False)
     # best 2 by value: numbers 9 (0) and 3 (1); the latest 2 finished: 8, 9; the running trial 10 stays
     assert [t.number for t in seen] == [3, 8, 9, 10] and seen[-1].state == TrialState.RUNNING
     high = study_with(values, direction="maximize")
-    assert [t.number for t in _WindowedStudy(high, 4).get_trials(deepcopy=False)] == [2, 6, 8, 9]  # 9 and 8; latest
-    assert len(_WindowedStudy(high, 10).get_trials()) == 10  # at the window: every trial
+    assert [t.number for t in windowed(high, 4).get_trials(deepcopy=False)] == [2, 6, 8, 9]  # 9 and 8; latest
+    assert len(windowed(high, 10).get_trials()) == 10  # at the window: every trial
+    view = windowed(low, 4)
+    assert [t.number for t in view.get_trials()] == [3, 8, 9, 10]
+    low.tell(10, -1.0)  # the running trial finishes best: the remembered choice is made again
+    assert [t.number for t in view.get_trials()] == [9, 10]  # best 2: 10 (-1) and 9 (0); latest 2: 9, 10
 
 
 def test_two_objectives_keep_the_first_fronts():
     study = optuna.create_study(directions=["minimize", "minimize"])
     points = [(0, 5), (5, 0), (3, 3), (4, 4), (6, 6), (1, 6), (7, 7), (8, 8)]
     study.add_trials([create_trial(params={"x": 0.5, "y": 0.5}, distributions=SPACE, values=list(p)) for p in points])
-    kept = [t.number for t in _WindowedStudy(study, 4).get_trials()]
+    kept = [t.number for t in windowed(study, 4).get_trials()]
     # front 0: (0,5), (5,0), (3,3), (1,6); its two smallest sums: trials 0 and 1 (5 each); then the latest 6, 7
     assert kept == [0, 1, 6, 7]
 
