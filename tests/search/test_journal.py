@@ -7,6 +7,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import local_or_s3_location
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from calib.search.journal import journal_location, optuna_storage, snapshot_location
@@ -32,10 +33,7 @@ def state(storage) -> tuple:
 
 @pytest.fixture(params=["local", "s3"])
 def store(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "store")
-    bucket, _ = request.getfixturevalue("s3")
-    return f"s3://{bucket}/results"
+    return local_or_s3_location(request, tmp_path, "store")
 
 
 def test_a_snapshot_restores_what_the_journal_replays_and_reads_only_what_follows(store):

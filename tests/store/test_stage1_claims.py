@@ -13,6 +13,7 @@ from pathlib import Path
 import boto3
 import pytest
 import torch
+from conftest import local_or_s3_location
 
 from calib import storage
 from calib.artifacts import Stage1WaitTimeout, get_or_train_stage1
@@ -28,10 +29,7 @@ FAST = ClaimSettings(lease_seconds=0.6, wait_seconds=30.0, poll_seconds=0.05)
 @pytest.fixture(params=["local", "s3"])
 def root(request, tmp_path):
     """An artifact root: a local (or shared) directory, or a bucket on moto's S3 server."""
-    if request.param == "local":
-        return str(tmp_path / "artifacts")
-    bucket, _ = request.getfixturevalue("s3")
-    return f"s3://{bucket}/artifacts"
+    return local_or_s3_location(request, tmp_path, "artifacts")
 
 
 def test_create_exclusive_replace_if_and_delete_if_are_conditional(root):
