@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import local_or_s3_location
+from locations import local_or_s3_location
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from calib.search.journal import journal_location, optuna_storage, snapshot_location

@@ -13,7 +13,7 @@ from pathlib import Path
 import boto3
 import pytest
 import torch
-from conftest import local_or_s3_location
+from locations import local_or_s3_location
 
 from calib import storage
 from calib.artifacts import Stage1WaitTimeout, get_or_train_stage1
