@@ -157,6 +157,11 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
                         help=f"trials on an already trained Stage I that one Ray trial runs, their Stage II "
                              f"trained together as one population; 1 runs each alone (default: "
                              f"{DEFAULT_CONFIGS_PER_TRIAL}, and 1 in a search whose space changes Stage I)")
+    parser.add_argument("--check-only", action="store_true",
+                        help="check the command (names, values, datasets, the store and the study's fixed config) "
+                             "and say how many trials would run, without starting Ray; resources are checked "
+                             "against the cluster when the study runs there (python -m calib.cluster slurm does this "
+                             "before it submits)")
     parser.add_argument("--compact-every", type=int, default=1000, metavar="N",
                         help="compact the study's result store in the background every N finished trials (its "
                              "rows moved from one file per trial into a few large Parquet files), and once when "
@@ -495,13 +500,15 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         checkpoint_every=preset.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every,
         checkpoint_min_seconds=args.checkpoint_min_seconds,
         configs_per_trial=args.configs_per_trial, compact_every=args.compact_every,
+        check_only=args.check_only,
         log_to=tuple(dict.fromkeys(getattr(args, "log_to", None) or ())),
     )
     check_trackers(options.log_to)
     _check_whole_gpus(options, args, preset)
-    _check_device(args.device or preset.device, options, args, preset)
-    if args.address is None:
-        _check_fits_this_machine(options, args, preset)
+    if not options.check_only:  # --check-only runs where the study is prepared, not on the nodes it will use
+        _check_device(args.device or preset.device, options, args, preset)
+        if args.address is None:
+            _check_fits_this_machine(options, args, preset)
     return options
 
 
@@ -575,7 +582,9 @@ def settings_line(study: str, preset: Preset, configs: Sequence[Mapping[str, Any
 
 
 def guarded_main(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
-    """Turn the errors a user can fix (bad config, unknown name, missing data) into one message and exit 2."""
+    """Turn the errors a user can fix (bad config, unknown name, missing data) into one message and exit 2;
+    a run stopped by SIGTERM into its last line and exit 3; ``--check-only`` into its line and exit 0."""
+    from calib.search.tuner import INTERRUPTED_EXIT_CODE, CheckedOnly, StudyInterrupted
 
     def wrapper(argv: list[str] | None = None) -> int:
         try:
@@ -583,6 +592,12 @@ def guarded_main(main: Callable[[list[str] | None], int]) -> Callable[[list[str]
         except (ConfigError, UnknownNameError, DatasetNotFoundError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+        except CheckedOnly as done:
+            print(done, flush=True)
+            return 0
+        except StudyInterrupted as stopped:
+            print(stopped, flush=True)
+            return INTERRUPTED_EXIT_CODE
 
     wrapper.__doc__ = main.__doc__
     return wrapper

@@ -169,6 +169,76 @@ def test_killed_driver_resumes_without_duplicates(tmp_path):
     assert not list(store.rglob(".*.tmp")), "no temporary file is left visible"
 
 
+def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_interruption(monkeypatch):
+    """``stoppable`` around ``tuner.fit()``: end to end (a study stopped by SIGTERM, exit 3, continued by
+    its next run) in tests/cluster/test_slurm.py, where the job script sends it."""
+    import io
+
+    from calib.search.display import ProgressDisplay
+    from calib.search.tuner import StudyInterrupted, stoppable
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(StudyInterrupted, match=r"^\[s\] interrupted by SIGTERM before any of its 3 trials started; "
+                                               r"run the same command again to run them$"):
+        with stoppable("s", 3):  # Tune has not installed its SIGUSR1 handler yet
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+    tune_stops = []
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda *_: tune_stops.append(time.monotonic()))
+    monkeypatch.setattr("calib.search.tuner._exit_when_ray_is_gone", lambda *args: None)  # no Ray here
+    display = ProgressDisplay("s", 3, "val_ece", stream=io.StringIO(), interactive=False)
+    try:
+        with stoppable("s", 3, display) as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's and the job script's: one stop
+            time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGUSR1, previous_usr1)
+    assert stop == {"signal": "SIGTERM"} and len(tune_stops) == 1 and display.interrupted == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stopping_driver_whose_ray_head_is_gone_says_so_and_exits_3():
+    """Slurm's SIGTERM on preemption or requeue reaches Ray's head too: Tune cannot end the trials, so the
+    driver must not hang until the scheduler kills it."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on: the head is gone
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = ("import types, ray\n"
+            f"ray.get_runtime_context = lambda: types.SimpleNamespace(gcs_address='127.0.0.1:{port}')\n"
+            "from calib.search.tuner import _exit_when_ray_is_gone\n"
+            "_exit_when_ray_is_gone('s', 'SIGTERM')\n"
+            "print('not reached')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "[s] interrupted by SIGTERM, which stopped Ray's head too (a preemption, a requeue or scancel stops every "
+        "process of a job): the running trials could not end cleanly; run the same command again to continue "
+        "(finished trials are skipped, a Stage I being trained continues from its last handover state)"]
+
+
+def test_check_only_checks_and_counts_without_starting_ray(tmp_path, monkeypatch, capsys):
+    import calib.search.grid as grid
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started by --check-only")
+
+    monkeypatch.setattr(grid, "init_ray", no_ray)
+    main = study_module("sensitivity_gamma.py").main
+    store = tmp_path / "results"
+    code = main(["--store", str(store), "--seeds", "1", "2", "--gammas", "0.9", *TINY, "--check-only"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.strip().splitlines()[-1] == (
+        "[sensitivity_gamma] checked: 4 trials to run; nothing was started (--check-only)")
+    assert sorted(p.name for p in store.rglob("*")) == [], "--check-only wrote to the store"
+    code = main(["--store", str(store), "--seeds", "1", "2", "--gammas", "0", *TINY, "--check-only"])
+    assert code == 2 and "`method.accuracy_weight` must be > 0" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------- concurrent studies
 
 

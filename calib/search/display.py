@@ -60,6 +60,8 @@ class ProgressDisplay:
         self.best: tuple[float, str] | None = None
         self._last_draw = -math.inf
         self._line_open = False
+        self.interrupted: str | None = None
+        """The signal that is stopping the run: trials that end after it were stopped, not failed."""
 
     # events -------------------------------------------------------------------------------------
     def trial_started(self, key: str, size: int = 1) -> None:
@@ -91,6 +93,11 @@ class ProgressDisplay:
     def trial_failed(self, key: str, calib_id: str, error: str) -> None:
         """A trial ended as a ``failed`` row: one line with its short error."""
         self._ended(key)
+        if self.interrupted:
+            self._message(f"[{self.study}] trial {calib_id} stopped by {self.interrupted} ({error}); the next run "
+                          f"of the command runs it")
+            self._update()
+            return
         self.failed += 1
         self._message(f"[{self.study}] trial {calib_id} failed: {error} (traceback: the store's `error` column)")
         self._update()

@@ -66,6 +66,8 @@ class ExecutionOptions:
     """The driver compacts the study's store (:mod:`calib.store.compaction`) in the background every
     ``compact_every`` finished trials, and once more when the run ends; 0: only at the end."""
     verbose: bool = True
+    check_only: bool = False
+    """``--check-only``: validate the run (configs, store, manifest) and stop before Ray starts."""
     log_to: tuple[str, ...] = ()
     tracking: Any = None
     """The trackers of ``--log-to``, and (set by the driver when the run starts) where their runs go:

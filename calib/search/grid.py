@@ -18,7 +18,17 @@ from calib.search.display import ProgressDisplay
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions, placement, run_configs
 from calib.search.resources import wait_for_resources
 from calib.search.runtime import check_address, init_ray
-from calib.search.tuner import StudyRun, compact_study_store, progress_callback, run_config, trial_dirname
+from calib.search.tuner import (
+    CheckedOnly,
+    StudyInterrupted,
+    StudyRun,
+    compact_study_store,
+    interrupted_message,
+    progress_callback,
+    run_config,
+    stoppable,
+    trial_dirname,
+)
 from calib.store import completed_trial_ids
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
 from calib.trial import trial_id
@@ -112,7 +122,7 @@ def run_grid(
     parsed = [parse_trial_config(config) for config in configs]
     manifest = manifest_of([parse_trial_config(config) for config in table] if table else parsed)
     check_address(options.address)
-    if options.log_to and options.tracking is None:
+    if options.log_to and options.tracking is None and not options.check_only:
         from calib.tracking import start_study
 
         options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
@@ -124,6 +134,8 @@ def run_grid(
     run = StudyRun(trial_ids=ids, skipped=len(configs) - len(pending))
     if options.verbose:
         print(f"[{study}] {len(configs)} trials: {run.skipped} already in the store, {len(pending)} to run", flush=True)
+    if options.check_only:
+        raise CheckedOnly(f"[{study}] checked: {len(pending)} trials to run; nothing was started (--check-only)")
     if not pending:
         compact_study_store(store, study, verbose=options.verbose)
         return run
@@ -147,9 +159,12 @@ def run_grid(
                                     trial_dirname_creator=trial_dirname),
         run_config=run_config(store, study, options, callbacks),
     )
-    tuner.fit()
+    with stoppable(study, len(pending), display) as stop:
+        tuner.fit()
     compact_study_store(store, study, verbose=options.verbose)
     stored = completed_trial_ids(store, study, trial_ids=[trial_id(c) for c in pending])
+    if "signal" in stop:
+        raise StudyInterrupted(interrupted_message(study, stop["signal"], len(stored), len(pending)))
     run.failed = len(pending) - len(stored)
     run.seconds = time.perf_counter() - start
     return run

@@ -28,7 +28,17 @@ from calib.search.execution import (
 from calib.search.resources import wait_for_resources
 from calib.search.runtime import check_address, init_ray
 from calib.search.space import SearchSpace
-from calib.search.tuner import StudyRun, compact_study_store, progress_callback, run_config, trial_dirname
+from calib.search.tuner import (
+    CheckedOnly,
+    StudyInterrupted,
+    StudyRun,
+    compact_study_store,
+    interrupted_message,
+    progress_callback,
+    run_config,
+    stoppable,
+    trial_dirname,
+)
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
 from calib.trial import trial_id
 
@@ -228,7 +238,7 @@ def run_search(
                                   "base": space.base})
     manifest["constant"] = {k: v for k, v in manifest["constant"].items() if k not in space.parameters}
     check_address(options.address)
-    if options.log_to and options.tracking is None:
+    if options.log_to and options.tracking is None and not options.check_only:
         from calib.tracking import start_study
 
         options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
@@ -281,6 +291,8 @@ def run_search(
                            filters=pads.field("status") == "ok")
         return rows.sort_values("finished_at")["trial_id"].tolist()
 
+    if options.check_only:
+        raise CheckedOnly(f"[{study}] checked: {remaining} trials to run; nothing was started (--check-only)")
     if remaining == 0:
         compact_study_store(store, study, verbose=options.verbose)
         return StudyRun(trial_ids=all_ok(), skipped=len(finished), seconds=time.perf_counter() - start)
@@ -313,10 +325,14 @@ def run_search(
         run_config=run_config(store, study, options, [progress_callback(
             display, lambda c: _search_configs(base, c), store, study, options.max_failures)]),
     )
-    tuner.fit()
+    with stoppable(study, remaining, display) as stop:
+        tuner.fit()
     journal.snapshot_if_due()
     compact_study_store(store, study, verbose=options.verbose)
     done = set(read_trials(store, study=study, columns=["trial_id"],
                            filters=pads.field("status").isin(["ok", "pruned"]))["trial_id"])
+    if "signal" in stop:
+        asked_done = sum(1 for i in searcher.asked_ids if i in done)
+        raise StudyInterrupted(interrupted_message(study, stop["signal"], asked_done, remaining))
     failed = sum(1 for i in searcher.asked_ids if i not in done)
     return StudyRun(trial_ids=all_ok(), skipped=len(finished), failed=failed, seconds=time.perf_counter() - start)

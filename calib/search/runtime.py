@@ -35,8 +35,9 @@ os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_
 RAY_NOISE: dict[str, tuple[str, ...]] = {
     # the notice that a local cluster turned on Ray's token authentication (its default)
     "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled",),
-    # the list of failed trials at the end of a run: calib prints one line per failed trial
-    "ray.tune.tune": ("Trials did not complete",),
+    # the list of failed trials at the end of a run: calib prints one line per failed trial; a run stopped by
+    # SIGTERM (Tune's graceful stop): calib says so in its last line, and a re-run of the command continues it
+    "ray.tune.tune": ("Trials did not complete", "Stop signal received", "Experiment has been interrupted"),
 }
 
 

@@ -4,12 +4,14 @@ compaction of the study's store while it runs and when it ends."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +25,89 @@ from calib.search.execution import ExecutionOptions
 from calib.store import completed_trial_ids, write_result
 from calib.trial import TrialResult, trial_id
 
-__all__ = ["StudyRun", "compact_study_store", "compaction_callback", "progress_callback", "run_config",
-           "trial_dirname"]
+__all__ = ["INTERRUPTED_EXIT_CODE", "CheckedOnly", "StudyInterrupted", "StudyRun", "compact_study_store",
+           "compaction_callback", "progress_callback", "run_config", "stoppable", "trial_dirname"]
+
+INTERRUPTED_EXIT_CODE = 3
+"""A study's exit code when a signal stopped it before its trials ended (2 is bad input, 1 failed trials)."""
+
+
+class StudyInterrupted(Exception):
+    """A run that SIGTERM stopped before its trials ended; the message says how far it got."""
+
+
+class CheckedOnly(Exception):
+    """``--check-only``: the run's configs, resources and store were checked; the message says what would run."""
+
+
+@contextlib.contextmanager
+def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) -> Iterator[dict[str, Any]]:
+    """Around ``tuner.fit()``: SIGTERM (a scheduler's time-limit warning or preemption, ``scancel``) stops
+    the run cleanly through Ray Tune's own graceful stop (its SIGUSR1 handler: running trials end, their
+    Stage-I handover state stays for the next run). The yielded dict gets ``"signal"`` when that happened;
+    a SIGTERM before Tune listens raises :class:`StudyInterrupted` at once. When the signal stopped Ray's
+    head as well (a preempted or requeued Slurm job signals every process of its nodes), Tune cannot end
+    the trials: the driver then says so and exits with :data:`INTERRUPTED_EXIT_CODE` within seconds, not
+    when the scheduler kills it. Main thread only."""
+    state: dict[str, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if "signal" in state:  # already stopping (a scheduler and the job script may both send it)
+            return
+        state["signal"] = signal.Signals(signum).name
+        if display is not None:
+            display.interrupted = state["signal"]
+        if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's handler: it stops the run and returns
+            os.kill(os.getpid(), signal.SIGUSR1)
+            threading.Thread(target=_exit_when_ray_is_gone, args=(study, state["signal"]), daemon=True,
+                             name="ray-head-watch").start()
+        else:
+            raise StudyInterrupted(f"[{study}] interrupted by {state['signal']} before any of its {pending} trials "
+                                   f"started; run the same command again to run them")
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+RAY_HEAD_CHECKS = 3
+"""Failed connections to Ray's head, a second apart, after which a stopping driver gives up on it."""
+
+
+def _exit_when_ray_is_gone(study: str, signal_name: str) -> None:
+    """After a stop signal: end this process (exit 3, one line) once Ray's head stops answering."""
+    import socket
+
+    import ray
+
+    try:
+        host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+    except Exception:  # Ray not started by this process: nothing to watch
+        return
+    failures = 0
+    while failures < RAY_HEAD_CHECKS:
+        time.sleep(1.0)
+        try:
+            socket.create_connection((host, int(port)), timeout=2.0).close()
+            failures = 0
+        except OSError:
+            failures += 1
+    print(f"[{study}] interrupted by {signal_name}, which stopped Ray's head too (a preemption, a requeue or "
+          f"scancel stops every process of a job): the running trials could not end cleanly; run the same command "
+          f"again to continue (finished trials are skipped, a Stage I being trained continues from its last "
+          f"handover state)", flush=True)
+    os._exit(INTERRUPTED_EXIT_CODE)
+
+
+def interrupted_message(study: str, signal_name: str, stored: int, pending: int) -> str:
+    return (f"[{study}] interrupted by {signal_name}: {stored} of the {pending} trials of this run are in the "
+            f"store; run the same command again to continue (finished trials are skipped, a Stage I being "
+            f"trained continues from its last handover state)")
 
 
 @dataclass

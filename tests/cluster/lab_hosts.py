@@ -139,7 +139,7 @@ class Lab:
         """The network, keys and per-host files; :meth:`start` then starts the hosts' sshd."""
         tag = secrets.token_hex(3)
         root = Path(tempfile.mkdtemp(prefix=f"cl{tag}", dir="/var/tmp"))
-        subnet = _free_subnet()
+        subnet = free_subnet()
         user = os.environ.get("USER") or "root"
         lab = cls(root=root, tag=tag, gateway=f"{subnet}.1", hosts=[], key=root / "key", user=user, host_env={},
                   _control_dirs=_ray_control_dirs())
@@ -158,27 +158,12 @@ class Lab:
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.root / "hostkey"))
         shutil.copy(self.key.with_suffix(".pub"), self.root / "authorized_keys")
 
-        bridge = f"cb{self.tag}"
-        _sh("ip", "link", "add", bridge, "type", "bridge")
-        self._links.append(bridge)
-        _sh("ip", "addr", "add", f"{self.gateway}/24", "dev", bridge)
-        _sh("ip", "link", "set", bridge, "up")
+        bridge = add_bridge(self.tag, self.gateway, self._links)
         for i, name in enumerate(names):
             host = Host(name=name, ip=f"{subnet}.{i + 2}", netns=f"calib-{self.tag}-{i}",
                         home=self.root / f"h{i}" / "home", tmp=self.root / f"h{i}" / "t")
             self.hosts.append(host)
-            outside, inside = f"cv{self.tag}{i}", f"cp{self.tag}{i}"
-            _sh("ip", "netns", "add", host.netns)
-            _sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
-            self._links.append(outside)
-            _sh("ip", "link", "set", inside, "netns", host.netns)
-            _sh("ip", "link", "set", outside, "master", bridge)
-            _sh("ip", "link", "set", outside, "up")
-            inns = ("ip", "netns", "exec", host.netns)
-            _sh(*inns, "ip", "addr", "add", f"{host.ip}/24", "dev", inside)
-            _sh(*inns, "ip", "link", "set", inside, "up")
-            _sh(*inns, "ip", "link", "set", "lo", "up")
-            _sh(*inns, "ip", "route", "add", "default", "via", self.gateway)
+            add_namespace_host(bridge, host.netns, host.ip, self.gateway, f"{self.tag}{i}", self._links)
             host.tmp.mkdir(parents=True, mode=0o1777)
             host.tmp.chmod(0o1777)
             self._make_venv(host.home / "venv")
@@ -257,10 +242,7 @@ class Lab:
         for pid in self.processes():  # started in a namespace of ours by something that escaped the PID namespace
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        for host in self.hosts:
-            subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
-        for link in reversed(self._links):
-            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        remove_network([h.netns for h in self.hosts], self._links)
         # The launcher's SSH control sockets: Ray puts them under /tmp/ray_ssh_<user>/<cluster>, whatever TMPDIR says.
         for path in sorted(_ray_control_dirs() - self._control_dirs, key=lambda p: -len(p.parts)):
             shutil.rmtree(path, ignore_errors=True)
@@ -270,11 +252,7 @@ class Lab:
 
     def leftovers(self) -> list[str]:
         """What of the lab still exists after :meth:`close` (empty when it cleaned up)."""
-        found = []
-        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        found += [f"network namespace {h.netns}" for h in self.hosts if h.netns in netns]
-        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-        found += [f"link {name}" for name in self._links if f" {name}:" in links or f" {name}@" in links]
+        found = network_leftovers([h.netns for h in self.hosts], self._links)
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 with contextlib.suppress(OSError):
@@ -284,6 +262,51 @@ class Lab:
             found.append(f"directory {self.root}")
         found += [f"directory {p}" for p in sorted(_ray_control_dirs() - self._control_dirs)]
         return found
+
+
+def add_bridge(tag: str, gateway: str, links: list[str]) -> str:
+    """A bridge ``cb<tag>`` with the address ``gateway``/24 (appended to ``links``, which teardown deletes)."""
+    bridge = f"cb{tag}"
+    _sh("ip", "link", "add", bridge, "type", "bridge")
+    links.append(bridge)
+    _sh("ip", "addr", "add", f"{gateway}/24", "dev", bridge)
+    _sh("ip", "link", "set", bridge, "up")
+    return bridge
+
+
+def add_namespace_host(bridge: str, netns: str, ip: str, gateway: str, suffix: str, links: list[str]) -> None:
+    """A network namespace ``netns`` joined to ``bridge`` by a veth pair, at ``ip``/24 with a default route
+    through ``gateway``; the outside end (``cv<suffix>``) is appended to ``links``."""
+    outside, inside = f"cv{suffix}", f"cp{suffix}"
+    _sh("ip", "netns", "add", netns)
+    _sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+    links.append(outside)
+    _sh("ip", "link", "set", inside, "netns", netns)
+    _sh("ip", "link", "set", outside, "master", bridge)
+    _sh("ip", "link", "set", outside, "up")
+    inns = ("ip", "netns", "exec", netns)
+    _sh(*inns, "ip", "addr", "add", f"{ip}/24", "dev", inside)
+    _sh(*inns, "ip", "link", "set", inside, "up")
+    _sh(*inns, "ip", "link", "set", "lo", "up")
+    _sh(*inns, "ip", "route", "add", "default", "via", gateway)
+
+
+def remove_network(netns: list[str], links: list[str]) -> None:
+    """Delete the namespaces and links a lab made (what exists of them; never raises)."""
+    for name in netns:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    for link in reversed(links):
+        subprocess.run(["ip", "link", "del", link], capture_output=True)
+
+
+def network_leftovers(netns: list[str], links: list[str]) -> list[str]:
+    """The namespaces and links of a lab that still exist."""
+    found = []
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found += [f"network namespace {name}" for name in netns if name in listed]
+    shown = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    found += [f"link {name}" for name in links if f" {name}:" in shown or f" {name}@" in shown]
+    return found
 
 
 def _ray_control_dirs() -> set[Path]:
@@ -301,7 +324,7 @@ def _with_home(passwd: str, user: str, home: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _free_subnet() -> str:
+def free_subnet() -> str:
     """A 10.233.N /24 no interface on this machine uses."""
     used = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
     candidates = [n for n in range(256) if f" 10.233.{n}." not in used]

@@ -102,3 +102,14 @@ def test_a_population_counts_each_config():
     assert last.startswith("[demo] 1/4 done · 1 running · 1 failed")
     progress.trial_finished("p", "id-3", 0.05)
     assert progress.running == {} and progress.done == 2
+
+
+def test_trials_that_end_after_a_stop_signal_are_stopped_not_failed():
+    progress, out, _ = display(interactive=False, total=2)
+    progress.trial_started("a")
+    progress.interrupted = "SIGTERM"
+    progress.trial_failed("a", "id-a", "ActorDiedError: The actor died unexpectedly before finishing this task.")
+    lines = out.getvalue().splitlines()
+    assert lines[1] == ("[demo] trial id-a stopped by SIGTERM (ActorDiedError: The actor died unexpectedly before "
+                        "finishing this task.); the next run of the command runs it")
+    assert lines[2] == "[demo] 0/2 done · 0 running · 0 failed · 0s elapsed"

@@ -1,0 +1,221 @@
+"""A real Slurm on this machine, for running calib's sbatch scripts in a test.
+
+``slurmctld`` runs on a bridge; each compute node is a ``slurmd`` in a network namespace of its own on that
+bridge (``nsenter --net``: ``ip netns exec`` remounts /sys and slurmd 22.05 then aborts), with a private
+``/tmp`` (a mount namespace binding a folder of the lab over it: Ray's per-node files live there, as on
+real nodes). Debian's slurm-wlm 22.05, no munge (``auth/none``, ``cred/none``), no accounting, one
+partition. Client commands find the lab through ``SLURM_CONF`` (:attr:`SlurmLab.env`). Everything is
+created under one directory outside ``/tmp`` and torn down by :meth:`SlurmLab.close`: the daemons (by
+PID), whatever the jobs left in the namespaces, the namespaces, the bridge and the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab_hosts import add_bridge, add_namespace_host, free_subnet, network_leftovers, remove_network
+
+DAEMONS = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel")
+
+
+def missing_slurm() -> str | None:
+    """Why a Slurm lab cannot be built here, or None."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return "needs root on Linux (network and mount namespaces)"
+    missing = [tool for tool in (*DAEMONS, "nsenter", "unshare", "ip") if shutil.which(tool) is None]
+    if missing:
+        return (f"missing {', '.join(missing)} (Debian: apt-get install --no-install-recommends slurmctld slurmd "
+                f"slurm-client)")
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class SlurmNode:
+    name: str
+    ip: str
+    netns: str
+    tmp: Path
+    process: subprocess.Popen | None = None
+
+
+@dataclass
+class SlurmLab:
+    root: Path
+    tag: str
+    gateway: str
+    nodes: list[SlurmNode]
+    conf: Path
+    partition: str = "debug"
+    controller: subprocess.Popen | None = None
+    _links: list[str] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """This machine's environment with ``SLURM_CONF`` pointing at the lab."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def run(self, *argv: str, check: bool = True, **kwargs: object) -> subprocess.CompletedProcess:
+        """A Slurm client command against the lab (``sbatch``, ``squeue``...), its output captured as text."""
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=check, **kwargs)
+
+    @classmethod
+    def create(cls, nodes: int = 2, cpus: int = 2) -> SlurmLab:
+        tag = secrets.token_hex(3)
+        root = Path(tempfile.mkdtemp(prefix=f"sl{tag}", dir="/var/tmp"))
+        subnet = free_subnet()
+        lab = cls(root=root, tag=tag, gateway=f"{subnet}.1", nodes=[], conf=root / "slurm.conf")
+        try:
+            lab._build(nodes, cpus, subnet)
+        except BaseException:
+            lab.close()
+            raise
+        return lab
+
+    def _build(self, count: int, cpus: int, subnet: str) -> None:
+        bridge = add_bridge(self.tag, self.gateway, self._links)
+        for i in range(count):
+            node = SlurmNode(name=f"n{self.tag}{i + 1}", ip=f"{subnet}.{i + 2}", netns=f"slurm-{self.tag}-{i}",
+                             tmp=self.root / f"tmp{i + 1}")
+            add_namespace_host(bridge, node.netns, node.ip, self.gateway, f"{self.tag}{i}", self._links)
+            node.tmp.mkdir(mode=0o1777)
+            node.tmp.chmod(0o1777)
+            (self.root / "spool" / node.name).mkdir(parents=True)
+            self.nodes.append(node)
+        for folder in ("state", "log"):
+            (self.root / folder).mkdir()
+        host = socket.gethostname()
+        lines = [
+            f"ClusterName=lab{self.tag}", f"SlurmctldHost={host}({self.gateway})",
+            f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+            "AuthType=auth/none", "CredType=cred/none", "SlurmUser=root", "SlurmdUser=root",
+            f"StateSaveLocation={self.root}/state", f"SlurmdSpoolDir={self.root}/spool/%n",
+            f"SlurmctldPidFile={self.root}/slurmctld.pid", f"SlurmdPidFile={self.root}/slurmd-%n.pid",
+            f"SlurmctldLogFile={self.root}/log/slurmctld.log", f"SlurmdLogFile={self.root}/log/slurmd-%n.log",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none", "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none", "SwitchType=switch/none", "ReturnToService=2",
+            "KillWait=30", "MinJobAge=60",
+            *(f"NodeName={n.name} NodeHostname={host} NodeAddr={n.ip} CPUs={cpus} RealMemory=2000 State=UNKNOWN"
+              for n in self.nodes),
+            f"PartitionName={self.partition} Nodes={','.join(n.name for n in self.nodes)} Default=YES "
+            f"MaxTime=INFINITE State=UP OverSubscribe=NO",
+        ]
+        self.conf.write_text("\n".join(lines) + "\n")
+        log = open(self.root / "log" / "slurmctld.out", "wb")
+        self.controller = subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(self.conf)], stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
+        log.close()
+        for node in self.nodes:
+            log = open(self.root / "log" / f"{node.name}.out", "wb")
+            node.process = subprocess.Popen(
+                ["nsenter", f"--net=/var/run/netns/{node.netns}", "unshare", "--mount", "--propagation", "private",
+                 "sh", "-c", f"mount --bind {node.tmp} /tmp && exec slurmd -D -N {node.name} -f {self.conf}"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
+            log.close()
+        deadline = time.monotonic() + 60
+        while True:
+            states = self.run("sinfo", "--noheader", "--format=%t", check=False).stdout.split()
+            if states and all(s == "idle" for s in states) and len(self.nodes) == self._node_count():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the lab's nodes are not idle after 60 s: sinfo says {states}; logs in "
+                                   f"{self.root / 'log'}")
+            time.sleep(0.5)
+
+    def _node_count(self) -> int:
+        return len(self.run("sinfo", "--noheader", "--Node", "--format=%N", check=False).stdout.split())
+
+    def wait_job(self, job: str, *, timeout: float, states: tuple[str, ...] = ("COMPLETED", "FAILED", "CANCELLED",
+                                                                                  "TIMEOUT")) -> str:
+        """Wait until ``job`` is in one of ``states`` (``scontrol show job``'s JobState); its state."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.job_state(job)
+            if state in states:
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job} is {state} after {timeout:.0f} s, not one of {states}")
+            time.sleep(0.5)
+
+    def job_state(self, job: str) -> str:
+        out = self.run("scontrol", "show", "job", job, check=False).stdout
+        for token in out.split():
+            if token.startswith("JobState="):
+                return token.split("=", 1)[1]
+        return "GONE"
+
+    def start_now(self, job: str, timeout: float = 60.0) -> None:
+        """Start a requeued job now instead of after Slurm's delay (reason BeginTime, about 2 minutes).
+
+        Not within the second of the requeue: slurmd refuses a job credential created in the second its
+        previous one was revoked ("Job credential revoked") and the job would end there. Slurm may set its
+        own begin time after the job shows as PENDING, so the update is repeated until it leaves PENDING."""
+        time.sleep(2.0)
+        deadline = time.monotonic() + timeout
+        while (state := self.job_state(job)) == "PENDING":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job} still pending after {timeout:.0f} s: "
+                                   f"{self.run('scontrol', 'show', 'job', job, check=False).stdout}")
+            self.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+            time.sleep(1.0)
+        if state not in ("RUNNING", "CONFIGURING", "COMPLETED"):
+            raise RuntimeError(f"job {job} is {state} after its start; see {self.root / 'log'}")
+
+    def processes(self) -> list[int]:
+        """PIDs of every process left in the nodes' network namespaces."""
+        pids: list[int] = []
+        for node in self.nodes:
+            out = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout
+            pids += [int(p) for p in out.split()]
+        return pids
+
+    def close(self) -> None:
+        """Stop the daemons and whatever the jobs left, delete the namespaces, links and files; never raises."""
+        for proc in [self.controller, *(n.process for n in self.nodes)]:
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in [self.controller, *(n.process for n in self.nodes)]:
+            if proc is not None:
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=15)
+        for _ in range(2):  # job steps and Ray processes started in the nodes' namespaces
+            for pid in self.processes():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+        remove_network([n.netns for n in self.nodes], self._links)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        """What of the lab still exists after :meth:`close` (empty when it cleaned up)."""
+        found = network_leftovers([n.netns for n in self.nodes], self._links)
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if str(self.root).encode() in (proc / "cmdline").read_bytes():
+                        found.append(f"process {proc.name}")
+        if self.root.exists():
+            found.append(f"directory {self.root}")
+        return found

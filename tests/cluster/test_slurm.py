@@ -1,0 +1,173 @@
+"""Studies through `python -m calib.cluster slurm` on a real Slurm (Debian's slurm-wlm 22.05, two slurmd nodes).
+
+One lab serves every test of this file. A two-node γ study is interrupted in the middle of Stage I twice, by
+the warning Slurm sends before the time limit (``scancel --batch --signal=USR1``: the signal
+``--signal=B:USR1@<s>`` delivers) and by ``scontrol requeue`` (what a preemption does), and finishes on its
+third start with every row once and every Stage I trained once; meanwhile a second job runs and ends on its
+head node without touching its Ray (ports, temporary folder, stop). Bad input exits 2 before anything is
+submitted.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from slurm_lab import SlurmLab, missing_slurm
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDY = str(ROOT / "studies" / "sensitivity_gamma.py")
+
+pytestmark = [pytest.mark.ray, pytest.mark.skipif(missing_slurm() is not None,
+                                                  reason=f"Slurm test: {missing_slurm()}")]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    lab = SlurmLab.create(nodes=2, cpus=2)
+    try:
+        yield lab
+    finally:
+        lab.close()
+    assert not lab.leftovers(), lab.leftovers()
+
+
+def launch(lab: SlurmLab, run_dir: Path, *flags: str, study: list[str]) -> subprocess.CompletedProcess:
+    """``python -m calib.cluster slurm FLAGS -- python <sensitivity_gamma.py> STUDY`` against the lab."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "calib.cluster", "slurm", "--run-dir", str(run_dir),
+         "--setup", f"export PATH={Path(sys.executable).parent}:$PATH", *flags, "--", "python", STUDY, *study],
+        env=lab.env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def job_of(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, proc.stderr
+    return re.search(r"submitted job (\d+)", proc.stdout).group(1)
+
+
+def handover_epochs(artifacts: Path) -> list[int]:
+    """The epoch each Stage I being trained has saved for a takeover (torch's handover files)."""
+    epochs = []
+    for path in artifacts.glob("stage1/*.handover.pt"):
+        try:
+            epochs.append(int(torch.load(path, map_location="cpu", weights_only=True)["epoch"]))
+        except Exception:  # replaced while read
+            continue
+    return epochs
+
+
+def wait_for(what: str, check, log: Path, timeout: float = 120.0, lab: SlurmLab | None = None) -> None:
+    """Wait until ``check()``; on timeout fail with the end of the job's ``log`` (and the lab's queue)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            queue = (lab.run("squeue", "--all", "-o", "%i %T %r %N", check=False).stdout
+                     + lab.run("sinfo", "-N", "-o", "%N %T %E", check=False).stdout) if lab else ""
+            pytest.fail(f"timed out waiting for {what}; the job's log ends with:\n"
+                        f"{log.read_text()[-4000:] if log.exists() else '(no log)'}\n{queue}")
+        time.sleep(0.3)
+
+
+def left_running(lab: SlurmLab) -> list[str]:
+    """Processes in the nodes' namespaces other than slurmd: what a job left behind."""
+    out = []
+    for pid in lab.processes():
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "slurmd" not in command and "unshare" not in command:
+            out.append(f"{pid} {command[:100]}")
+    return out
+
+
+def test_a_two_node_study_survives_the_warning_a_requeue_and_another_job_on_its_head_node(lab: SlurmLab):
+    """Job A: a two-node γ study, interrupted inside Stage I by the time-limit warning, then requeued by
+    ``scontrol requeue``, finished on its third start. Job B: a short study on A's head node at the same
+    time, whose Ray start and stop leave A's alone."""
+    from calib.store import read_trials
+
+    run_dir, store = lab.root / "run-a", lab.root / "shared" / "store-a"
+    study = ["--store", str(store), "--data-root", str(lab.root / "data"), "--seeds", "1", "2", "--gammas", "0.9",
+             "--epochs", "250", "--stage2-epochs", "2", "--configs-per-trial", "1", "--cpus-per-trial", "1"]
+    submitted = launch(lab, run_dir, "--nodes", "2", "--cpus-per-node", "1", "--time", "0:30:00", "--signal-seconds",
+                       "60", "--handover-seconds", "0", "--max-requeues", "2", "--submit", study=study)
+    job = job_of(submitted)
+    assert "[sensitivity_gamma] checked: 4 trials to run" in submitted.stdout
+    log = run_dir / "slurm" / f"calib-sensitivity_gamma-{job}.out"
+    head = lab.nodes[0]
+    short = job_of(launch(lab, lab.root / "run-b", "--cpus-per-node", "1", f"--sbatch-option=--nodelist={head.name}",
+                          "--submit", study=["--study", "gamma-short", "--store", str(lab.root / "shared" / "store-b"),
+                                             "--data-root", str(lab.root / "data"), "--seeds", "1", "--gammas", "0.9",
+                                             "--epochs", "2", "--stage2-epochs", "2"]))
+    short_log = lab.root / "run-b" / "slurm" / f"calib-gamma-short-{short}.out"
+
+    # B runs on A's head node while A trains, and ends: its Ray is stopped, A's is not
+    wait_for("both jobs running", lambda: lab.job_state(job) == lab.job_state(short) == "RUNNING", log)
+    assert lab.wait_job(short, timeout=180) == "COMPLETED", short_log.read_text()[-3000:]
+    assert lab.job_state(job) == "RUNNING", log.read_text()[-3000:]
+    assert (head.tmp / f"calib-{job}").is_dir() and not (head.tmp / f"calib-{short}").exists()
+    ports = [re.search(r"Ray head on \S+ \((\S+)\)", f.read_text()).group(1) for f in (log, short_log)]
+    assert ports[0] != ports[1] and short_log.read_text().rstrip().endswith("the study finished")
+    assert (read_trials(lab.root / "shared" / "store-b")["status"] == "ok").sum() == 2
+
+    # 1st start of A: Slurm's warning before the time limit, in the middle of both Stage Is
+    wait_for("both Stage Is training", lambda: len(handover_epochs(store / "artifacts")) == 2, log)
+    lab.run("scancel", "--batch", "--signal=USR1", job)
+    wait_for("the job to requeue itself", lambda: lab.job_state(job) == "PENDING", log, lab=lab)
+    first = max(handover_epochs(store / "artifacts"))
+    assert first < 250, "Stage I ended before the warning: the test needs more epochs"
+    lab.start_now(job)
+    # 2nd start: requeued by the administrator (what preemption does), again inside Stage I
+    wait_for("Stage I to go on from its handover", lambda: max(handover_epochs(store / "artifacts") or [0])
+             >= first + 5, log, timeout=180, lab=lab)
+    lab.run("scontrol", "requeue", job)
+    wait_for("the requeue", lambda: lab.job_state(job) == "PENDING", log, lab=lab)
+    lab.start_now(job)
+    assert lab.wait_job(job, timeout=300) == "COMPLETED", log.read_text()[-3000:]
+
+    text = log.read_text()
+    said = [line for line in text.splitlines() if line.startswith(("[calib-slurm", "[sensitivity_gamma] "))]
+    for expected in (
+        "USR1: stopping the study cleanly",
+        "[sensitivity_gamma] interrupted by SIGTERM: 0 of the 4 trials of this run are in the store",  # its own
+        "interrupted before the time limit: the study is not finished; requeued, start 2 continues it",
+        "interrupted by SIGTERM (preemption, scontrol requeue or scancel): the study is not finished",
+        "the study stopped after SIGTERM; a requeued job continues it",
+        "start 3 of at most 3",
+    ):
+        assert expected in text, f"{expected!r} is not in the job's log:\n" + "\n".join(said)
+    assert said[-1].endswith("the study finished") and text.count("the study finished") == 1, "\n".join(said)
+
+    rows = read_trials(store)
+    assert len(rows) == 4 and rows["trial_id"].is_unique and (rows["status"] == "ok").all()
+    assert rows["node_id"].nunique() == 2, rows[["method", "seed", "node_id"]]  # both nodes ran trials
+    trainers = rows[~rows["stage1_cache_hit"].astype(bool)].groupby("stage1_id").size()
+    assert trainers.to_dict() == dict.fromkeys(rows["stage1_id"].unique(), 1)  # each Stage I trained once
+    assert (rows.groupby("stage1_id")["stage1_writer"].nunique() == 1).all()
+    assert rows["stage1_resumed_from_epoch"].notna().sum() == 2  # both trainings continued a handover
+    assert not left_running(lab) and not list((run_dir / "slurm").glob(".ray-token-*"))
+    left = [str(p) for node in lab.nodes for p in node.tmp.glob("calib-*/*")]
+    assert not [p for node in lab.nodes for p in node.tmp.glob("calib-*")], left  # every job's Ray folder removed
+
+
+@pytest.mark.parametrize(("flags", "study", "message"), [
+    (["--partition", "nope"], [], "Slurm would not accept the job: invalid partition specified: nope"),
+    (["--gpus-per-node", "1"], [], "--gpus-per-node 1: partition debug has no GPUs"),
+    (["--time", "5"], [], "--time 5 (300 s) must be longer than the warning before it (--signal-seconds 300)"),
+    ([], ["--gammas", "0"], "The study command fails calib's checks: `method.accuracy_weight` must be > 0"),
+    ([], ["--address", "auto"], "The study command must not have --address"),
+], ids=["unknown partition", "gpus on a cpu partition", "time under the warning", "bad study flag", "address"])
+def test_bad_input_exits_2_before_anything_is_submitted(lab: SlurmLab, tmp_path: Path, flags: list[str],
+                                                         study: list[str], message: str):
+    before = lab.run("squeue", "--noheader", "--all").stdout
+    proc = launch(lab, tmp_path, *flags, "--submit", study=["--store", str(tmp_path / "store"), *study])
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr
+    assert lab.run("squeue", "--noheader", "--all").stdout == before and not (tmp_path / "slurm").exists()

@@ -1,0 +1,123 @@
+"""The Slurm launcher without a Slurm: the generated script for a GPU partition against a reviewed golden
+file, the settings and their checks, and the command's paths that need no ``sbatch``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from calib._config import ConfigError
+from calib.cluster.slurm import SlurmSettings, local_storage_warnings, parse_time, render_script
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden" / "slurm_gpu.sbatch"
+
+GPU_SETTINGS = SlurmSettings(
+    partition="gpu", account="ml-lab", qos="normal", nodes=4, gpus_per_node=4, cpus_per_node=32,
+    mem_per_node="256G", time="2-00:00:00", signal_seconds=300, max_requeues=3, handover_seconds=120,
+    setup=("module load cuda/12.4", "source ~/venvs/calib/bin/activate"), run_dir="/shared/alice/calib",
+    sbatch_options=("--constraint=a100",))
+GPU_COMMAND = ["python", "studies/compare_methods.py", "--preset", "paper", "--store", "/shared/alice/results"]
+
+
+def test_the_script_for_a_gpu_partition_is_the_reviewed_golden_file():
+    script = render_script(GPU_SETTINGS, GPU_COMMAND, name="calib-compare_methods")
+    if os.environ.get("CALIB_UPDATE_GOLDEN"):  # regenerate, then review the diff before committing it
+        GOLDEN.write_text(script)
+    assert script == GOLDEN.read_text()
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_the_gpu_script_asks_slurm_for_what_the_settings_say():
+    directives = [line.removeprefix("#SBATCH ") for line in GOLDEN.read_text().splitlines()
+                  if line.startswith("#SBATCH ")]
+    assert directives == [
+        "--job-name=calib-compare_methods", "--partition=gpu", "--account=ml-lab", "--qos=normal", "--nodes=4",
+        "--ntasks-per-node=1", "--cpus-per-task=32", "--mem=256G", "--gpus-per-node=4", "--time=2-00:00:00",
+        "--signal=B:USR1@300", "--requeue", "--open-mode=append",
+        "--output=/shared/alice/calib/slurm/%x-%j.out", "--constraint=a100"]
+    text = GOLDEN.read_text()
+    assert "--object-store-memory=82463372083" in text  # 30 % of 256 GiB, not of the whole node's memory
+    assert 'GPUS=${SLURM_GPUS_ON_NODE:-0}' in text  # set with --gpus-per-node (SLURM_GPUS_PER_TASK is not)
+    assert "NodeAddr" in text and "$(hostname -" not in text  # addresses from Slurm, never `hostname -i`
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90", 5400), ("30:15", 1815), ("1:02:03", 3723), ("2-00", 172800), ("1-01:30", 91800),
+    ("1-00:00:10", 86410)])
+def test_slurm_time_limits_in_every_format(text: str, seconds: int):
+    assert parse_time(text) == seconds
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (SlurmSettings(time="1h"), "--time '1h' is not a Slurm time limit; allowed: MINUTES"),
+    (SlurmSettings(time="6", signal_seconds=300), "--time 6 (360 s) must be longer than the warning"),
+    (SlurmSettings(nodes=0), "--nodes must be an integer >= 1, got 0"),
+    (SlurmSettings(gpus_per_node=-1), "--gpus-per-node must be an integer >= 0, got -1"),
+    (SlurmSettings(max_requeues=True), "--max-requeues must be an integer >= 0, got True"),
+    (SlurmSettings(mem_per_node="64GB"), "--mem-per-node must be a size such as 64G"),
+    (SlurmSettings(partition="gpu a100"), "--partition 'gpu a100' has characters Slurm names do not use"),
+])
+def test_bad_settings_name_the_value_and_what_is_allowed(settings: SlurmSettings, message: str):
+    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        settings.check()
+
+
+def test_a_settings_file_takes_dashes_or_underscores_and_rejects_unknown_keys(tmp_path: Path):
+    good = tmp_path / "slurm.yaml"
+    good.write_text("partition: gpu\ngpus-per-node: 2\nmax_requeues: 5\nsetup: module load cuda\n"
+                    "sbatch-options: [--exclusive]\n")
+    settings = SlurmSettings.from_file(good)
+    assert (settings.partition, settings.gpus_per_node, settings.max_requeues) == ("gpu", 2, 5)
+    assert settings.setup == ("module load cuda",) and settings.sbatch_options == ("--exclusive",)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("partition: gpu\ngpus: 2\n")
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) gpus; allowed: account, cpus_per_node"):
+        SlurmSettings.from_file(bad)
+
+
+def test_a_node_local_store_is_a_warning(tmp_path: Path):
+    mounts = {line.split()[1]: line.split()[2] for line in Path("/proc/mounts").read_text().splitlines()}
+    if mounts.get("/dev/shm") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm")
+    warnings = local_storage_warnings(tmp_path, ["python", "s.py", "--store", "/dev/shm/calib-results",
+                                                 "--artifacts", "s3://bucket/artifacts"])
+    assert any(w.startswith("warning: --store /dev/shm/calib-results is on a node-local file system (tmpfs)")
+               for w in warnings)
+    assert not any("--artifacts" in w for w in warnings)  # on S3
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m calib.cluster slurm`` on a PATH without Slurm's commands (this machine's login node)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "calib.cluster", "slurm", *args], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PATH": str(bin_dir)})
+
+
+def test_without_slurm_the_command_writes_the_script_and_says_how_to_submit_it(tmp_path: Path):
+    out = tmp_path / "gamma.sbatch"
+    proc = _cli(tmp_path, "--nodes", "2", "--time", "4:00:00", "-o", str(out), "--",
+                "python", "studies/sensitivity_gamma.py", "--store", str(tmp_path / "results"), "--seeds", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "[sensitivity_gamma] checked: 6 trials to run; nothing was started (--check-only)",
+        f"wrote {out}: submit it with `sbatch {out}`"]
+    script = out.read_text()
+    assert "#SBATCH --job-name=calib-sensitivity_gamma" in script and "#SBATCH --nodes=2" in script
+    assert f"python studies/sensitivity_gamma.py --store {tmp_path / 'results'} --seeds 1 --address" in script
+    proc = _cli(tmp_path, "--submit", "--", "python", "studies/sensitivity_gamma.py")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: sbatch is not on this machine's PATH")
+
+
+def test_the_job_is_named_after_the_study_the_command_runs():
+    from calib.cluster import _study_name
+
+    assert _study_name(["python", "studies/search.py", "--space", "search_spaces/mac_cal_head.yaml"]) == (
+        "search_mac_cal_head")  # search.py's own default
+    assert _study_name(["python", "studies/ablation.py", "--study=ladder-a"]) == "ladder-a"
+    assert _study_name(["python", "studies/compare_methods.py", "--preset", "paper"]) == "compare_methods"
