@@ -177,17 +177,22 @@ def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_i
     from calib.search.display import ProgressDisplay
     from calib.search.tuner import StudyInterrupted, stoppable
 
+    watchers = []
+    monkeypatch.setattr("calib.search.tuner._exit_when_ray_is_gone", lambda *args: watchers.append(args))
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(StudyInterrupted, match=r"^\[s\] interrupted by SIGTERM before any of its 3 trials started; "
-                                               r"run the same command again to run them$"):
-        with stoppable("s", 3):  # Tune has not installed its SIGUSR1 handler yet
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)
-    assert signal.getsignal(signal.SIGTERM) is before
+    previous_usr1 = signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # Tune has not installed its handler yet
+    try:
+        with pytest.raises(StudyInterrupted, match=r"^\[s\] interrupted by SIGTERM before any of its 3 trials "
+                                                   r"started; run the same command again to run them$"):
+            with stoppable("s", 3):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous_usr1)
+    assert signal.getsignal(signal.SIGTERM) is before and not watchers
 
     tune_stops = []
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda *_: tune_stops.append(time.monotonic()))
-    monkeypatch.setattr("calib.search.tuner._exit_when_ray_is_gone", lambda *args: None)  # no Ray here
     display = ProgressDisplay("s", 3, "val_ece", stream=io.StringIO(), interactive=False)
     try:
         with stoppable("s", 3, display) as stop:
@@ -198,6 +203,8 @@ def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_i
         signal.signal(signal.SIGUSR1, previous_usr1)
     assert stop == {"signal": "SIGTERM"} and len(tune_stops) == 1 and display.interrupted == "SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is before
+    (study, signal_name, ended), = watchers
+    assert (study, signal_name) == ("s", "SIGTERM") and ended.is_set()  # the run ended: its watcher stops
 
 
 def test_a_stopping_driver_whose_ray_head_is_gone_says_so_and_exits_3():
@@ -208,14 +215,19 @@ def test_a_stopping_driver_whose_ray_head_is_gone_says_so_and_exits_3():
     with socket.socket() as probe:  # a port nothing listens on: the head is gone
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    code = ("import types, ray\n"
+    code = ("import threading, types, ray\n"
             f"ray.get_runtime_context = lambda: types.SimpleNamespace(gcs_address='127.0.0.1:{port}')\n"
             "from calib.search.tuner import _exit_when_ray_is_gone\n"
-            "_exit_when_ray_is_gone('s', 'SIGTERM')\n"
+            "ended = threading.Event()\n"
+            "threading.Timer(0.5, ended.set).start()\n"
+            "_exit_when_ray_is_gone('s', 'SIGTERM', ended)\n"  # the run ended first: no exit
+            "print('returned')\n"
+            "_exit_when_ray_is_gone('s', 'SIGTERM', threading.Event())\n"
             "print('not reached')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout.splitlines() == [
+        "returned",
         "[s] interrupted by SIGTERM, which stopped Ray's head too (a preemption, a requeue or scancel stops every "
         "process of a job): the running trials could not end cleanly; run the same command again to continue "
         "(finished trials are skipped, a Stage I being trained continues from its last handover state)"]

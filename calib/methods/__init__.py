@@ -1,6 +1,7 @@
 """Methods applied to a Stage-I artifact, by registered name. Adding one: a file here and a register call.
 
-Post-hoc calibrators live in :mod:`calib.posthoc`; importing them here registers their methods.
+Post-hoc calibrators live in :mod:`calib.posthoc`, which registers them into the same registry; the
+registry imports both packages when first read (:func:`calib.plugins.load_components`).
 """
 
 from calib.methods import mac_cal, tst, vanilla, vtst
@@ -9,7 +10,6 @@ from calib.methods._registry import METHODS
 from calib.methods.mac_cal import MacCalConfig
 from calib.methods.tst import TSTConfig
 from calib.methods.vtst import VTSTConfig
-from calib.posthoc import smart, temperature_scaling
 
 __all__ = [
     "METHODS",
@@ -20,8 +20,6 @@ __all__ = [
     "TSTConfig",
     "VTSTConfig",
     "mac_cal",
-    "smart",
-    "temperature_scaling",
     "tst",
     "vanilla",
     "vtst",

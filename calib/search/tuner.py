@@ -53,6 +53,7 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
     if threading.current_thread() is not threading.main_thread():
         yield state
         return
+    ended = threading.Event()
 
     def on_sigterm(signum: int, frame: Any) -> None:
         if "signal" in state:  # already stopping (a scheduler and the job script may both send it)
@@ -62,7 +63,7 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
             display.interrupted = state["signal"]
         if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's handler: it stops the run and returns
             os.kill(os.getpid(), signal.SIGUSR1)
-            threading.Thread(target=_exit_when_ray_is_gone, args=(study, state["signal"]), daemon=True,
+            threading.Thread(target=_exit_when_ray_is_gone, args=(study, state["signal"], ended), daemon=True,
                              name="ray-head-watch").start()
         else:
             raise StudyInterrupted(f"[{study}] interrupted by {state['signal']} before any of its {pending} trials "
@@ -72,6 +73,7 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
     try:
         yield state
     finally:
+        ended.set()  # the run ended on its own: the watcher stops
         signal.signal(signal.SIGTERM, previous)
 
 
@@ -79,8 +81,9 @@ RAY_HEAD_CHECKS = 3
 """Failed connections to Ray's head, a second apart, after which a stopping driver gives up on it."""
 
 
-def _exit_when_ray_is_gone(study: str, signal_name: str) -> None:
-    """After a stop signal: end this process (exit 3, one line) once Ray's head stops answering."""
+def _exit_when_ray_is_gone(study: str, signal_name: str, ended: threading.Event) -> None:
+    """After a stop signal: end this process (exit 3, one line) once Ray's head stops answering, unless
+    the run ends first (``ended``)."""
     import socket
 
     import ray
@@ -91,12 +94,15 @@ def _exit_when_ray_is_gone(study: str, signal_name: str) -> None:
         return
     failures = 0
     while failures < RAY_HEAD_CHECKS:
-        time.sleep(1.0)
+        if ended.wait(1.0):
+            return
         try:
             socket.create_connection((host, int(port)), timeout=2.0).close()
             failures = 0
         except OSError:
             failures += 1
+    if ended.is_set():
+        return
     print(f"[{study}] interrupted by {signal_name}, which stopped Ray's head too (a preemption, a requeue or "
           f"scancel stops every process of a job): the running trials could not end cleanly; run the same command "
           f"again to continue (finished trials are skipped, a Stage I being trained continues from its last "

@@ -275,7 +275,7 @@ def test_the_readme_one_liners_read_each_trial_once(base: TrialResult, tmp_path:
                       "hive_partitioning=true, union_by_name=true)").fetchall()
     assert sorted(r[0] for r in rows) == wanted and {r[1] for r in rows} == {STUDY}
     history = duckdb.sql("SELECT count(*) FROM read_parquet('results/history/**/*.parquet', hive_partitioning=true, "
-                         "union_by_name=true)").fetchone()[0]
+                         "union_by_name=true)").fetchall()[0][0]
     assert history == len(pd.read_parquet("results/history")) == 6 * len(base.history)
 
 
