@@ -38,7 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,6 @@ class SlurmSettings:
     """Further ``#SBATCH`` options, as given (``--constraint=a100``, ``--exclusive``)."""
     ray_tmp: str = "/tmp"
     """Where each node keeps Ray's files, ``<ray_tmp>/calib-<job id>``: short and node-local."""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> SlurmSettings:
@@ -111,7 +110,7 @@ class SlurmSettings:
             raise ConfigError(f"--settings {path}: not valid YAML ({err}).") from None
         if not isinstance(data, dict):
             raise ConfigError(f"--settings {path}: must be a mapping of settings, got {type(data).__name__}.")
-        names = {f.name for f in dataclasses.fields(cls) if f.name != "extra"}
+        names = {f.name for f in dataclasses.fields(cls)}
         values = {str(k).replace("-", "_"): v for k, v in data.items()}
         unknown = sorted(set(values) - names)
         if unknown:
@@ -395,15 +394,11 @@ def local_storage_warnings(run_dir: Path, command: list[str]) -> list[str]:
     return warnings
 
 
-def _slurm_tool(name: str) -> str | None:
-    return shutil.which(name)
-
-
 def check_with_slurm(settings: SlurmSettings, script: str) -> None:
     """Ask Slurm whether it would accept the job (``sbatch --test-only``: partition, account, QOS, time,
     resources) and whether the partition has GPUs when the job asks for them; ``ConfigError`` with
     Slurm's own message if not. Nothing is submitted."""
-    if settings.gpus_per_node and _slurm_tool("sinfo"):
+    if settings.gpus_per_node and shutil.which("sinfo"):
         query = ["sinfo", "--noheader", "--format=%P %G"] + (["--partition", settings.partition]
                                                              if settings.partition else [])
         rows = subprocess.run(query, capture_output=True, text=True).stdout.split("\n")
