@@ -100,17 +100,18 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_without_slurm_the_command_writes_the_script_and_says_how_to_submit_it(tmp_path: Path):
-    out = tmp_path / "gamma.sbatch"
-    proc = _cli(tmp_path, "--nodes", "2", "--time", "4:00:00", "-o", str(out), "--",
-                "python", "studies/sensitivity_gamma.py", "--store", str(tmp_path / "results"), "--seeds", "1")
+    out, study = tmp_path / "gamma.sbatch", str(ROOT / "studies" / "sensitivity_gamma.py")
+    proc = _cli(tmp_path, "--nodes", "2", "--time", "4:00:00", "--run-dir", str(tmp_path), "-o", str(out), "--",
+                "python", study, "--store", str(tmp_path / "results"), "--seeds", "1")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "[sensitivity_gamma] checked: 6 trials to run; nothing was started (--check-only)",
         f"wrote {out}: submit it with `sbatch {out}`"]
     script = out.read_text()
     assert "#SBATCH --job-name=calib-sensitivity_gamma" in script and "#SBATCH --nodes=2" in script
-    assert f"python studies/sensitivity_gamma.py --store {tmp_path / 'results'} --seeds 1 --address" in script
-    proc = _cli(tmp_path, "--submit", "--", "python", "studies/sensitivity_gamma.py")
+    assert f"python {study} --store {tmp_path / 'results'} --seeds 1 --address" in script
+    assert (tmp_path / "slurm").is_dir()  # the job's log folder: sbatch does not create it
+    proc = _cli(tmp_path, "--run-dir", str(tmp_path), "--submit", "--", "python", study)
     assert proc.returncode == 2 and proc.stderr.startswith("error: sbatch is not on this machine's PATH")
 
 
