@@ -252,14 +252,7 @@ class Lab:
 
     def leftovers(self) -> list[str]:
         """What of the lab still exists after :meth:`close` (empty when it cleaned up)."""
-        found = network_leftovers([h.netns for h in self.hosts], self._links)
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if str(self.root).encode() in (proc / "cmdline").read_bytes():
-                        found.append(f"process {proc.name}")
-        if self.root.exists():
-            found.append(f"directory {self.root}")
+        found = lab_leftovers(self.root, [h.netns for h in self.hosts], self._links)
         found += [f"directory {p}" for p in sorted(_ray_control_dirs() - self._control_dirs)]
         return found
 
@@ -299,13 +292,20 @@ def remove_network(netns: list[str], links: list[str]) -> None:
         subprocess.run(["ip", "link", "del", link], capture_output=True)
 
 
-def network_leftovers(netns: list[str], links: list[str]) -> list[str]:
-    """The namespaces and links of a lab that still exist."""
+def lab_leftovers(root: Path, netns: list[str], links: list[str]) -> list[str]:
+    """What of a lab still exists: its namespaces and links, processes naming its folder, the folder."""
     found = []
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     found += [f"network namespace {name}" for name in netns if name in listed]
     shown = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     found += [f"link {name}" for name in links if f" {name}:" in shown or f" {name}@" in shown]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if str(root).encode() in (proc / "cmdline").read_bytes():
+                    found.append(f"process {proc.name}")
+    if root.exists():
+        found.append(f"directory {root}")
     return found
 
 

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab_hosts import add_bridge, add_namespace_host, free_subnet, network_leftovers, remove_network
+from lab_hosts import add_bridge, add_namespace_host, free_subnet, lab_leftovers, remove_network
 
 DAEMONS = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel")
 
@@ -210,12 +210,4 @@ class SlurmLab:
 
     def leftovers(self) -> list[str]:
         """What of the lab still exists after :meth:`close` (empty when it cleaned up)."""
-        found = network_leftovers([n.netns for n in self.nodes], self._links)
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if str(self.root).encode() in (proc / "cmdline").read_bytes():
-                        found.append(f"process {proc.name}")
-        if self.root.exists():
-            found.append(f"directory {self.root}")
-        return found
+        return lab_leftovers(self.root, [n.netns for n in self.nodes], self._links)
