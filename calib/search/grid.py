@@ -135,7 +135,7 @@ def run_grid(
     if options.verbose:
         print(f"[{study}] {len(configs)} trials: {run.skipped} already in the store, {len(pending)} to run", flush=True)
     if options.check_only:
-        raise CheckedOnly(f"[{study}] checked: {len(pending)} trials to run; nothing was started (--check-only)")
+        raise CheckedOnly(study, len(pending))
     if not pending:
         compact_study_store(store, study, verbose=options.verbose)
         return run

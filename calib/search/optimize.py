@@ -292,7 +292,7 @@ def run_search(
         return rows.sort_values("finished_at")["trial_id"].tolist()
 
     if options.check_only:
-        raise CheckedOnly(f"[{study}] checked: {remaining} trials to run; nothing was started (--check-only)")
+        raise CheckedOnly(study, remaining)
     if remaining == 0:
         compact_study_store(store, study, verbose=options.verbose)
         return StudyRun(trial_ids=all_ok(), skipped=len(finished), seconds=time.perf_counter() - start)

@@ -39,6 +39,9 @@ class StudyInterrupted(Exception):
 class CheckedOnly(Exception):
     """``--check-only``: the run's configs, resources and store were checked; the message says what would run."""
 
+    def __init__(self, study: str, pending: int) -> None:
+        super().__init__(f"[{study}] checked: {pending} trials to run; nothing was started (--check-only)")
+
 
 @contextlib.contextmanager
 def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) -> Iterator[dict[str, Any]]:

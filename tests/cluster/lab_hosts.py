@@ -221,11 +221,7 @@ class Lab:
 
     def processes(self) -> list[int]:
         """PIDs of every process left in the hosts' network namespaces."""
-        pids: list[int] = []
-        for host in self.hosts:
-            out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True).stdout
-            pids += [int(p) for p in out.split()]
-        return pids
+        return namespace_pids([h.netns for h in self.hosts])
 
     def close(self) -> None:
         """Kill what the lab started, delete its namespaces, links and files; never raises halfway."""
@@ -290,6 +286,15 @@ def remove_network(netns: list[str], links: list[str]) -> None:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
     for link in reversed(links):
         subprocess.run(["ip", "link", "del", link], capture_output=True)
+
+
+def namespace_pids(netns: list[str]) -> list[int]:
+    """PIDs of every process in the network namespaces ``netns``."""
+    pids: list[int] = []
+    for name in netns:
+        out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+        pids += [int(p) for p in out.split()]
+    return pids
 
 
 def lab_leftovers(root: Path, netns: list[str], links: list[str]) -> list[str]:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab_hosts import add_bridge, add_namespace_host, free_subnet, lab_leftovers, remove_network
+from lab_hosts import add_bridge, add_namespace_host, free_subnet, lab_leftovers, namespace_pids, remove_network
 
 DAEMONS = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel")
 
@@ -180,11 +180,7 @@ class SlurmLab:
 
     def processes(self) -> list[int]:
         """PIDs of every process left in the nodes' network namespaces."""
-        pids: list[int] = []
-        for node in self.nodes:
-            out = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout
-            pids += [int(p) for p in out.split()]
-        return pids
+        return namespace_pids([n.netns for n in self.nodes])
 
     def close(self) -> None:
         """Stop the daemons and whatever the jobs left, delete the namespaces, links and files; never raises."""
