@@ -390,6 +390,8 @@ def _check_given_stage1(cfg: TrialConfig) -> None:
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "stage1": {"train_size": None},
     "mac_cal": {"stats_source": "train", "accuracy_weight_source": "fixed", "mask_mode": "forward"},
+    "temperature_scaling": {"calibration_size": None, "calibration_draw": 0},
+    "smart": {"calibration_size": None, "calibration_draw": 0},
 }
 """Fields added after results were stored, per section ("stage1") or method name, with their defaults.
 At its default such a field is left out of the identity hashes, so the trials and Stage-I artifacts

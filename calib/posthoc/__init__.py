@@ -1,22 +1,34 @@
 """Post-hoc calibrators: fitted on held-out logits, applied to any logits (docs/methods.md §5).
 
 Each is a :class:`PostHocCalibrator` (``fit(logits, labels)``, ``forward(logits)``) registered in
-:data:`POSTHOC`; each is also a method in :data:`calib.methods.METHODS` (``temperature_scaling``,
-``smart``) that fits on a Stage-I artifact's cached validation logits.
+:data:`POSTHOC`, and a method of :data:`calib.methods.METHODS` (:func:`register_posthoc_method`) that
+fits on the calibration set of a Stage-I artifact's cached validation logits. Adding one is one file
+here: every module of this package that does not start with ``_`` is imported below.
 """
 
+import importlib
+import pkgutil
+
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, PostHocPredictor
+from calib.posthoc._method import PostHocConfig, calibration_indices, register_posthoc_method
 from calib.posthoc.smart import SMART, SMARTConfig, soft_binned_ece
 from calib.posthoc.temperature_scaling import TEMPERATURE_GRID, TemperatureScaling, TemperatureScalingConfig
+
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "POSTHOC",
     "SMART",
     "TEMPERATURE_GRID",
     "PostHocCalibrator",
+    "PostHocConfig",
     "PostHocPredictor",
     "SMARTConfig",
     "TemperatureScaling",
     "TemperatureScalingConfig",
+    "calibration_indices",
+    "register_posthoc_method",
     "soft_binned_ece",
 ]

@@ -17,7 +17,7 @@ import copy
 import itertools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import nn
@@ -25,14 +25,10 @@ from torch.nn import functional as F
 
 from calib import progress
 from calib._config import check
-from calib.methods._base import MethodOutcome, MethodSpec
-from calib.methods._registry import METHODS
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, PostHocPredictor, check_logits, check_logits_labels
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
+from calib.posthoc._method import PostHocConfig, register_posthoc_method
 
-if TYPE_CHECKING:
-    from calib.artifacts import Stage1Artifact
-
-__all__ = ["SMART", "SMARTConfig", "logit_margin", "run_smart", "soft_binned_ece"]
+__all__ = ["SMART", "SMARTConfig", "logit_margin", "soft_binned_ece"]
 
 MARGIN_STD_FLOOR = 1e-8
 """Floor of the stored margin std, so a constant margin does not divide by zero."""
@@ -197,7 +193,7 @@ class SMART(PostHocCalibrator):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SMARTConfig:
+class SMARTConfig(PostHocConfig):
     """SMART as a method, fitted on the cached validation logits (docs/methods.md §5.2; SMART-R defaults).
 
     The trial's validation metrics are therefore in-sample; read the test metrics. Fixed, not
@@ -210,6 +206,9 @@ class SMARTConfig:
         lr: Adam learning rate, > 0 (5e-3).
         max_epochs: full-batch epochs at most, >= 1 (2000).
         patience: early-stopping patience in epochs on the fit loss (min_delta 1e-4), >= 1 (200).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+
+    The network is initialised from the trial seed.
     """
 
     hidden_size: int = 16
@@ -220,6 +219,7 @@ class SMARTConfig:
     patience: int = 200
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.hidden_size >= 1, "hidden_size", self.hidden_size, "be an integer >= 1")
         check(self.num_hidden_layers >= 1, "num_hidden_layers", self.num_hidden_layers, "be an integer >= 1")
         check(self.objective in ("smooth_soft_ece", "soft_ece"), "objective", self.objective,
@@ -229,18 +229,10 @@ class SMARTConfig:
         check(self.patience >= 1, "patience", self.patience, "be an integer >= 1")
 
 
-def run_smart(params: SMARTConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device) -> MethodOutcome:
-    """Fit SMART on the artifact's cached validation logits; apply it to the validation and test logits.
-
-    The network is initialised from the trial ``seed``. The validation metrics are in-sample. The
-    history is empty; the fitted calibrator is ``outcome.predict.calibrator`` (its ``loss_history``,
-    ``best_epoch``, ``temperatures(logits)``). Fitting runs on the CPU whatever ``device`` is.
-    """
-    val = artifact.splits["val"]
-    calibrator = SMART(hidden_size=params.hidden_size, num_hidden_layers=params.num_hidden_layers,
-                       objective=params.objective, lr=params.lr, max_epochs=params.max_epochs,
-                       patience=params.patience, seed=seed)
-    return MethodOutcome.from_predictor(PostHocPredictor(calibrator.fit(val.logits, val.labels)), artifact)
-
-
-METHODS.register("smart")(MethodSpec(SMARTConfig, run_smart, "SMART: margin-aware per-sample temperature"))
+register_posthoc_method(
+    "smart", SMARTConfig,
+    lambda params, seed: SMART(hidden_size=params.hidden_size, num_hidden_layers=params.num_hidden_layers,
+                               objective=params.objective, lr=params.lr, max_epochs=params.max_epochs,
+                               patience=params.patience, seed=seed),
+    "SMART: margin-aware per-sample temperature",
+)

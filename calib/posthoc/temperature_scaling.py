@@ -18,20 +18,16 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from calib._config import ConfigError, check
-from calib.methods._base import MethodOutcome, MethodSpec
-from calib.methods._registry import METHODS
 from calib.metrics import expected_calibration_error, negative_log_likelihood, softmax64
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, PostHocPredictor, check_logits_labels
-
-if TYPE_CHECKING:
-    from calib.artifacts import Stage1Artifact
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits_labels
+from calib.posthoc._method import PostHocConfig, register_posthoc_method
 
 __all__ = [
     "GRAD_TOLERANCE",
@@ -39,7 +35,6 @@ __all__ = [
     "TEMPERATURE_GRID",
     "TemperatureScaling",
     "TemperatureScalingConfig",
-    "run_temperature_scaling",
 ]
 
 TEMPERATURE_GRID = tuple(k / 10 for k in range(1, 101))
@@ -216,7 +211,7 @@ class TemperatureScaling(PostHocCalibrator):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TemperatureScalingConfig:
+class TemperatureScalingConfig(PostHocConfig):
     """Temperature scaling as a method: T fitted on the cached validation logits (docs/methods.md §5.1).
 
     The trial's validation metrics are therefore in-sample; read the test metrics. The fitted T is
@@ -231,6 +226,7 @@ class TemperatureScalingConfig:
             iterations, one step), which stops short; if it ends at a higher NLL than at T = 1.5
             (a runaway towards T → 0) the default fit replaces it with a RuntimeWarning
             (``calibrator.fit_fallback``). Must stay true with "grid".
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
     """
 
     objective: Literal["nll", "ece"] = "nll"
@@ -238,6 +234,7 @@ class TemperatureScalingConfig:
     lbfgs_line_search: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check(self.objective in ("nll", "ece"), "objective", self.objective, "be one of 'nll', 'ece'")
         check(self.optimizer in ("lbfgs", "grid"), "optimizer", self.optimizer, "be one of 'lbfgs', 'grid'")
         if self.objective == "ece" and self.optimizer != "grid":
@@ -248,20 +245,8 @@ class TemperatureScalingConfig:
                               "got optimizer='grid'.")
 
 
-def run_temperature_scaling(
-    params: TemperatureScalingConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device
-) -> MethodOutcome:
-    """Fit T on the artifact's cached validation logits; apply it to the validation and test logits.
-
-    The validation metrics are in-sample (T was fitted on that split); the test metrics are not.
-    The history is empty; the fitted T is ``outcome.predict.calibrator.temperature.item()``.
-    Fitting runs on the CPU whatever ``device`` is (a one-parameter problem).
-    """
-    val = artifact.splits["val"]
-    calibrator = TemperatureScaling(params.objective, params.optimizer, line_search=params.lbfgs_line_search)
-    return MethodOutcome.from_predictor(PostHocPredictor(calibrator.fit(val.logits, val.labels)), artifact)
-
-
-METHODS.register("temperature_scaling")(MethodSpec(
-    TemperatureScalingConfig, run_temperature_scaling, "temperature scaling fitted on the validation logits"
-))
+register_posthoc_method(
+    "temperature_scaling", TemperatureScalingConfig,
+    lambda params, seed: TemperatureScaling(params.objective, params.optimizer, line_search=params.lbfgs_line_search),
+    "temperature scaling fitted on the validation logits",
+)

@@ -1,0 +1,88 @@
+"""A post-hoc calibrator as a method: fitted on (a subset of) the Stage-I artifact's validation logits.
+
+Every post-hoc method's config derives from :class:`PostHocConfig`, which adds the calibration set:
+``calibration_size`` samples of the validation split (None: all of it), drawn by ``calibration_draw``
+(studies/posthoc.py, SMART's data-efficiency experiment). :func:`register_posthoc_method` registers
+the method from its config class and a ``build(params, seed)`` that returns an unfitted calibrator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from calib._config import check
+from calib.methods._base import MethodOutcome, MethodSpec
+from calib.methods._registry import METHODS
+from calib.posthoc._base import PostHocCalibrator, PostHocPredictor
+
+if TYPE_CHECKING:
+    from calib.artifacts import Stage1Artifact
+
+__all__ = ["CALIBRATION_FIELDS", "PostHocConfig", "calibration_indices", "register_posthoc_method"]
+
+CALIBRATION_FIELDS = {"calibration_size": None, "calibration_draw": 0}
+"""The calibration-set fields with their defaults (all of the validation split, draw 0)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PostHocConfig:
+    """The calibration set of a post-hoc method.
+
+    Attributes:
+        calibration_size: fit on this many validation samples, >= 2, drawn uniformly without
+            replacement; None (default): the whole validation split.
+        calibration_draw: which draw, >= 0: the subset is the first ``calibration_size`` of a
+            permutation seeded by the draw, so a draw's smaller subsets are nested in its larger ones.
+    """
+
+    calibration_size: int | None = None
+    calibration_draw: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.calibration_size is None or self.calibration_size >= 2, "calibration_size",
+              self.calibration_size, "be null (the whole validation split) or an integer >= 2")
+        check(self.calibration_draw >= 0, "calibration_draw", self.calibration_draw, "be an integer >= 0")
+
+
+def calibration_indices(num_val: int, size: int | None, draw: int) -> np.ndarray:
+    """Indices of the calibration set in a validation split of ``num_val`` samples (sorted).
+
+    >>> calibration_indices(5, None, 0).tolist()
+    [0, 1, 2, 3, 4]
+    >>> set(calibration_indices(10, 3, 0)) <= set(calibration_indices(10, 6, 0))
+    True
+    """
+    if size is None:
+        return np.arange(num_val)
+    if size > num_val:
+        raise ValueError(f"`method.calibration_size` must be at most the validation split's {num_val} samples, "
+                         f"got calibration_size={size}.")
+    return np.sort(np.random.default_rng(draw).permutation(num_val)[:size])
+
+
+def register_posthoc_method(
+    name: str,
+    config: type[PostHocConfig],
+    build: Callable[[Any, int], PostHocCalibrator],
+    description: str,
+) -> None:
+    """Register post-hoc method ``name``: ``build(params, seed)`` fitted on the calibration set.
+
+    The trial's validation metrics are (partly) in-sample; read the test metrics. The fitted
+    calibrator is ``outcome.predict.calibrator``. Fitting runs on the CPU whatever the device.
+    """
+
+    def run(params: PostHocConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device) -> MethodOutcome:
+        val = artifact.splits["val"]
+        keep = torch.from_numpy(calibration_indices(len(val.labels), params.calibration_size,
+                                                    params.calibration_draw))
+        calibrator = build(params, seed).fit(val.logits[keep], val.labels[keep])
+        return MethodOutcome.from_predictor(PostHocPredictor(calibrator), artifact)
+
+    run.__doc__ = f"Fit {name} on the calibration set of the artifact's validation logits; apply it to val and test."
+    METHODS.register(name)(MethodSpec(config, run, description))
