@@ -337,6 +337,11 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
         check(cfg.stage1.train_size < train_images, "stage1.train_size", cfg.stage1.train_size,
               f"be below the {train_images} images of {cfg.dataset}'s training split",
               "Leave it null (the default) to train on all of them.")
+    calibration_size = getattr(cfg.method.params, "calibration_size", None)
+    if calibration_size is not None and info.val_images is not None:
+        check(calibration_size <= info.val_images, "method.calibration_size", calibration_size,
+              f"be at most the {info.val_images} images of {cfg.dataset}'s validation split",
+              "Leave it null (the default) to calibrate on all of them.")
     if "train_heldout" in METHODS.get(cfg.method.name).splits(cfg.method.params) and cfg.stage1.train_size is None:
         raise ConfigError(
             f"`method.stats_source`='heldout' reads the training images Stage I did not train on, but "

@@ -20,7 +20,7 @@ from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.search import StudyRun, run_grid
 from calib.store import read_finished
 
-__all__ = ["METHOD_ROWS", "Row", "print_row_tables", "run_rows"]
+__all__ = ["METHOD_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "Row", "print_row_tables", "run_rows"]
 
 # FeDLaS's per-dataset defaults (docs/methods.md §3.5); the loss configs' defaults are CIFAR-10's.
 DATASET_LOSS_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
@@ -38,7 +38,17 @@ class Row:
     stage1: Mapping[str, Any] = field(default_factory=dict)
 
 
-# The methods of MaC-Cal Table 1 that calib implements, each with its paper defaults.
+POSTHOC_METHODS: dict[str, str] = {
+    "TS": "temperature_scaling", "SMART": "smart", "CTS": "classwise_ts", "PTS": "parameterized_ts",
+    "ETS": "ensemble_ts", "VS": "vector_scaling", "MS-ODIR": "matrix_scaling", "Dir-ODIR": "dirichlet",
+    "IR": "isotonic", "IRM": "isotonic_irm", "HB": "histogram_binning", "BBQ": "bbq", "Spline": "spline",
+}
+"""Every post-hoc method by its short label (docs/methods.md §5), in the order of the tables."""
+
+POSTHOC_ROWS: dict[str, Row] = {f"CE+{label}": Row(method={"name": name}) for label, name in POSTHOC_METHODS.items()}
+"""The post-hoc methods with their defaults, each fitted on the vanilla (CE) Stage I's validation logits."""
+
+# The methods of MaC-Cal Table 1 that calib implements, each with its paper defaults, and every post-hoc method.
 METHOD_ROWS: dict[str, Row] = {
     "Vanilla (CE)": Row(),
     "LS": Row(loss={"name": "label_smoothing"}),
@@ -52,8 +62,7 @@ METHOD_ROWS: dict[str, Row] = {
     "FeDLaS-MbLS": Row(loss={"name": "fedlas_mbls"}),
     "Mixup": Row(stage1={"mixup_alpha": 1.0}),
     "MIT": Row(stage1={"mit_alpha": 1.0}),
-    "CE+TS": Row(method={"name": "temperature_scaling"}),
-    "CE+SMART": Row(method={"name": "smart"}),
+    **POSTHOC_ROWS,
     "TST": Row(method={"name": "tst"}),
     "V-TST": Row(method={"name": "vtst"}),
     "MaC-Cal": Row(method={"name": "mac_cal"}),

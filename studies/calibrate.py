@@ -10,9 +10,10 @@ Stage I is not trained: it is your model, given as
 - ``--features FILE``: the features, labels and final linear layer (or logits) of the train, val and
   test splits, from any model (docs/extending.md, "Precomputed features").
 
-Runs the uncalibrated model, temperature scaling, SMART, TST, V-TST and MaC-Cal (``--methods``), each
+Runs the uncalibrated model, every post-hoc method (TS, SMART, CTS, PTS, ETS, VS, MS-ODIR, Dir-ODIR, IR,
+IRM, HB, BBQ, Spline), TST, V-TST and MaC-Cal (``--methods``), each
 over the seeds of its Stage II (the backbone is fixed, so seeds vary only what calibration draws), and
-prints accuracy, ECE, AECE, MCE, NLL, Brier, O-ECE, U-ECE, AURC and AUGRC on the test split, mean ± 95%
+prints accuracy, ECE, AECE, MCE, SmoothECE, NLL, Brier, O-ECE, U-ECE, AURC and AUGRC on the test split, mean ± 95%
 CI over seeds, and writes the reliability diagrams (pooled over seeds, with Clopper–Pearson 95% intervals
 per bin) to ``<store>/figures``. ``studies/report.py`` regenerates both from the store.
 """
@@ -22,18 +23,15 @@ from __future__ import annotations
 from calib._config import ConfigError
 from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.report import report_step
-from calib.report.build import pooled_bins
+from calib.report.build import FULL, pooled_bins
 from calib.report.figures import plot_reliability
-from calib.study_rows import METHOD_ROWS, Row, print_row_tables, run_rows
+from calib.study_rows import METHOD_ROWS, POSTHOC_METHODS, Row, print_row_tables, run_rows
 
-METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_nll": "NLL",
-           "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE",
-           "test_aurc": "AURC", "test_augrc": "AUGRC"}
+METRICS = FULL
 
 ROWS: dict[str, Row] = {
     "Uncalibrated": Row(),
-    "TS": Row(method={"name": "temperature_scaling"}),
-    "SMART": Row(method={"name": "smart"}),
+    **{label: Row(method={"name": name}) for label, name in POSTHOC_METHODS.items()},
     "TST": Row(method={"name": "tst"}),
     "V-TST": Row(method={"name": "vtst"}),
     "MaC-Cal": Row(method={"name": "mac_cal"}),

@@ -9,11 +9,10 @@ mean ± 95% CI over seeds, on the test split.
 from __future__ import annotations
 
 from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
+from calib.report.build import FULL
 from calib.study_rows import METHOD_ROWS, print_row_tables, run_rows
 
-METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_nll": "NLL",
-           "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE",
-           "test_aurc": "AURC", "test_augrc": "AUGRC"}
+METRICS = FULL
 
 
 @guarded_main

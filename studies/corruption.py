@@ -26,9 +26,9 @@ from calib.datasets.corruptions import (
 )
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
-from calib.study_rows import METHOD_ROWS, print_row_tables, run_rows
+from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
 
-ROWS = ["Vanilla (CE)", "CE+TS", "TST", "V-TST", "MaC-Cal"]
+ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal"]
 
 
 def evaluation_for(args: argparse.Namespace):

@@ -17,8 +17,10 @@ from calib.study_rows import METHOD_ROWS, run_rows
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
     parser = study_parser(__doc__, study="compare_methods")
+    parser.add_argument("--methods", nargs="+", default=list(METHOD_ROWS), choices=list(METHOD_ROWS),
+                        metavar="ROW", help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: all of them)")
     args = parser.parse_args(argv)
-    trials, run = run_rows(args, METHOD_ROWS)
+    trials, run = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS)
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"cost table for {dataset} · {arch}"):
             print(f"\n{dataset} · {arch} · wall seconds, mean over seeds · hosts {sorted(set(group['host']))}\n")

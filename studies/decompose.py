@@ -7,7 +7,7 @@ on the same 15 bins (docs/methods.md §6.4).
 from __future__ import annotations
 
 from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
-from calib.study_rows import Row, print_row_tables, run_rows
+from calib.study_rows import POSTHOC_ROWS, Row, print_row_tables, run_rows
 
 ROWS = {
     "CE": Row(),
@@ -15,7 +15,7 @@ ROWS = {
     "FeDLaS-LS": Row(loss={"name": "fedlas_ls"}),
     "MbLS": Row(loss={"name": "mbls"}),
     "FeDLaS-MbLS": Row(loss={"name": "fedlas_mbls"}),
-    "CE+TS": Row(method={"name": "temperature_scaling"}),
+    **POSTHOC_ROWS,
     "MaC-Cal": Row(method={"name": "mac_cal"}),
 }
 METRICS = {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_accuracy": "Acc"}
@@ -24,8 +24,10 @@ METRICS = {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
     parser = study_parser(__doc__, study="decompose")
+    parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=list(ROWS), metavar="ROW",
+                        help=f"rows to run, from: {', '.join(ROWS)} (default: all of them)")
     args = parser.parse_args(argv)
-    trials, run = run_rows(args, ROWS)
+    trials, run = run_rows(args, {label: ROWS[label] for label in args.methods}, table=ROWS)
     print_row_tables(trials, METRICS, study=args.study)
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from calib._config import ConfigError
 from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.datasets import DEFAULT_OOD, OOD_SETS
-from calib.study_rows import METHOD_ROWS, print_row_tables, run_rows
+from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
 
-ROWS = ["Vanilla (CE)", "CE+TS", "TST", "V-TST", "MaC-Cal", "DFL", "ACLS", "LS", "FeDLaS-LS", "MbLS", "FeDLaS-MbLS"]
+ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal", "DFL", "ACLS", "LS", "FeDLaS-LS", "MbLS",
+        "FeDLaS-MbLS"]
 
 
 @guarded_main

@@ -110,7 +110,8 @@ class DatasetInfo:
     ``num_classes`` and ``input_shape`` (C, H, W) are None when only the files tell them (a dataset
     of the user's own images): then they are known after loading, from :class:`DatasetSplits`;
     ``train_images`` is the size of the training split Stage I trains on (None: not known before
-    loading), which bounds ``stage1.train_size`` before any trial starts.
+    loading), which bounds ``stage1.train_size`` before any trial starts; ``val_images`` the size of
+    the validation split, which bounds a post-hoc method's ``calibration_size`` the same way.
 
     ``options`` is the config class of the loader's keyword options, a
     ``@dataclass(frozen=True, kw_only=True)`` whose fields are the keyword arguments ``load`` takes
@@ -125,3 +126,4 @@ class DatasetInfo:
     description: str
     train_images: int | None = None
     options: type | None = None
+    val_images: int | None = None

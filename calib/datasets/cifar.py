@@ -280,6 +280,7 @@ DATASETS.register("cifar10")(
         input_shape=INPUT_SHAPE,
         description="CIFAR-10 (torchvision), FOCAL-R split 45k/5k/10k, crop+flip augmentation.",
         train_images=50_000 - VAL_SIZE,
+        val_images=VAL_SIZE,
     )
 )
 DATASETS.register("cifar100")(
@@ -290,5 +291,6 @@ DATASETS.register("cifar100")(
         input_shape=INPUT_SHAPE,
         description="CIFAR-100 (torchvision), FOCAL-R split 45k/5k/10k, crop+flip, CIFAR test statistics.",
         train_images=50_000 - VAL_SIZE,
+        val_images=VAL_SIZE,
     )
 )

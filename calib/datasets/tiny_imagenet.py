@@ -319,5 +319,6 @@ DATASETS.register("tiny-imagenet")(
         description="Tiny-ImageNet-200, ACLS/FeDLaS split 90k/10k (50 a class held out of train)/10k (official val), "
         "crop+flip, ImageNet statistics.",
         train_images=200 * (500 - VAL_PER_CLASS),
+        val_images=200 * VAL_PER_CLASS,
     )
 )

@@ -2,10 +2,12 @@
 
 Every calibration metric takes ``probs`` (N, C) that sum to 1 and integer ``labels`` (N,); convert
 logits with :func:`softmax64` first (float64, docs/methods.md §6.1). Binned metrics take
-``num_bins=15`` and follow the FOCAL-R conventions (bins ``(lower, upper]``). :data:`METRICS`
-lists each metric with its direction; :func:`compute_all` evaluates them all. AURC and AUGRC rank
-the samples by confidence (selective prediction); :func:`clopper_pearson` gives exact binomial
-intervals, e.g. for the accuracy of each reliability-diagram bin.
+``num_bins=15`` and follow the FOCAL-R conventions (bins ``(lower, upper]``), except the debiased
+L2 error, which bins as Kumar et al.'s package does; SmoothECE (a kernel) and ECE-sweep (which
+chooses its own number of bins) take none. :data:`METRICS` lists each metric with its direction;
+:func:`compute_all` evaluates them all. AURC and AUGRC rank the samples by confidence (selective
+prediction); :func:`clopper_pearson` gives exact binomial intervals, e.g. for the accuracy of each
+reliability-diagram bin.
 """
 
 from calib.metrics._compute import METRICS, MetricSpec, compute_all, higher_is_better
@@ -14,12 +16,15 @@ from calib.metrics.adaptive_ece import adaptive_calibration_error
 from calib.metrics.aurc import area_under_generalized_risk_coverage, area_under_risk_coverage
 from calib.metrics.brier import brier_score
 from calib.metrics.classwise_ece import classwise_ece
+from calib.metrics.debiased_ece import debiased_l2_calibration_error
 from calib.metrics.decomposed_ece import overconfidence_ece, underconfidence_ece
 from calib.metrics.ece import expected_calibration_error
+from calib.metrics.ece_sweep import ece_sweep
 from calib.metrics.mce import maximum_calibration_error
 from calib.metrics.nll import negative_log_likelihood
 from calib.metrics.ood import ood_auroc, ood_fpr_at_95_tpr
 from calib.metrics.reliability import clopper_pearson, reliability_bins
+from calib.metrics.smooth_ece import smooth_ece
 from calib.metrics.softmax import softmax64
 
 __all__ = [
@@ -33,6 +38,8 @@ __all__ = [
     "classwise_ece",
     "clopper_pearson",
     "compute_all",
+    "debiased_l2_calibration_error",
+    "ece_sweep",
     "expected_calibration_error",
     "higher_is_better",
     "maximum_calibration_error",
@@ -41,6 +48,7 @@ __all__ = [
     "ood_fpr_at_95_tpr",
     "overconfidence_ece",
     "reliability_bins",
+    "smooth_ece",
     "softmax64",
     "underconfidence_ece",
 ]

@@ -19,10 +19,13 @@ from calib.metrics.aurc import (
 )
 from calib.metrics.brier import _brier_compute, brier_score
 from calib.metrics.classwise_ece import _cwece_compute, classwise_ece
+from calib.metrics.debiased_ece import _l2ce_debiased_compute, debiased_l2_calibration_error
 from calib.metrics.decomposed_ece import _oece_compute, _uece_compute, overconfidence_ece, underconfidence_ece
 from calib.metrics.ece import _ece_compute, expected_calibration_error
+from calib.metrics.ece_sweep import _ece_sweep_compute, ece_sweep
 from calib.metrics.mce import _mce_compute, maximum_calibration_error
 from calib.metrics.nll import NLL_MAX, _nll_compute, negative_log_likelihood
+from calib.metrics.smooth_ece import _smece_compute, smooth_ece
 
 __all__ = ["METRICS", "MetricSpec", "compute_all", "higher_is_better"]
 
@@ -109,6 +112,22 @@ METRICS: dict[str, MetricSpec] = {
         False,
         "Area under the generalized risk-coverage curve, 0/1 loss (Traub et al. 2024).",
     ),
+    "smece": MetricSpec(
+        smooth_ece,
+        False,
+        "SmoothECE, reflected Gaussian kernel, bandwidth at its fixed point, via relplot (Blasiok & Nakkiran 2024).",
+    ),
+    "ece_sweep": MetricSpec(
+        ece_sweep,
+        False,
+        "ECE-sweep: equal-mass ECE at the most bins with monotone accuracy (Roelofs et al. 2022).",
+    ),
+    "l2ce_debiased": MetricSpec(
+        debiased_l2_calibration_error,
+        False,
+        "Debiased top-label L2 calibration error, equal-mass bins (Kumar et al. 2019).",
+        binned=True,
+    ),
 }
 """Every metric by its stable name (the Parquet column name); values are fractions, not percent."""
 
@@ -160,4 +179,7 @@ def compute_all(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 15) -> d
         "brier": _brier_compute(p, y),
         "aurc": _aurc_compute(confidences, correct),
         "augrc": _augrc_compute(confidences, correct),
+        "smece": _smece_compute(confidences, correct),
+        "ece_sweep": _ece_sweep_compute(confidences, correct),
+        "l2ce_debiased": _l2ce_debiased_compute(confidences, correct, num_bins),
     }

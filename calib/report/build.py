@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as pads
 
+from calib.datasets import DATASETS
 from calib.metrics import clopper_pearson
 from calib.report import figures
 from calib.report.published import published_ece
@@ -31,10 +32,15 @@ from calib.report.tables import (
 )
 from calib.store import read_history, read_trials
 
-__all__ = ["KNOWN_STUDIES", "build_report", "pooled_bins"]
+__all__ = ["CALIBRATION_SIZE_METRICS", "FULL", "KNOWN_STUDIES", "build_report", "calibration_size_summary",
+           "pooled_bins"]
 
-FULL = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_nll": "NLL",
-        "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_aurc": "AURC", "test_augrc": "AUGRC"}
+FULL = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_smece": "smECE",
+        "test_ece_sweep": "ECE-sweep", "test_l2ce_debiased": "dL2-CE", "test_nll": "NLL", "test_brier": "Brier",
+        "test_oece": "O-ECE", "test_uece": "U-ECE", "test_aurc": "AURC", "test_augrc": "AUGRC"}
+"""The full table's metrics (compare_methods, calibrate): column -> header."""
+CALIBRATION_SIZE_METRICS = {"test_ece": "ECE", "test_smece": "smECE", "test_nll": "NLL", "test_accuracy": "Acc"}
+"""The metrics of the calibration-set size study (studies/posthoc.py)."""
 SHORT = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
 # study -> (the script that runs it, the metrics of its table)
 KNOWN_STUDIES: dict[str, tuple[str, dict[str, str]]] = {
@@ -51,6 +57,7 @@ KNOWN_STUDIES: dict[str, tuple[str, dict[str, str]]] = {
     "calibrate": ("studies/calibrate.py --checkpoint FILE --archs ARCH --datasets DATASET", FULL),
     "decompose": ("studies/decompose.py", {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE",
                                            "test_accuracy": "Acc"}),
+    "posthoc": ("studies/posthoc.py", CALIBRATION_SIZE_METRICS),
 }
 Spread = Literal["ci", "std"]
 
@@ -64,6 +71,26 @@ def _labelled(trials: pd.DataFrame) -> pd.DataFrame:
 def _ordered_summary(trials: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFrame:
     table = summarize(trials, ["label_rank", "label"], list(metrics))
     return table.sort_values(["label_rank", "label"], kind="stable").reset_index(drop=True)
+
+
+def calibration_size_summary(trials: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """studies/posthoc.py's rows (labels ``"<method> · n=<size>"`` or ``"<method> · all"``) summarised per
+    method and size in the study's order: ``method``, ``calibration set``, ``size`` (the number of samples;
+    "all" is the dataset's validation split where its size is registered, else NaN; NaN for the uncalibrated
+    row) and :func:`summarize`'s columns of :data:`CALIBRATION_SIZE_METRICS` over draws and seeds."""
+    try:
+        val_images = DATASETS.get(dataset).val_images
+    except KeyError:  # a plugin's dataset that is not loaded here
+        val_images = None
+    labelled = _labelled(trials)
+    parts = labelled["label"].str.split(" · ", n=1)
+    frame = labelled.assign(**{"method": parts.str[0], "calibration set": parts.str[1].fillna("–")})
+    table = summarize(frame, ["label_rank", "method", "calibration set"], list(CALIBRATION_SIZE_METRICS))
+    table = table.sort_values("label_rank", kind="stable").drop(columns="label_rank").reset_index(drop=True)
+    sizes = table["calibration set"].str.removeprefix("n=")
+    all_size = float("nan") if val_images is None else float(val_images)
+    table.insert(2, "size", [all_size if s == "all" else float(s) if s.isdigit() else float("nan") for s in sizes])
+    return table
 
 
 def _best(table: pd.DataFrame, metric: str) -> int | None:
@@ -193,6 +220,12 @@ def _study_figures(store: str | os.PathLike, study: str, dataset: str, arch: str
                 summarize(long, ["label", "severity"], ["ece"]), "severity", "ece", "label",
                 out / f"{study}_{setup}_severity.png", xlabel="corruption severity",
                 ylabel="ECE (%), mean over corruptions", title=f"corruptions · {name}"))
+    elif study == "posthoc":
+        sizes = calibration_size_summary(trials, dataset)
+        written.append(figures.plot_metric_against(
+            sizes[sizes["size"].notna()], "size", "test_ece", "method", out / f"{study}_{setup}_sizes.png",
+            xlabel="calibration-set size (validation samples)", ylabel="test ECE (%)", log_x=True,
+            title=f"post-hoc calibration-set size · {name}"))
     elif study == "ablation":
         written.append(figures.plot_bars(_ordered_summary(trials, SHORT), "label", "test_ece",
                                          out / f"{study}_{setup}_bars.png", ylabel="test ECE (%)",

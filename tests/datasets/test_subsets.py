@@ -91,6 +91,7 @@ def test_labels_come_from_the_dataset_and_the_tensor_view_stays_lazy():
 def test_registered_training_sizes_and_classes_are_the_loaders(name):
     data = load_dataset(name, "")
     assert DATASETS.get(name).train_images == len(data.train_eval)
+    assert DATASETS.get(name).val_images == len(data.val)
     assert DATASETS.get(name).num_classes == data.num_classes == len(_training_labels(data).unique())
 
 

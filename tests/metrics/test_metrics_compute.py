@@ -8,7 +8,10 @@ import pytest
 import calib.metrics as metrics
 from calib.metrics import METRICS, MetricSpec, compute_all, higher_is_better
 
-NAMES = ["accuracy", "ece", "aece", "mce", "oece", "uece", "cwece", "nll", "brier", "aurc", "augrc"]
+NAMES = [
+    "accuracy", "ece", "aece", "mce", "oece", "uece", "cwece", "nll", "brier", "aurc", "augrc", "smece", "ece_sweep",
+    "l2ce_debiased",
+]
 
 
 def test_names() -> None:
@@ -43,10 +46,20 @@ def test_worked_example(worked: tuple[np.ndarray, np.ndarray]) -> None:
         "brier": 2.63 / 6,
         "aurc": 67 / 360,
         "augrc": 5 / 36,
+        "ece_sweep": 0.325 / 3,  # B* = 3, see test_worked_example_ece_sweep
+        "l2ce_debiased": 0.0,  # chunks of 2, 1, 1, 1, 1: only {.45, .50} counts, .025² − .25 < 0
     }
     for name, value in expected.items():
         assert result[name] == pytest.approx(value, abs=1e-12), name
     assert compute_all(probs, labels, num_bins=3)["aece"] == pytest.approx(0.25, abs=1e-12)
+
+
+def test_worked_example_ece_sweep(worked: tuple[np.ndarray, np.ndarray]) -> None:
+    # Sorted conf .45 .50 .65 .70 .85 .90, correct 0 1 1 0 1 1. B = 2: acc 2/3, 2/3; B = 3: .5, .5, 1
+    # (monotone); B = 4 (ranks r·4//6 = 0 0 1 2 2 3): .5, 1, .5, 1, not -> B* = 3, bins of two:
+    # conf .475, .675, .875 vs acc .5, .5, 1 -> (2/6)(.025 + .175 + .125) = .325/3 (= the ECE here).
+    probs, labels = worked
+    assert compute_all(probs, labels)["ece_sweep"] == pytest.approx(0.325 / 3, abs=1e-12)
 
 
 @pytest.mark.parametrize("num_bins", [1, 15])
@@ -69,6 +82,8 @@ def test_spec_call_passes_num_bins_only_when_binned(worked: tuple[np.ndarray, np
     )
     assert METRICS["nll"](probs, labels, num_bins=5) == metrics.negative_log_likelihood(probs, labels)
     assert METRICS["brier"].binned is False and METRICS["cwece"].binned is True
+    assert METRICS["smece"].binned is False and METRICS["ece_sweep"].binned is False
+    assert METRICS["l2ce_debiased"].binned is True
 
 
 def test_errors(worked: tuple[np.ndarray, np.ndarray]) -> None:
@@ -79,7 +94,8 @@ def test_errors(worked: tuple[np.ndarray, np.ndarray]) -> None:
         higher_is_better("eec")
     with pytest.raises(
         KeyError,
-        match=r"Valid metric names: accuracy, ece, aece, mce, oece, uece, cwece, nll, brier, aurc, augrc\.",
+        match=r"Valid metric names: accuracy, ece, aece, mce, oece, uece, cwece, nll, brier, aurc, augrc, smece, "
+        r"ece_sweep, l2ce_debiased\.",
     ):
         higher_is_better("ece_pct")
     with pytest.raises(ValueError, match=r"^`num_bins` must be an integer >= 1, got num_bins=0\.$"):

@@ -1,14 +1,18 @@
-"""run_trial end to end for TST, V-TST, temperature scaling and SMART on one shared Stage-I artifact."""
+"""run_trial end to end for TST, V-TST and every post-hoc method on one shared Stage-I artifact."""
 
 import math
 
+import numpy as np
+import pytest
 import torch
 
+from calib._config import ConfigError
 from calib.artifacts import get_or_train_stage1
 from calib.config import parse_trial_config
 from calib.methods import METHODS
 from calib.metrics import METRICS
-from calib.trial import run_trial
+from calib.posthoc import TemperatureScaling
+from calib.trial import run_trial, trial_id
 
 METHOD_PARAMS = [
     {"name": "tst", "epochs": 2},
@@ -16,7 +20,21 @@ METHOD_PARAMS = [
     {"name": "temperature_scaling"},
     {"name": "temperature_scaling", "objective": "ece", "optimizer": "grid"},
     {"name": "smart", "max_epochs": 100},
+    {"name": "classwise_ts"},
+    {"name": "parameterized_ts", "steps": 200},
+    {"name": "ensemble_ts"},
+    {"name": "vector_scaling"},
+    {"name": "matrix_scaling"},
+    {"name": "dirichlet"},
+    {"name": "isotonic"},
+    {"name": "isotonic_irm"},
+    {"name": "histogram_binning"},
+    {"name": "bbq"},
+    {"name": "spline"},
+    {"name": "temperature_scaling", "calibration_size": 50, "calibration_draw": 1},
 ]
+KEEP_ARGMAX = ("temperature_scaling", "smart", "parameterized_ts", "ensemble_ts")
+"""The methods whose papers keep the predicted class (a positive temperature, or a mixture of such softmaxes)."""
 
 
 def test_methods_share_one_stage1_artifact(make_config):
@@ -33,9 +51,9 @@ def test_methods_share_one_stage1_artifact(make_config):
         assert all(0.0 <= result.metrics[f"{s}_{m}"] <= 1.0 for s in ("val", "test") for m in ("accuracy", "ece"))
         stage2 = [r["epoch"] for r in result.history if r["stage"] == "stage2"]
         assert stage2 == ([0, 1] if method["name"] in ("tst", "vtst") else [])
-        if method["name"] in ("temperature_scaling", "smart"):  # the argmax, hence accuracy, is unchanged
-            assert result.metrics["test_accuracy"] == vanilla.metrics["test_accuracy"]
-            assert result.metrics["val_accuracy"] == vanilla.metrics["val_accuracy"]
+        if method["name"] in KEEP_ARGMAX:  # the argmax, hence accuracy, is unchanged
+            assert result.metrics["test_accuracy"] == vanilla.metrics["test_accuracy"], method
+            assert result.metrics["val_accuracy"] == vanilla.metrics["val_accuracy"], method
 
 
 def test_the_fitted_temperature_is_readable(make_config):
@@ -46,3 +64,36 @@ def test_the_fitted_temperature_is_readable(make_config):
     assert temperature > 0
     test = artifact.splits["test"]
     torch.testing.assert_close(outcome.test_probs, (test.logits.double() / temperature).softmax(1))
+
+
+def test_a_calibration_subset_is_what_the_method_fits_on(make_config):
+    cfg = parse_trial_config(make_config(method={"name": "temperature_scaling", "calibration_size": 40,
+                                                 "calibration_draw": 2}))
+    artifact, _ = get_or_train_stage1(cfg, torch.device("cpu"))
+    outcome = METHODS.get("temperature_scaling")(cfg.method.params, artifact, seed=1, device=torch.device("cpu"))
+    val = artifact.splits["val"]
+    subset = torch.from_numpy(np.sort(np.random.default_rng(2).permutation(len(val.labels))[:40]))
+    direct = TemperatureScaling().fit(val.logits[subset], val.labels[subset])
+    assert outcome.predict.calibrator.temperature.item() == direct.temperature.item()
+    whole = TemperatureScaling().fit(val.logits, val.labels)
+    assert outcome.predict.calibrator.temperature.item() != whole.temperature.item()
+
+
+def test_a_calibration_set_larger_than_the_validation_split_is_refused(make_config):
+    config = make_config(method={"name": "histogram_binning", "calibration_size": 270})
+    with pytest.raises(ConfigError, match=r"`method.calibration_size` must be at most the 269 images of "
+                                          r"digits-noisy's validation split, got method.calibration_size=270"):
+        parse_trial_config(config)
+    parse_trial_config(make_config(method={"name": "histogram_binning", "calibration_size": 269}))
+    with pytest.raises(ConfigError, match=r"`method.calibration_size` must be null .* or an integer >= 2, got method.calibration_size=1"):
+        parse_trial_config(make_config(method={"name": "bbq", "calibration_size": 1}))
+
+
+def test_adding_the_calibration_fields_kept_the_stored_ids(make_config):
+    """Trials stored before calibration_size existed keep their ids at its default (config.ADDED_FIELDS):
+    the ids below are what calib computed for these configs before the fields were added."""
+    for name, stored_id in (("temperature_scaling", "30e55c2e613af750"), ("smart", "688d079cb12899da")):
+        assert trial_id(make_config(method={"name": name})) == stored_id
+        explicit = make_config(method={"name": name, "calibration_size": None, "calibration_draw": 0})
+        assert trial_id(explicit) == stored_id
+        assert trial_id(make_config(method={"name": name, "calibration_size": 50})) != stored_id

@@ -9,6 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--epochs", "2", "--stage2-epochs", "2"]
 
@@ -140,7 +142,8 @@ def test_row_studies_run_into_the_store(tmp_path):
     combine = run_script("combine.py", "--store", str(store), "--seeds", "1", "--losses", "CE", "LS", *TINY)
     assert combine.returncode == 0, combine.stderr[-3000:]
     assert "| LS +MaC-Cal | 1 |" in combine.stdout
-    decompose = run_script("decompose.py", "--store", str(store), "--seeds", "1", *TINY)
+    decompose = run_script("decompose.py", "--store", str(store), "--seeds", "1",
+                           "--methods", "CE", "FeDLaS-LS", "CE+TS", "CE+HB", "MaC-Cal", *TINY)
     assert decompose.returncode == 0, decompose.stderr[-3000:]
     assert "| row | n | ECE | O-ECE | U-ECE | Acc |" in decompose.stdout
     mixup = run_script("mixup_alpha.py", "--store", str(store), "--seeds", "1", "--alphas", "0.2", "1.0", *TINY)
@@ -149,7 +152,7 @@ def test_row_studies_run_into_the_store(tmp_path):
     assert (store / "figures" / "mixup_alpha_digits-noisy_small_cnn.png").exists()
     df = pd.read_parquet(store / "trials")
     by_study = df.groupby(df["study"].astype(str)).size().to_dict()
-    assert by_study == {"combine": 4, "decompose": 7, "mixup_alpha": 6}
+    assert by_study == {"combine": 4, "decompose": 5, "mixup_alpha": 6}
     # combine: "+MaC-Cal" rows reuse their loss's Stage I
     combine_rows = df[df["study"] == "combine"]
     assert combine_rows.groupby("loss")["stage1_id"].nunique().eq(1).all()
@@ -161,11 +164,13 @@ def test_row_studies_run_into_the_store(tmp_path):
 @pytest.mark.ray
 def test_cost_reuses_the_comparison_trials(tmp_path):
     store = tmp_path / "results"
-    first = run_script("cost.py", "--store", str(store), "--seeds", "1", *TINY)
+    # every row that trains a Stage I or a Stage II, and three post-hoc ones (PTS alone fits for ~40 s)
+    rows = [row for row in METHOD_ROWS if row not in POSTHOC_ROWS] + ["CE+TS", "CE+ETS", "CE+HB"]
+    first = run_script("cost.py", "--store", str(store), "--seeds", "1", "--methods", *rows, *TINY)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "| MIT |" in first.stdout and "| Vanilla (CE) |" in first.stdout
-    again = run_script("cost.py", "--store", str(store), "--seeds", "1", *TINY)
-    assert "17 trials: 17 already in the store, 0 to run" in again.stdout
+    assert "| MIT |" in first.stdout and "| Vanilla (CE) |" in first.stdout and "| CE+HB |" in first.stdout
+    again = run_script("cost.py", "--store", str(store), "--seeds", "1", "--methods", *rows, *TINY)
+    assert f"{len(rows)} trials: {len(rows)} already in the store, 0 to run" in again.stdout
 
 
 @pytest.mark.ray
@@ -201,7 +206,8 @@ def test_report_regenerates_tables_byte_for_byte(gamma_and_ablation, tmp_path):
 @pytest.mark.ray
 def test_ood_study(tmp_path):
     store = tmp_path / "results"
-    out = run_script("ood.py", "--store", str(store), "--seeds", "1", "--methods", "Vanilla (CE)", "MaC-Cal", *TINY)
+    out = run_script("ood.py", "--store", str(store), "--seeds", "1", "--methods", "Vanilla (CE)", "CE+IRM", "MaC-Cal",
+                     *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| row | n | AUROC (mean) | FPR95 (mean) | AUROC natural-patches | Acc | ECE |" in out.stdout
     df = pd.read_parquet(store / "trials")
@@ -213,7 +219,7 @@ def test_ood_study(tmp_path):
 def test_corruption_study_generates_digits_c(tmp_path):
     store, data = tmp_path / "results", tmp_path / "data"
     out = run_script("corruption.py", "--store", str(store), "--data-root", str(data), "--seeds", "1",
-                     "--methods", "Vanilla (CE)", "CE+TS", *TINY)
+                     "--methods", "Vanilla (CE)", "CE+TS", "CE+Dir-ODIR", *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| row | n | ECE s1 | ECE s2 | ECE s3 | ECE s4 | ECE s5 | Acc (all) | ECE clean |" in out.stdout
     assert len(list((data / "digits-C").glob("*.npy"))) == 11

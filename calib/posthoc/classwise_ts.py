@@ -1,0 +1,96 @@
+"""Class-wise temperature scaling (after Frenkel & Goldberger, "Network calibration by class-based
+temperature scaling", EUSIPCO 2021), docs/methods.md §5.
+
+One temperature per class:
+
+    calibrated logits_k = z_k / T_k,   T_k = exp(τ_k) > 0,   k = 1 … C
+
+Objective: the mean NLL, minimised over τ from the temperature-scaling solution (τ_k = log T_TS for
+every k, T_TS the NLL-optimal single temperature of :class:`TemperatureScaling`) by full-batch float64
+LBFGS with the strong-Wolfe line search until max|∂NLL/∂τ| < 1e-6 (:func:`fit_lbfgs`). Frenkel &
+Goldberger instead minimise the validation ECE by a greedy per-class grid search (T_k ∈ {0.1, …, 10},
+accepting a change only if the accuracy does not drop); this file uses their model with the NLL
+objective. Dividing classes by different temperatures can change the argmax.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits_labels
+from calib.posthoc._method import PostHocConfig, register_posthoc_method
+from calib.posthoc.temperature_scaling import TemperatureScaling
+from calib.posthoc.vector_scaling import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs
+
+__all__ = ["ClasswiseTemperatureScaling", "ClasswiseTemperatureScalingConfig"]
+
+
+@POSTHOC.register("classwise_ts")
+class ClasswiseTemperatureScaling(PostHocCalibrator):
+    """Divide logit k by its own fitted temperature T_k > 0 (NLL, from the TS solution).
+
+    After :meth:`fit`: ``temperatures`` (float64 buffer, shape (C,)), ``initial_temperature`` (T_TS)
+    and ``fit_result`` (:class:`~calib.posthoc.vector_scaling.LBFGSResult`).
+    """
+
+    def __init__(self, *, grad_tolerance: float = GRAD_TOLERANCE) -> None:
+        super().__init__()
+        if not grad_tolerance > 0:
+            raise ValueError(f"`grad_tolerance` must be > 0, got grad_tolerance={grad_tolerance}.")
+        self.grad_tolerance = grad_tolerance
+        self.register_buffer("temperatures", torch.ones(0, dtype=torch.float64))
+        self.initial_temperature = math.nan
+        self.fit_result: LBFGSResult | None = None
+
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> ClasswiseTemperatureScaling:
+        """Fit T_1 … T_C on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
+        z, y = check_logits_labels(logits, labels, min_classes=2)
+        self.initial_temperature = TemperatureScaling().fit(z, y).temperature.item()
+        log_temperatures = nn.Parameter(torch.full((z.shape[1],), math.log(self.initial_temperature),
+                                                   dtype=torch.float64))
+
+        def objective() -> torch.Tensor:
+            return F.cross_entropy(z / log_temperatures.exp(), y)
+
+        self.fit_result = fit_lbfgs([log_temperatures], objective, what="class-wise temperature scaling",
+                                    grad_tolerance=self.grad_tolerance)
+        temperatures = log_temperatures.detach().exp()
+        if not (torch.isfinite(temperatures).all() and (temperatures > 0).all()):
+            raise FloatingPointError(f"The class-wise temperature fit ended at T={temperatures.tolist()}; "
+                                     f"every T_k must be finite and > 0.")
+        self.temperatures = temperatures
+        self.is_fitted = True
+        return self
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        """z_k / T_k."""
+        self.check_fitted()
+        num_classes = self.temperatures.shape[0]
+        if logits.ndim != 2 or logits.shape[1] != num_classes:
+            raise ValueError(f"ClasswiseTemperatureScaling was fitted on C={num_classes} classes; `logits` must "
+                             f"have shape (N, {num_classes}), got {tuple(logits.shape)}.")
+        return (logits.to(torch.float64) / self.temperatures.to(logits.device)).to(logits.dtype)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClasswiseTemperatureScalingConfig(PostHocConfig):
+    """Class-wise temperature scaling as a method, fitted on the cached validation logits (docs/methods.md §5).
+
+    No hyperparameters: NLL from the TS solution, LBFGS to convergence (see
+    :class:`ClasswiseTemperatureScaling`).
+
+    Attributes:
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+
+register_posthoc_method(
+    "classwise_ts", ClasswiseTemperatureScalingConfig,
+    lambda params, seed: ClasswiseTemperatureScaling(),
+    "class-wise temperature scaling (one temperature per class, NLL) fitted on the validation logits",
+)

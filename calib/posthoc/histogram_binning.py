@@ -1,0 +1,145 @@
+"""Histogram binning (Zadrozny & Elkan, ICML 2001), one-vs-rest with equal-mass bins, docs/methods.md §5.
+
+For each class k the calibration scores p_ik = softmax(z_i)_k are sorted and cut into B bins of about
+N/B samples each (equal mass, B = 15 by default); a cut never separates equal scores (the tie group
+goes to the upper bin, so there can be fewer, unequal bins). Bin b's value is its fraction of positives
+
+    θ_kb = |{i ∈ b : y_i = k}| / |b|,
+
+a new score p_k gets the value of the bin whose interval holds it (cuts halfway between neighbouring
+calibration scores, first and last bins open-ended), and the row is renormalised:
+
+    q_k = θ_k,b(p_k),   p̂_k = q_k / Σ_j q_j   (a row whose every q_k is 0: uniform).
+
+``forward`` returns log p̂ (clamped to the smallest positive float64, so finite). The argmax can change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from calib._config import check
+from calib.metrics import softmax64
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
+from calib.posthoc._method import PostHocConfig, register_posthoc_method
+
+__all__ = [
+    "HistogramBinning",
+    "HistogramBinningConfig",
+    "equal_mass_bin_starts",
+    "log_of_normalised",
+    "midpoint_cuts",
+]
+
+
+def equal_mass_bin_starts(sorted_scores: np.ndarray, num_bins: int) -> np.ndarray:
+    """First index of each equal-mass bin of ascending ``sorted_scores`` (N >= 1); starts[0] = 0.
+
+    The nominal starts ⌊jN/B⌋, j = 1..B−1, each move down to the first index of their tie group, so
+    equal scores share a bin; repeated or zero starts are dropped (fewer bins when N < B or with ties).
+
+    >>> equal_mass_bin_starts(np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]), 3).tolist()
+    [0, 2, 4]
+    >>> equal_mass_bin_starts(np.array([0.1, 0.2, 0.2, 0.2, 0.5, 0.6]), 3).tolist()
+    [0, 1, 4]
+    """
+    n = len(sorted_scores)
+    nominal = (np.arange(1, num_bins, dtype=np.int64) * n) // num_bins
+    tie_start = np.searchsorted(sorted_scores, sorted_scores[nominal], side="left")
+    return np.unique(np.concatenate([[0], tie_start]))
+
+
+def midpoint_cuts(sorted_scores: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Cut points between consecutive bins: halfway between a bin's last and the next bin's first score.
+
+    A score x lies in bin ``searchsorted(cuts, x, side="right")``; where rounding puts the midpoint on
+    the lower score, the cut is the upper score, so every calibration score stays in its own bin.
+    """
+    upper = sorted_scores[starts[1:]]
+    lower = sorted_scores[starts[1:] - 1]
+    mid = lower + (upper - lower) / 2
+    return np.where(mid > lower, mid, upper)
+
+
+def log_of_normalised(probs: np.ndarray) -> torch.Tensor:
+    """log(q / Σ_k q) of non-negative scores q (N, C), rows of zeros uniform, clamped to be finite (float64)."""
+    total = probs.sum(axis=1, keepdims=True)
+    normalised = np.where(total > 0, probs / np.where(total > 0, total, 1.0), 1.0 / probs.shape[1])
+    return torch.from_numpy(normalised).clamp_min(torch.finfo(torch.float64).tiny).log()
+
+
+@POSTHOC.register("histogram_binning")
+class HistogramBinning(PostHocCalibrator):
+    """One-vs-rest histogram binning: q_k = θ_k,b(p_k), the positive fraction of p_k's equal-mass bin.
+
+    Args:
+        num_bins: bins per class B >= 1 (15); fewer where the calibration set has under B distinct
+            scores for a class.
+
+    After :meth:`fit`, ``cut_points[k]`` (ascending, one fewer than the bins) and ``bin_values[k]``
+    (θ_kb) describe class k's step function and ``bin_counts[k]`` holds the samples per bin.
+    """
+
+    def __init__(self, num_bins: int = 15) -> None:
+        super().__init__()
+        if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
+            raise ValueError(f"`num_bins` must be an integer >= 1, got num_bins={num_bins!r}.")
+        self.num_bins = num_bins
+        self.cut_points: list[np.ndarray] = []
+        self.bin_values: list[np.ndarray] = []
+        self.bin_counts: list[np.ndarray] = []
+
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> HistogramBinning:
+        """Bin each class's softmax scores on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
+        z, y = check_logits_labels(logits, labels, min_classes=2)
+        probs, targets = softmax64(z), y.numpy()
+        order = np.argsort(probs, axis=0, kind="stable")
+        self.cut_points, self.bin_values, self.bin_counts = [], [], []
+        for k in range(probs.shape[1]):
+            scores = probs[order[:, k], k]
+            positives = (targets[order[:, k]] == k).astype(np.float64)
+            starts = equal_mass_bin_starts(scores, self.num_bins)
+            counts = np.diff(np.append(starts, len(scores)))
+            self.cut_points.append(midpoint_cuts(scores, starts))
+            self.bin_values.append(np.add.reduceat(positives, starts) / counts)
+            self.bin_counts.append(counts)
+        self.is_fitted = True
+        return self
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        """log p̂: the log of the renormalised bin values (N, C)."""
+        self.check_fitted()
+        z = check_logits(logits)
+        if z.shape[1] != len(self.bin_values):
+            raise ValueError(f"`logits` must have the {len(self.bin_values)} classes of the fit, got {z.shape[1]}.")
+        probs = softmax64(z.cpu())
+        binned = np.empty_like(probs)
+        for k, (cuts, values) in enumerate(zip(self.cut_points, self.bin_values, strict=True)):
+            binned[:, k] = values[np.searchsorted(cuts, probs[:, k], side="right")]
+        return log_of_normalised(binned).to(logits.device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistogramBinningConfig(PostHocConfig):
+    """Histogram binning as a method, fitted on the cached validation logits (docs/methods.md §5).
+
+    Attributes:
+        num_bins: equal-mass bins per class, >= 1 (15).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    num_bins: int = 15
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.num_bins >= 1, "num_bins", self.num_bins, "be an integer >= 1")
+
+
+register_posthoc_method(
+    "histogram_binning", HistogramBinningConfig,
+    lambda params, seed: HistogramBinning(num_bins=params.num_bins),
+    "one-vs-rest histogram binning (equal-mass bins), renormalised",
+)

@@ -1,0 +1,203 @@
+"""Parameterized temperature scaling (Tomani, Cremers, Buettner, ECCV 2022), docs/methods.md §5.
+
+A per-sample temperature from a small MLP of the sorted top-k logits:
+
+    z̃ = clip(z, −100, 100)                         the official code clips the logits (``clip=1e2``)
+    T(z) = clip(|MLP(top_k(z̃))|, 1e-12, 1e12)      top_k: the k largest entries of z̃, descending
+    calibrated logits = z̃ / T(z)                   T > 0: the argmax is unchanged (the clip can tie
+                                                    logits beyond ±100)
+
+MLP: k → 5 → 5 → 1 with ReLU (defaults: top-10 logits, 2 hidden layers of 5 units), Glorot-uniform
+weights and zero biases (Keras ``Dense`` defaults) seeded by ``seed``. Fitted by minimising the MSE
+between softmax(z̃ / T(z)) and the one-hot labels (Keras ``MeanSquaredError``: mean over samples and
+classes) with Adam (lr 5e-5, β = (0.9, 0.999), ε = 1e-7 as Keras) on shuffled mini-batches of 1000
+(a new permutation each epoch, the last batch partial) for 100,000 steps, no weight decay, no early
+stopping. With C < k classes the network reads all C sorted logits (the official slice ``[:, :k]``).
+
+Official code: tochris/pts-uncertainty ``pts_calibrator.py`` (TensorFlow; its constructor has no
+defaults; the lr, batch size and step count are the paper's, as in the SMART authors' benchmark
+UsernameOfGit-hub/calibench ``Component/model/pts.py``). Fitting is float64 on the CPU here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from calib import progress
+from calib._config import check
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
+from calib.posthoc._method import PostHocConfig, register_posthoc_method
+
+__all__ = ["ParameterizedTemperatureScaling", "ParameterizedTemperatureScalingConfig"]
+
+TEMPERATURE_CLIP = (1e-12, 1e12)
+"""The official clip of |MLP output| to a temperature."""
+
+
+@POSTHOC.register("parameterized_ts")
+class ParameterizedTemperatureScaling(PostHocCalibrator):
+    """Per-sample temperature T(z) = |MLP(top-k sorted logits)| (PTS), fitted by MSE with Adam.
+
+    Args:
+        top_k: the network reads the k largest (clipped) logits, sorted descending (10).
+        hidden_size: units per hidden layer (5).
+        num_hidden_layers: hidden ReLU layers, >= 0 (2; 0: a linear map of the top-k logits).
+        lr: Adam learning rate (5e-5).
+        steps: Adam steps (mini-batches) in all (100,000).
+        batch_size: samples per mini-batch (1000; the whole set if it is smaller).
+        logit_clip: logits are clipped to [−logit_clip, logit_clip] before everything (100).
+        seed: seeds the network's initialisation and the batch order.
+
+    After :meth:`fit`: ``network`` (the MLP, float64, frozen), ``num_classes``, ``loss_history`` (each
+    step's batch loss).
+    """
+
+    def __init__(
+        self,
+        *,
+        top_k: int = 10,
+        hidden_size: int = 5,
+        num_hidden_layers: int = 2,
+        lr: float = 5e-5,
+        steps: int = 100_000,
+        batch_size: int = 1000,
+        logit_clip: float = 100.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        for name, value in (("top_k", top_k), ("hidden_size", hidden_size), ("steps", steps),
+                            ("batch_size", batch_size)):
+            if not value >= 1:
+                raise ValueError(f"`{name}` must be an integer >= 1, got {name}={value}.")
+        if not num_hidden_layers >= 0:
+            raise ValueError(f"`num_hidden_layers` must be an integer >= 0, got num_hidden_layers={num_hidden_layers}.")
+        for name, value in (("lr", lr), ("logit_clip", logit_clip)):
+            if not value > 0:
+                raise ValueError(f"`{name}` must be > 0, got {name}={value}.")
+        self.top_k, self.hidden_size, self.num_hidden_layers = top_k, hidden_size, num_hidden_layers
+        self.lr, self.steps, self.batch_size, self.logit_clip, self.seed = lr, steps, batch_size, logit_clip, seed
+        self.network: nn.Sequential | None = None
+        self.num_classes = 0
+        self.loss_history: list[float] = []
+
+    def _build_network(self, num_inputs: int) -> nn.Sequential:
+        """k → H → … → H → 1 with ReLU; Glorot-uniform weights, zero biases, seeded by ``seed``."""
+        generator = torch.Generator().manual_seed(self.seed)
+        widths = [num_inputs] + [self.hidden_size] * self.num_hidden_layers + [1]
+        layers: list[nn.Module] = []
+        for width_in, width_out in itertools.pairwise(widths):
+            linear = nn.Linear(width_in, width_out, dtype=torch.float64)
+            nn.init.xavier_uniform_(linear.weight, generator=generator)
+            nn.init.zeros_(linear.bias)
+            layers += [linear, nn.ReLU()]
+        return nn.Sequential(*layers[:-1])
+
+    def _clip(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.to(torch.float64).clamp(-self.logit_clip, self.logit_clip)
+
+    def _temperatures_of_clipped(self, clipped: torch.Tensor) -> torch.Tensor:
+        top = clipped.topk(min(self.top_k, clipped.shape[1]), dim=1).values
+        return self.network(top).abs().clamp(*TEMPERATURE_CLIP)
+
+    def _check_inputs(self, logits: torch.Tensor) -> None:
+        self.check_fitted()
+        check_logits(logits, min_classes=2)
+        if logits.shape[1] != self.num_classes:
+            raise ValueError(f"ParameterizedTemperatureScaling was fitted on C={self.num_classes} classes; `logits` "
+                             f"must have shape (N, {self.num_classes}), got {tuple(logits.shape)}.")
+
+    def temperatures(self, logits: torch.Tensor) -> torch.Tensor:
+        """T(z_i) for each row of z (N, C); shape (N,), float64."""
+        self._check_inputs(logits)
+        return self._temperatures_of_clipped(self._clip(logits)).squeeze(1)
+
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> ParameterizedTemperatureScaling:
+        """Fit the temperature network on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
+        z, y = check_logits_labels(logits, labels, min_classes=2)
+        clipped = self._clip(z)
+        top = clipped.topk(min(self.top_k, z.shape[1]), dim=1).values  # fixed inputs: sorted once
+        onehot = F.one_hot(y, z.shape[1]).double()
+        self.num_classes, self.network = z.shape[1], self._build_network(top.shape[1])
+        optimizer = torch.optim.Adam(self.network.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=1e-7)
+        order_generator = torch.Generator().manual_seed(self.seed)
+        self.loss_history = []
+        num_samples, step = z.shape[0], 0
+        for epoch in itertools.count():
+            progress.record("stage2", epoch)
+            permutation = torch.randperm(num_samples, generator=order_generator)
+            epoch_top, epoch_logits, epoch_onehot = top[permutation], clipped[permutation], onehot[permutation]
+            for start in range(0, num_samples, self.batch_size):
+                batch = slice(start, start + self.batch_size)
+                temperature = self.network(epoch_top[batch]).abs().clamp(*TEMPERATURE_CLIP)
+                loss = ((epoch_logits[batch] / temperature).softmax(1) - epoch_onehot[batch]).square().mean()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                value = loss.item()
+                if not math.isfinite(value):
+                    raise FloatingPointError(f"The PTS loss became {value} at step {step}.")
+                self.loss_history.append(value)
+                step += 1
+                if step >= self.steps:
+                    break
+            if step >= self.steps:
+                break
+        self.network.requires_grad_(False)
+        self.is_fitted = True
+        return self
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        """clip(z) / T(z)."""
+        self._check_inputs(logits)
+        clipped = self._clip(logits)
+        return (clipped / self._temperatures_of_clipped(clipped)).to(logits.dtype)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParameterizedTemperatureScalingConfig(PostHocConfig):
+    """PTS as a method, fitted on the cached validation logits (docs/methods.md §5; the paper's defaults).
+
+    Fixed, not configurable here: MSE loss, Adam β = (0.9, 0.999), ε = 1e-7, no weight decay, logits
+    clipped to ±100, T clipped to [1e-12, 1e12] (see :class:`ParameterizedTemperatureScaling`). The
+    network is initialised, and the batches ordered, from the trial seed.
+
+    Attributes:
+        top_k: sorted logits the network reads, >= 1 (10).
+        hidden_size: units per hidden layer, >= 1 (5).
+        num_hidden_layers: hidden layers, >= 0 (2).
+        lr: Adam learning rate, > 0 (5e-5).
+        steps: Adam steps, >= 1 (100,000).
+        batch_size: mini-batch size, >= 1 (1000).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    top_k: int = 10
+    hidden_size: int = 5
+    num_hidden_layers: int = 2
+    lr: float = 5e-5
+    steps: int = 100_000
+    batch_size: int = 1000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.top_k >= 1, "top_k", self.top_k, "be an integer >= 1")
+        check(self.hidden_size >= 1, "hidden_size", self.hidden_size, "be an integer >= 1")
+        check(self.num_hidden_layers >= 0, "num_hidden_layers", self.num_hidden_layers, "be an integer >= 0")
+        check(self.lr > 0, "lr", self.lr, "be > 0")
+        check(self.steps >= 1, "steps", self.steps, "be an integer >= 1")
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "be an integer >= 1")
+
+
+register_posthoc_method(
+    "parameterized_ts", ParameterizedTemperatureScalingConfig,
+    lambda params, seed: ParameterizedTemperatureScaling(
+        top_k=params.top_k, hidden_size=params.hidden_size, num_hidden_layers=params.num_hidden_layers,
+        lr=params.lr, steps=params.steps, batch_size=params.batch_size, seed=seed),
+    "parameterized temperature scaling (per-sample T from an MLP of the top-k logits) fitted on the validation logits",
+)

@@ -1,0 +1,166 @@
+"""Spline calibration (Gupta, Rahimi, Ajanthan, Mensink, Sminchisescu, Hartley, ICLR 2021), docs/methods.md §5.
+
+Top-label recalibration. On the calibration set, with top scores s_i = max_k softmax(z_i)_k sorted
+ascending and c_i = 1[argmax_k z_ik = y_i]:
+
+    A(t_i) = (1/N) Σ_{j<=i} c_j,   S(t_i) = (1/N) Σ_{j<=i} s_j,   t_i = (i − 1)/(N − 1) ∈ [0, 1]
+
+(the cumulative accuracy and score against the fraction t of samples). A natural cubic spline σ with
+K equally spaced knots on [0, 1] (K = 6) is least-squares fitted to A − S; its derivative estimates the
+local accuracy minus score, so the calibrated confidence at s_i is
+
+    a_i = σ'(t_i) + s_i.
+
+A new top score s maps to the piecewise-linear interpolation of the points (s_i, a_i) (constant beyond
+the first and last; tied s_i are averaged), clipped to [0, 1]: ĉ = clip(a(s), 0, 1). The top class
+gets ĉ; the other classes are rescaled to share 1 − ĉ in proportion to their softmax probabilities
+(uniformly if these are all 0). The argmax can change (when ĉ falls below a rescaled runner-up).
+
+Source: the official code kartikgupta-at-anu/spline-calibration, ``recalibrate.py``
+(``get_recalibration_function``: natural run-out, 6 knots, percentile = linspace(0, 1, N),
+``interpolated_function`` constant off the range, clipping to [0, 1]) and ``utilities/spline.py``.
+``forward`` returns log p̂ (clamped to the smallest positive float64, so finite).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from calib._config import check
+from calib.metrics import softmax64
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
+from calib.posthoc._method import PostHocConfig, register_posthoc_method
+
+__all__ = ["SplineCalibration", "SplineConfig", "natural_spline_bases"]
+
+
+def natural_spline_bases(x: np.ndarray, num_knots: int) -> tuple[np.ndarray, np.ndarray]:
+    """Value and derivative bases (len(x), K) of natural cubic splines with K >= 2 knots equally spaced on [0, 1].
+
+    A natural cubic spline with knot values v (K,) has value V @ v and derivative D @ v at x. With
+    spacing h, its knot second derivatives m solve m_{j−1} + 4 m_j + m_{j+1} = 6 (v_{j−1} − 2 v_j +
+    v_{j+1}) / h² inside and m_0 = m_{K−1} = 0; on [x_j, x_j + h], with t = x − x_j and u = h − t,
+
+        σ(x) = m_j u³/(6h) + m_{j+1} t³/(6h) + (v_j − m_j h²/6) u/h + (v_{j+1} − m_{j+1} h²/6) t/h.
+
+    Points outside [0, 1] use the end segments' cubics.
+    """
+    h = 1.0 / (num_knots - 1)
+    # second derivatives m = curvature @ v (rows 0 and K−1 zero: the natural run-out)
+    curvature = np.zeros((num_knots, num_knots))
+    if num_knots > 2:
+        interior = num_knots - 2
+        tridiagonal = 4.0 * np.eye(interior) + np.eye(interior, k=1) + np.eye(interior, k=-1)
+        second_difference = np.zeros((interior, num_knots))
+        rows = np.arange(interior)
+        second_difference[rows, rows] = second_difference[rows, rows + 2] = 6.0 / h**2
+        second_difference[rows, rows + 1] = -12.0 / h**2
+        curvature[1:-1] = np.linalg.solve(tridiagonal, second_difference)
+    segment = np.clip(np.floor(x / h).astype(np.int64), 0, num_knots - 2)
+    t = x - segment * h
+    u = h - t
+    rows = np.arange(len(x))
+    on_m, on_v = np.zeros((len(x), num_knots)), np.zeros((len(x), num_knots))
+    on_m[rows, segment] = u**3 / (6 * h) - h * u / 6
+    on_m[rows, segment + 1] = t**3 / (6 * h) - h * t / 6
+    on_v[rows, segment] = u / h
+    on_v[rows, segment + 1] = t / h
+    slope_m, slope_v = np.zeros((len(x), num_knots)), np.zeros((len(x), num_knots))
+    slope_m[rows, segment] = -(u**2) / (2 * h) + h / 6
+    slope_m[rows, segment + 1] = t**2 / (2 * h) - h / 6
+    slope_v[rows, segment] = -1.0 / h
+    slope_v[rows, segment + 1] = 1.0 / h
+    return on_m @ curvature + on_v, slope_m @ curvature + slope_v
+
+
+@POSTHOC.register("spline")
+class SplineCalibration(PostHocCalibrator):
+    """Top-label spline recalibration: ĉ = clip(σ'(t) + s, 0, 1), σ fitted to cumulative accuracy − score.
+
+    Args:
+        num_knots: knots K >= 2 of the natural cubic spline, equally spaced on [0, 1] (6, the official code).
+
+    After :meth:`fit`, ``knot_values`` (K,) holds σ at the knots, and ``score_points`` (ascending,
+    distinct calibration top scores) and ``calibrated_points`` their calibrated confidences a (before
+    clipping); a new top score is interpolated between them.
+    """
+
+    def __init__(self, num_knots: int = 6) -> None:
+        super().__init__()
+        if isinstance(num_knots, bool) or not isinstance(num_knots, int) or num_knots < 2:
+            raise ValueError(f"`num_knots` must be an integer >= 2, got num_knots={num_knots!r}.")
+        self.num_knots = num_knots
+        self.num_classes = 0
+        self.knot_values = np.zeros(num_knots)
+        self.score_points = np.zeros(0)
+        self.calibrated_points = np.zeros(0)
+
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> SplineCalibration:
+        """Fit σ on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
+        z, y = check_logits_labels(logits, labels, min_classes=2)
+        probs = softmax64(z)
+        top_scores = probs.max(axis=1)
+        correct = (probs.argmax(axis=1) == y.numpy()).astype(np.float64)
+        order = np.argsort(top_scores, kind="stable")
+        scores, correct = top_scores[order], correct[order]
+        n = len(scores)
+        fraction = np.linspace(0.0, 1.0, n)
+        target = (np.cumsum(correct) - np.cumsum(scores)) / n
+        values, slopes = natural_spline_bases(fraction, self.num_knots)
+        self.knot_values = np.linalg.lstsq(values, target, rcond=None)[0]
+        calibrated = slopes @ self.knot_values + scores
+        self.score_points, tie_group = np.unique(scores, return_inverse=True)
+        self.calibrated_points = np.bincount(tie_group, calibrated) / np.bincount(tie_group)
+        self.num_classes = probs.shape[1]
+        self.is_fitted = True
+        return self
+
+    def calibrated_confidence(self, top_scores: np.ndarray) -> np.ndarray:
+        """ĉ = clip(a(s), 0, 1): the interpolated calibrated confidence of top scores s."""
+        self.check_fitted()
+        return np.clip(np.interp(top_scores, self.score_points, self.calibrated_points), 0.0, 1.0)
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        """log p̂: ĉ for the top class, the others rescaled to share 1 − ĉ."""
+        self.check_fitted()
+        z = check_logits(logits)
+        if z.shape[1] != self.num_classes:
+            raise ValueError(f"`logits` must have the {self.num_classes} classes of the fit, got {z.shape[1]}.")
+        probs = softmax64(z.cpu())
+        rows, top = np.arange(len(probs)), probs.argmax(axis=1)
+        confidence = self.calibrated_confidence(probs[rows, top])
+        others = probs.copy()
+        others[rows, top] = 0.0
+        rest = others.sum(axis=1, keepdims=True)
+        uniform = np.full_like(others, 1.0 / (self.num_classes - 1))
+        uniform[rows, top] = 0.0
+        share = np.where(rest > 0, others / np.where(rest > 0, rest, 1.0), uniform)
+        calibrated = share * (1.0 - confidence)[:, None]
+        calibrated[rows, top] = confidence
+        return torch.from_numpy(calibrated).clamp_min(torch.finfo(torch.float64).tiny).log().to(logits.device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplineConfig(PostHocConfig):
+    """Spline calibration as a method, fitted on the cached validation logits (docs/methods.md §5).
+
+    Attributes:
+        num_knots: knots of the natural cubic spline, >= 2 (6, the official code).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    num_knots: int = 6
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.num_knots >= 2, "num_knots", self.num_knots, "be an integer >= 2")
+
+
+register_posthoc_method(
+    "spline", SplineConfig,
+    lambda params, seed: SplineCalibration(num_knots=params.num_knots),
+    "top-label spline recalibration (Gupta et al. 2021)",
+)

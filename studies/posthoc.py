@@ -1,0 +1,159 @@
+"""How many calibration samples does each post-hoc method need? SMART's data-efficiency experiment.
+
+Fits every post-hoc method (``--methods``) on validation subsets of ``--sizes`` samples (default 50,
+100, 500, 1,000 and all of them), ``--draws`` uniform draws per size (a draw's smaller subsets are
+nested in its larger ones), on the vanilla (CE) Stage I of each seed: by default only the preset's
+first seed, so every fit reads one cached Stage I. Prints test ECE, SmoothECE, NLL and accuracy per
+method and size, mean ± 95% CI over draws (and seeds), and draws test ECE against the calibration-set
+size. ``studies/report.py`` regenerates the table and the figure from the store.
+
+Sizes above the validation split are an error when given with ``--sizes``; the default sizes that do
+not fit a dataset (the digits' split has 269 images) are left out with one line. ``--param`` sets a
+method's parameter, e.g. ``--param histogram_binning.num_bins=10``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import yaml
+
+from calib._config import ConfigError
+from calib.cli import (
+    execution_options,
+    guarded_main,
+    preset_of,
+    require_datasets,
+    settings_line,
+    study_exit_code,
+    study_parser,
+    study_paths,
+    study_setups,
+)
+from calib.datasets import DATASETS
+from calib.presets import base_config
+from calib.report import mixed_trainings, report_step, to_markdown
+from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary
+from calib.report.figures import plot_metric_against
+from calib.search import run_grid
+from calib.store import read_finished
+from calib.study_rows import POSTHOC_METHODS
+
+DEFAULT_SIZES = ("50", "100", "500", "1000", "all")
+DEFAULT_DRAWS = 5
+
+
+def calibration_size(text: str) -> int | None:
+    """``--sizes`` entry: an integer >= 2, or ``all`` (None: the whole validation split)."""
+    if text == "all":
+        return None
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a calibration-set size: give an integer >= 2 or 'all'")
+    return size
+
+
+def method_params(assignments: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
+    """``--param METHOD.FIELD=VALUE`` (VALUE read as YAML) by registered method name."""
+    params: dict[str, dict[str, Any]] = {}
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        name, dot, field = key.partition(".")
+        if not (sep and dot and field):
+            raise ConfigError(f"`--param` must be METHOD.FIELD=VALUE, got {assignment!r}.")
+        if name not in names:
+            raise ConfigError(f"`--param` {assignment!r} names method {name!r}; the methods of this run are "
+                              f"{', '.join(names)}.")
+        params.setdefault(name, {})[field] = yaml.safe_load(value)
+    return params
+
+
+def sizes_for(dataset: str, sizes: list[int | None], explicit: bool, study: str) -> list[int | None]:
+    """``sizes`` that fit ``dataset``'s validation split; an explicit size that does not is an error."""
+    val_images = DATASETS.get(dataset).val_images
+    if val_images is None:
+        return sizes
+    too_large = [s for s in sizes if s is not None and s > val_images]
+    if too_large and explicit:
+        raise ConfigError(f"`--sizes` {' '.join(map(str, too_large))} exceed the {val_images} images of {dataset}'s "
+                          f"validation split; give sizes from 2 to {val_images}, or all.")
+    if too_large:
+        print(f"[{study}] {dataset}: sizes {', '.join(map(str, too_large))} left out (its validation split has "
+              f"{val_images} images)")
+    return [s for s in sizes if s is None or s <= val_images]
+
+
+@guarded_main
+def main(argv: list[str] | None = None) -> int:
+    parser = study_parser(__doc__, study="posthoc")
+    parser.add_argument("--methods", nargs="+", default=list(POSTHOC_METHODS), choices=list(POSTHOC_METHODS),
+                        metavar="METHOD", help=f"post-hoc methods, from: {', '.join(POSTHOC_METHODS)} (default: all)")
+    parser.add_argument("--sizes", nargs="+", type=calibration_size, default=None, metavar="N",
+                        help=f"calibration-set sizes: integers >= 2 or 'all' (default: {' '.join(DEFAULT_SIZES)})")
+    parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS,
+                        help=f"uniform draws of each size below 'all' (default: {DEFAULT_DRAWS})")
+    parser.add_argument("--param", action="append", default=[], metavar="METHOD.FIELD=VALUE",
+                        help="a method parameter, e.g. histogram_binning.num_bins=10 (repeatable)")
+    args = parser.parse_args(argv)
+    if args.draws < 1:
+        raise ConfigError(f"`--draws` must be an integer >= 1, got --draws {args.draws}.")
+    preset = preset_of(args)
+    paths = study_paths(args)
+    setups = study_setups(args, preset)
+    seeds = args.seeds or list(preset.seeds[:1])
+    names = [POSTHOC_METHODS[label] for label in args.methods]
+    params = method_params(args.param, names)
+    explicit = args.sizes is not None
+    sizes = list(dict.fromkeys(args.sizes if explicit else [calibration_size(s) for s in DEFAULT_SIZES]))
+    sizes_by_dataset = {d: sizes_for(d, sizes, explicit, args.study) for d in dict.fromkeys(d for d, _ in setups)}
+    require_datasets(list(sizes_by_dataset), paths.data_root, args.download)
+    options = execution_options(args, preset)
+
+    configs = []
+    for dataset, arch in setups:
+        for seed in seeds:
+            common = {"preset": preset, "study": args.study, "dataset": dataset, "arch": arch, "seed": seed,
+                      "data_root": str(paths.data_root), "artifact_root": paths.artifacts,
+                      "download": args.download, "device": args.device}
+            configs.append({**base_config(method={"name": "vanilla"}, **common), "label": "Uncalibrated",
+                            "label_rank": 0})
+            rank = 0
+            for label, name in zip(args.methods, names, strict=True):
+                for size in sorted(sizes_by_dataset[dataset], key=lambda s: (s is None, s)):
+                    rank += 1
+                    for draw in range(args.draws if size is not None else 1):
+                        subset = {} if size is None else {"calibration_size": size, "calibration_draw": draw}
+                        method = {"name": name, **params.get(name, {}), **subset}
+                        configs.append({**base_config(method=method, **common), "label_rank": rank,
+                                        "label": f"{label} · {'all' if size is None else f'n={size}'}"})
+    print(settings_line(args.study, preset, configs, options))
+    print(f"[{args.study}] methods {', '.join(args.methods)} · sizes "
+          f"{' '.join('all' if s is None else str(s) for s in sizes)} · {args.draws} draws · seeds {seeds} "
+          f"· store {paths.store}")
+    run = run_grid(configs, store=paths.store, study=args.study, options=options)
+
+    trials = read_finished(paths.store, args.study, run.trial_ids)
+    for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
+        with report_step(args.study, f"table for {dataset} · {arch}"):
+            summary = calibration_size_summary(group, str(dataset))
+            print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over draws and seeds (percent; NLL in nats)\n")
+            print(to_markdown(summary, ["method", "calibration set"], CALIBRATION_SIZE_METRICS))
+            if note := mixed_trainings(group):
+                print(f"\n{note}")
+        with report_step(args.study, f"figure for {dataset} · {arch}"):
+            figure = plot_metric_against(
+                summary[summary["size"].notna()], "size", "test_ece", "method",
+                paths.outputs / "figures" / f"{args.study}_{dataset}_{arch}_sizes.png",
+                xlabel="calibration-set size (validation samples)", ylabel="test ECE (%)", log_x=True,
+                title=f"post-hoc calibration-set size · {dataset} · {arch}")
+            print(f"\nfigure: {figure}")
+    print(f"\nstore: {paths.store} ({len(trials)} finished trials of this run; {run.skipped} were already there)")
+    return study_exit_code(args.study, paths.store, run.failed, len(trials))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

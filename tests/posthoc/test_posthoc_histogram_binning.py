@@ -1,0 +1,139 @@
+"""Histogram binning (docs/methods.md §5): hand-computed bins, values, ties and renormalisation."""
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from calib._config import ConfigError, from_dict
+from calib.methods import METHODS
+from calib.posthoc import POSTHOC
+from calib.posthoc.histogram_binning import HistogramBinning, HistogramBinningConfig, equal_mass_bin_starts
+
+# Rows 1 and 3 are the same, so their scores tie exactly in every class. Labels 0, 1, 1, 1: class 2 never occurs.
+HAND_PROBS = [[0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.6, 0.3, 0.1]]
+HAND_LABELS = [0, 1, 1, 1]
+
+
+@pytest.fixture(scope="module")
+def hand_fit():
+    logits = torch.tensor(HAND_PROBS, dtype=torch.float64).log()
+    return HistogramBinning(num_bins=2).fit(logits, torch.tensor(HAND_LABELS))
+
+
+def test_hand_computed_bins(hand_fit):
+    # Two bins of 2 nominally (the cut before the 3rd sorted score); ties move a cut down to its tie group.
+    # Class 0 scores 0.2 | 0.6, 0.6, 0.7 (the 0.6 tie): targets 0 | 0, 0, 1 → values 0, 1/3; cut (0.2 + 0.6)/2.
+    np.testing.assert_array_equal(hand_fit.bin_counts[0], [1, 3])
+    np.testing.assert_allclose(hand_fit.bin_values[0], [0.0, 1 / 3])
+    np.testing.assert_allclose(hand_fit.cut_points[0], [0.4])
+    # Class 1 scores 0.2 | 0.3, 0.3, 0.5: targets 0 | 1, 1, 1 → values 0, 1; cut 0.25.
+    np.testing.assert_array_equal(hand_fit.bin_counts[1], [1, 3])
+    np.testing.assert_allclose(hand_fit.bin_values[1], [0.0, 1.0])
+    np.testing.assert_allclose(hand_fit.cut_points[1], [0.25])
+    # Class 2 is absent: every bin is 0.
+    np.testing.assert_array_equal(hand_fit.bin_values[2], np.zeros_like(hand_fit.bin_values[2]))
+
+
+def test_hand_computed_probabilities(hand_fit):
+    test = torch.tensor([*HAND_PROBS[:3], [0.3, 0.22, 0.48], [0.45, 0.26, 0.29]], dtype=torch.float64).log()
+    expected = [
+        [1.0, 0.0, 0.0],      # q = (1/3, 0, 0)
+        [0.25, 0.75, 0.0],    # q = (1/3, 1, 0): renormalised; the argmax moves from class 0 to class 1
+        [0.0, 1.0, 0.0],      # q = (0, 1, 0)
+        [1 / 3, 1 / 3, 1 / 3],  # q = (0, 0, 0): 0.3 < 0.4, 0.22 < 0.25 → uniform
+        [0.25, 0.75, 0.0],    # 0.45 > 0.4 and 0.26 > 0.25: the upper bins
+    ]
+    np.testing.assert_allclose(hand_fit.probs(test).numpy(), expected, atol=1e-300)
+    assert hand_fit.probs(test).argmax(1)[1] == 1 and test.argmax(1)[1] == 0
+
+
+def test_equal_mass_bins_on_distinct_scores():
+    scores = np.sort(np.random.default_rng(0).random(103))
+    starts = equal_mass_bin_starts(scores, 10)
+    counts = np.diff(np.append(starts, 103))
+    assert len(counts) == 10 and counts.sum() == 103 and set(counts) <= {10, 11}
+    np.testing.assert_array_equal(equal_mass_bin_starts(scores[:4], 15), [0, 1, 2, 3])  # N < B: one bin each
+    np.testing.assert_array_equal(equal_mass_bin_starts(np.full(7, 0.5), 3), [0])  # all tied: one bin
+    np.testing.assert_array_equal(equal_mass_bin_starts(np.array([0.1, 0.1, 0.1, 0.2, 0.3, 0.4]), 3), [0, 4])
+
+
+def test_fraction_of_positives_on_random_data():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1000, 4, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 4, (1000,), generator=g)
+    calibrator = HistogramBinning(num_bins=15).fit(logits, labels)
+    probs = logits.softmax(1).numpy()
+    for k in range(4):
+        order = np.argsort(probs[:, k])
+        edges = [j * 1000 // 15 for j in range(16)]  # distinct scores: the bins are ⌊jN/B⌋ .. ⌊(j+1)N/B⌋
+        bins = [order[lo:hi] for lo, hi in itertools.pairwise(edges)]
+        np.testing.assert_array_equal(calibrator.bin_counts[k], [len(b) for b in bins])
+        np.testing.assert_allclose(calibrator.bin_values[k], [np.mean(labels.numpy()[b] == k) for b in bins])
+
+
+def edge_case_data():
+    """(name, logits, labels) for the edge cases every method must survive."""
+    g = torch.Generator().manual_seed(1)
+    absent = torch.randn(200, 5, generator=g, dtype=torch.float64)
+    absent_labels = torch.randint(0, 4, (200,), generator=g)  # class 4 never occurs
+    rows = torch.randn(10, 4, generator=g, dtype=torch.float64)
+    ties = rows.repeat(20, 1)
+    tie_labels = torch.randint(0, 4, (200,), generator=g)
+    small = 3 * torch.randn(50, 10, generator=g, dtype=torch.float64)
+    small_labels = torch.randint(0, 10, (50,), generator=g)
+    constant = torch.randn(300, 4, generator=g, dtype=torch.float64)
+    constant[:, 2] = 0.7
+    constant_labels = torch.randint(0, 4, (300,), generator=g)
+    return [("absent_class", absent, absent_labels), ("ties", ties, tie_labels),
+            ("50_samples_10_classes", small, small_labels), ("constant_column", constant, constant_labels)]
+
+
+@pytest.mark.parametrize(("name", "logits", "labels"), edge_case_data())
+def test_edge_cases(name, logits, labels):
+    calibrator = HistogramBinning().fit(logits, labels)
+    test = torch.cat([logits, 4 * torch.randn(30, logits.shape[1], dtype=torch.float64)])
+    out, probs = calibrator(test), calibrator.probs(test)
+    assert torch.isfinite(out).all() and out.dtype == torch.float64
+    assert torch.isfinite(probs).all() and (probs >= 0).all()
+    torch.testing.assert_close(probs.sum(1), torch.ones(len(test), dtype=torch.float64))
+    for k, values in enumerate(calibrator.bin_values):
+        assert ((values >= 0) & (values <= 1)).all() and calibrator.bin_counts[k].min() >= 1
+    if name == "ties":  # 10 distinct scores per class, 20 copies each: whole tie groups per bin
+        assert all(set(counts.tolist()) <= {20, 40} for counts in calibrator.bin_counts)
+        torch.testing.assert_close(probs[:10].repeat(20, 1), probs[:200], rtol=0, atol=0)
+    if name == "absent_class":
+        assert (calibrator.bin_values[4] == 0).all()
+
+
+def test_registry_config_and_errors():
+    assert POSTHOC.get("histogram_binning") is HistogramBinning
+    assert METHODS.get("histogram_binning").config is HistogramBinningConfig
+    assert HistogramBinningConfig().num_bins == 15
+    assert from_dict(HistogramBinningConfig, {"num_bins": 10}).num_bins == 10
+    with pytest.raises(ConfigError, match=r"`num_bins` must be an integer >= 1, got num_bins=0"):
+        HistogramBinningConfig(num_bins=0)
+    with pytest.raises(ConfigError, match=r"`num_bins` must be an integer, got num_bins=2.5"):
+        from_dict(HistogramBinningConfig, {"num_bins": 2.5})
+    with pytest.raises(ValueError, match=r"`num_bins` must be an integer >= 1, got num_bins=-3"):
+        HistogramBinning(num_bins=-3)
+    with pytest.raises(RuntimeError, match=r"HistogramBinning is not fitted"):
+        HistogramBinning()(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"`logits` must have the 3 classes of the fit, got 2"):
+        HistogramBinning().fit(torch.randn(9, 3), torch.arange(9) % 3)(torch.zeros(2, 2))
+
+
+def test_runs_as_a_method_on_float32_logits():
+    g = torch.Generator().manual_seed(7)
+    splits = {name: SimpleNamespace(features=torch.empty(n, 0), logits=torch.randn(n, 4, generator=g),
+                                    labels=torch.randint(0, 4, (n,), generator=g))
+              for name, n in (("val", 120), ("test", 80))}
+    cases = [("histogram_binning", HistogramBinningConfig()),
+             ("histogram_binning", HistogramBinningConfig(num_bins=4, calibration_size=60))]
+    for name, params in cases:
+        outcome = METHODS.get(name)(params, SimpleNamespace(splits=splits), seed=0, device=torch.device("cpu"))
+        for probs, n in ((outcome.val_probs, 120), (outcome.test_probs, 80)):
+            assert probs.shape == (n, 4) and probs.dtype == torch.float64 and torch.isfinite(probs).all()
+            torch.testing.assert_close(probs.sum(1), torch.ones(n, dtype=torch.float64))

@@ -1,0 +1,71 @@
+"""studies/posthoc.py: post-hoc methods on nested validation subsets of one cached Stage I, and its bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_study_reports import study_module
+from test_study_scripts import TINY, run_script, trial_files
+
+from calib.posthoc import calibration_indices
+
+
+@pytest.mark.ray
+def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
+    store = tmp_path / "results"
+    out = run_script("posthoc.py", "--store", str(store), "--methods", "TS", "HB", "--sizes", "50", "120", "all",
+                     "--draws", "2", "--param", "histogram_binning.num_bins=5", *TINY)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| method | calibration set | n | ECE | smECE | NLL | Acc |" in out.stdout
+    assert "| TS | n=50 | 2 |" in out.stdout and "| HB | all | 1 |" in out.stdout
+    assert "| Uncalibrated | – | 1 |" in out.stdout
+    df = pd.read_parquet(store / "trials")
+    assert len(df) == 1 + 2 * (2 * 2 + 1) and (df["status"] == "ok").all() and df["trial_id"].is_unique
+    assert df["stage1_id"].nunique() == 1 and (~df["stage1_cache_hit"]).sum() == 1, "one Stage I for every fit"
+    posthoc = df[df["method"] != "vanilla"]
+    assert posthoc.loc[posthoc["method"] == "histogram_binning", "method_num_bins"].eq(5).all()
+    sized = posthoc[posthoc["method_calibration_size"].notna()]
+    assert sorted(set(zip(sized["method_calibration_size"], sized["method_calibration_draw"], strict=True))) == [
+        (50, 0), (50, 1), (120, 0), (120, 1)]
+    # temperature scaling keeps the argmax whatever it was fitted on
+    vanilla_accuracy = df.loc[df["method"] == "vanilla", "test_accuracy"].item()
+    assert df.loc[df["method"] == "temperature_scaling", "test_accuracy"].eq(vanilla_accuracy).all()
+    # two draws of one size fit different subsets, hence (almost surely) different calibrated models
+    ts50 = sized[(sized["method"] == "temperature_scaling") & (sized["method_calibration_size"] == 50)]
+    assert ts50["test_nll"].nunique() == 2
+    assert (store / "figures" / "posthoc_digits-noisy_small_cnn_sizes.png").read_bytes()[:4] == b"\x89PNG"
+
+    report = run_script("report.py", "--store", str(store))
+    assert report.returncode == 0, report.stderr[-3000:]
+    table = (store / "report" / "tables" / "posthoc_digits-noisy_small_cnn.md").read_text()
+    assert table.index("| TS · n=50 |") < table.index("| TS · n=120 |") < table.index("| TS · all |") < table.index(
+        "| HB · n=50 |")
+    assert (store / "report" / "figures" / "posthoc_digits-noisy_small_cnn_sizes.png").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--sizes", "50", "500"], "`--sizes` 500 exceed the 269 images of digits-noisy's validation split"),
+    (["--sizes", "1"], "'1' is not a calibration-set size"),
+    (["--methods", "TS", "Platt"], "invalid choice: 'Platt'"),
+    (["--param", "histogram_binning.num_bins=0"], "`method.num_bins` must be an integer >= 1, got method.num_bins=0"),
+    (["--methods", "TS", "--param", "histogram_binning.num_bins=5"], "names method 'histogram_binning'"),
+])
+def test_bad_input_is_one_error_before_any_trial(tmp_path, capsys, args, message):
+    store = tmp_path / "results"
+    try:  # in this process: the study's main, as its __main__ calls it (argparse exits by itself)
+        code = study_module("posthoc.py").main(["--store", str(store), *args, *TINY])
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("error") == 1, err
+    assert trial_files(store, "posthoc") == [] and not (store / "trials").exists()
+
+
+def test_a_draw_nests_its_subsets_and_draws_differ():
+    small, large = calibration_indices(269, 50, 3), calibration_indices(269, 100, 3)
+    assert len(small) == 50 == len(set(small)) and set(small) <= set(large)
+    assert not np.array_equal(small, calibration_indices(269, 50, 4))
+    assert calibration_indices(269, None, 7).tolist() == list(range(269))
+    with pytest.raises(ValueError, match="at most the validation split's 269 samples, got calibration_size=270"):
+        calibration_indices(269, 270, 0)
