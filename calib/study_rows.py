@@ -91,10 +91,14 @@ def run_rows(
     options = execution_options(args, preset)
     extra = {d: evaluation(d) if evaluation else {} for d in datasets}
 
+    order = list(table or rows)
+
     def configs_of(selection: Mapping[str, Row], selection_seeds: list[int]) -> list[dict[str, Any]]:
         configs = []
         for dataset, arch in setups:
-            for rank, (label, row) in enumerate(selection.items()):
+            for label, row in selection.items():
+                # the row's place in the study's whole table, whatever this run selected
+                rank = order.index(label) if label in order else len(order) + list(selection).index(label)
                 loss = {**row.loss, **DATASET_LOSS_DEFAULTS.get(dataset, {}).get(row.loss["name"], {})}
                 for seed in selection_seeds:
                     config = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,

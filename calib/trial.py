@@ -167,7 +167,10 @@ def _evaluate(cfg: TrialConfig, artifact: Any, outcome: Any, device: torch.devic
     """Metrics of ``outcome`` on val and test, the test reliability bins, OOD and corruption values."""
     metrics: dict[str, float] = {}
     for split, probs in (("val", outcome.val_probs), ("test", outcome.test_probs)):
-        labels = artifact.splits[split].labels.numpy()
+        labels = artifact.splits[split].labels
+        if split == "val" and outcome.val_indices is not None:
+            labels = labels[outcome.val_indices]
+        labels = labels.numpy()
         scores = compute_all(probs.detach().cpu().double().numpy(), labels, num_bins=cfg.num_bins)
         metrics.update({f"{split}_{k}": v for k, v in scores.items()})
     counts, confidence, accuracy = reliability_bins(

@@ -42,6 +42,7 @@ from calib.study_rows import POSTHOC_METHODS
 
 DEFAULT_SIZES = ("50", "100", "500", "1000", "all")
 DEFAULT_DRAWS = 5
+RANK_STRIDE = 10**7
 
 
 def calibration_size(text: str) -> int | None:
@@ -87,6 +88,11 @@ def sizes_for(dataset: str, sizes: list[int | None], explicit: bool, study: str)
     return [s for s in sizes if s is None or s <= val_images]
 
 
+def table_rank(label: str, size: int | None) -> int:
+    """A row's place in the table, whatever a run selected: by method, then size, "all" last."""
+    return (list(POSTHOC_METHODS).index(label) + 1) * RANK_STRIDE + (RANK_STRIDE - 1 if size is None else size)
+
+
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
     parser = study_parser(__doc__, study="posthoc")
@@ -121,10 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                       "download": args.download, "device": args.device}
             configs.append({**base_config(method={"name": "vanilla"}, **common), "label": "Uncalibrated",
                             "label_rank": 0})
-            rank = 0
             for label, name in zip(args.methods, names, strict=True):
-                for size in sorted(sizes_by_dataset[dataset], key=lambda s: (s is None, s)):
-                    rank += 1
+                for size in sizes_by_dataset[dataset]:
+                    rank = table_rank(label, size)
                     for draw in range(args.draws if size is not None else 1):
                         subset = {} if size is None else {"calibration_size": size, "calibration_draw": draw}
                         method = {"name": name, **params.get(name, {}), **subset}

@@ -21,12 +21,16 @@ Predictor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 @dataclass
 class MethodOutcome:
     """Class probabilities (float64) on the validation and test splits, the per-epoch Stage-II
-    history, and ``predict`` to apply the fitted method to other inputs' cached features and logits."""
+    history, and ``predict`` to apply the fitted method to other inputs' cached features and logits.
+
+    ``val_indices``: the validation samples ``val_probs`` covers (None: all of them); a post-hoc method
+    fitted on part of the split reports its validation metrics on the held-out rest."""
 
     val_probs: torch.Tensor
     test_probs: torch.Tensor
     predict: Predictor
     history: list[dict[str, Any]] = field(default_factory=list)
+    val_indices: torch.Tensor | None = None
 
     @classmethod
     def from_predictor(

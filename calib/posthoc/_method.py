@@ -73,16 +73,21 @@ def register_posthoc_method(
 ) -> None:
     """Register post-hoc method ``name``: ``build(params, seed)`` fitted on the calibration set.
 
-    The trial's validation metrics are (partly) in-sample; read the test metrics. The fitted
-    calibrator is ``outcome.predict.calibrator``. Fitting runs on the CPU whatever the device.
+    With the whole validation split as calibration set the trial's validation metrics are in-sample (read
+    the test metrics); with ``calibration_size`` below it they are those of the held-out rest, so a search
+    of a post-hoc method's parameters can use them. The fitted calibrator is ``outcome.predict.calibrator``.
+    Fitting runs on the CPU whatever the device.
     """
 
     def run(params: PostHocConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device) -> MethodOutcome:
         val = artifact.splits["val"]
-        keep = torch.from_numpy(calibration_indices(len(val.labels), params.calibration_size,
-                                                    params.calibration_draw))
-        calibrator = build(params, seed).fit(val.logits[keep], val.labels[keep])
-        return MethodOutcome.from_predictor(PostHocPredictor(calibrator), artifact)
+        keep = calibration_indices(len(val.labels), params.calibration_size, params.calibration_draw)
+        calibrator = build(params, seed).fit(val.logits[torch.from_numpy(keep)], val.labels[torch.from_numpy(keep)])
+        outcome = MethodOutcome.from_predictor(PostHocPredictor(calibrator), artifact)
+        held_out = torch.from_numpy(np.setdiff1d(np.arange(len(val.labels)), keep))
+        if len(held_out):  # validation metrics on the samples the fit did not see
+            outcome.val_probs, outcome.val_indices = outcome.val_probs[held_out], held_out
+        return outcome
 
     run.__doc__ = f"Fit {name} on the calibration set of the artifact's validation logits; apply it to val and test."
     METHODS.register(name)(MethodSpec(config, run, description))

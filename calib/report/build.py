@@ -69,6 +69,8 @@ def _labelled(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def _ordered_summary(trials: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFrame:
+    # one row per label: runs that selected different rows may have stored one label at two ranks
+    trials = trials.assign(label_rank=trials.groupby("label")["label_rank"].transform("min"))
     table = summarize(trials, ["label_rank", "label"], list(metrics))
     return table.sort_values(["label_rank", "label"], kind="stable").reset_index(drop=True)
 
@@ -84,9 +86,10 @@ def calibration_size_summary(trials: pd.DataFrame, dataset: str) -> pd.DataFrame
         val_images = None
     labelled = _labelled(trials)
     parts = labelled["label"].str.split(" · ", n=1)
-    frame = labelled.assign(**{"method": parts.str[0], "calibration set": parts.str[1].fillna("–")})
-    table = summarize(frame, ["label_rank", "method", "calibration set"], list(CALIBRATION_SIZE_METRICS))
-    table = table.sort_values("label_rank", kind="stable").drop(columns="label_rank").reset_index(drop=True)
+    frame = labelled.assign(**{"method": parts.str[0], "calibration set": parts.str[1].fillna("–"),
+                               "order": labelled.groupby("label")["label_rank"].transform("min")})
+    table = summarize(frame, ["order", "method", "calibration set"], list(CALIBRATION_SIZE_METRICS))
+    table = table.sort_values("order", kind="stable").drop(columns="order").reset_index(drop=True)
     sizes = table["calibration set"].str.removeprefix("n=")
     all_size = float("nan") if val_images is None else float(val_images)
     table.insert(2, "size", [all_size if s == "all" else float(s) if s.isdigit() else float("nan") for s in sizes])

@@ -118,8 +118,8 @@ class TestEnsembleTemperatureScaling:
         with pytest.raises(ValueError, match=r"objective='nll'"):
             EnsembleTemperatureScaling("nll")
         with pytest.raises(ConfigError, match=r"`objective` must be one of 'mse', 'ce', got objective='brier'"):
-            from_dict(EnsembleTemperatureScalingConfig, {"loss": "brier"})
-        assert from_dict(EnsembleTemperatureScalingConfig, {}).loss == "mse"
+            from_dict(EnsembleTemperatureScalingConfig, {"objective": "brier"})
+        assert from_dict(EnsembleTemperatureScalingConfig, {}).objective == "mse"
         with pytest.raises(RuntimeError, match="not fitted"):
             EnsembleTemperatureScaling()(torch.zeros(2, 3))
 

@@ -156,6 +156,7 @@ def test_runs_as_a_method_on_float32_logits():
     cases = [("isotonic", IsotonicConfig()), ("isotonic_irm", IsotonicIRMConfig(calibration_size=60))]
     for name, params in cases:
         outcome = METHODS.get(name)(params, SimpleNamespace(splits=splits), seed=0, device=torch.device("cpu"))
-        for probs, n in ((outcome.val_probs, 120), (outcome.test_probs, 80)):
+        held_out = 120 if params.calibration_size is None else 120 - params.calibration_size  # val metrics: the rest
+        for probs, n in ((outcome.val_probs, held_out), (outcome.test_probs, 80)):
             assert probs.shape == (n, 4) and probs.dtype == torch.float64 and torch.isfinite(probs).all()
             torch.testing.assert_close(probs.sum(1), torch.ones(n, dtype=torch.float64))

@@ -10,7 +10,7 @@ from calib._config import ConfigError
 from calib.artifacts import get_or_train_stage1
 from calib.config import parse_trial_config
 from calib.methods import METHODS
-from calib.metrics import METRICS
+from calib.metrics import METRICS, expected_calibration_error, negative_log_likelihood
 from calib.posthoc import TemperatureScaling
 from calib.trial import run_trial, trial_id
 
@@ -33,8 +33,9 @@ METHOD_PARAMS = [
     {"name": "spline"},
     {"name": "temperature_scaling", "calibration_size": 50, "calibration_draw": 1},
 ]
-KEEP_ARGMAX = ("temperature_scaling", "smart", "parameterized_ts", "ensemble_ts")
-"""The methods whose papers keep the predicted class (a positive temperature, or a mixture of such softmaxes)."""
+KEEP_ARGMAX = ("temperature_scaling", "smart", "parameterized_ts", "ensemble_ts", "isotonic_irm")
+"""The methods that keep the predicted class: a positive temperature, a mixture of such softmaxes, IRM's
+strictly increasing map (up to scores closer than ~1e-7)."""
 
 
 def test_methods_share_one_stage1_artifact(make_config):
@@ -53,7 +54,8 @@ def test_methods_share_one_stage1_artifact(make_config):
         assert stage2 == ([0, 1] if method["name"] in ("tst", "vtst") else [])
         if method["name"] in KEEP_ARGMAX:  # the argmax, hence accuracy, is unchanged
             assert result.metrics["test_accuracy"] == vanilla.metrics["test_accuracy"], method
-            assert result.metrics["val_accuracy"] == vanilla.metrics["val_accuracy"], method
+            if "calibration_size" not in method:  # else the validation metrics are the held-out rest's
+                assert result.metrics["val_accuracy"] == vanilla.metrics["val_accuracy"], method
 
 
 def test_the_fitted_temperature_is_readable(make_config):
@@ -85,7 +87,8 @@ def test_a_calibration_set_larger_than_the_validation_split_is_refused(make_conf
                                           r"digits-noisy's validation split, got method.calibration_size=270"):
         parse_trial_config(config)
     parse_trial_config(make_config(method={"name": "histogram_binning", "calibration_size": 269}))
-    with pytest.raises(ConfigError, match=r"`method.calibration_size` must be null .* or an integer >= 2, got method.calibration_size=1"):
+    with pytest.raises(ConfigError, match=r"`method.calibration_size` must be null .* or an integer >= 2, "
+                                          r"got method.calibration_size=1"):
         parse_trial_config(make_config(method={"name": "bbq", "calibration_size": 1}))
 
 
@@ -97,3 +100,16 @@ def test_adding_the_calibration_fields_kept_the_stored_ids(make_config):
         explicit = make_config(method={"name": name, "calibration_size": None, "calibration_draw": 0})
         assert trial_id(explicit) == stored_id
         assert trial_id(make_config(method={"name": name, "calibration_size": 50})) != stored_id
+
+
+def test_validation_metrics_of_a_subset_fit_are_the_held_out_rests(make_config):
+    config = make_config(method={"name": "temperature_scaling", "calibration_size": 100})
+    result = run_trial(config)
+    artifact, _ = get_or_train_stage1(parse_trial_config(config), torch.device("cpu"))
+    val = artifact.splits["val"]
+    fitted = np.sort(np.random.default_rng(0).permutation(len(val.labels))[:100])
+    rest = np.setdiff1d(np.arange(len(val.labels)), fitted)
+    temperature = TemperatureScaling().fit(val.logits[fitted], val.labels[fitted]).temperature.item()
+    probs = (val.logits[rest].double() / temperature).softmax(1).numpy()
+    assert result.metrics["val_ece"] == pytest.approx(expected_calibration_error(probs, val.labels[rest].numpy()))
+    assert result.metrics["val_nll"] == pytest.approx(negative_log_likelihood(probs, val.labels[rest].numpy()))
