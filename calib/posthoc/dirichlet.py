@@ -30,10 +30,12 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from calib._config import check
 from calib.posthoc._base import POSTHOC
-from calib.posthoc._method import PostHocConfig, register_posthoc_method
-from calib.posthoc.vector_scaling import DEFAULT_INTERCEPT_WEIGHT, DEFAULT_OFF_DIAGONAL_WEIGHT, MatrixScaling
+from calib.posthoc._method import register_posthoc_method
+from calib.posthoc.vector_scaling import (
+    MatrixScaling,
+    MatrixScalingConfig,
+)
 
 __all__ = ["DirichletCalibration", "DirichletConfig"]
 
@@ -58,26 +60,14 @@ class DirichletCalibration(MatrixScaling):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DirichletConfig(PostHocConfig):
-    """Dirichlet calibration (Dir-ODIR) as a method, fitted on the cached validation logits (docs/methods.md §5).
+class DirichletConfig(MatrixScalingConfig):
+    """Dirichlet calibration (Dir-ODIR) as a method, fitted on the cached validation logits (docs/methods.md §5.7).
 
-    Kull et al. choose λ and μ by 5-fold CV over a log grid (``tune_cal_odir.py``); the defaults lie
-    among the values CV chose for their CIFAR nets (:data:`~calib.posthoc.vector_scaling.DEFAULT_OFF_DIAGONAL_WEIGHT`,
-    :data:`~calib.posthoc.vector_scaling.DEFAULT_INTERCEPT_WEIGHT`); search them for the paper's recipe.
-
-    Attributes:
-        off_diagonal_weight: λ >= 0 of λ/(C(C−1)) Σ_{i≠j} W_ij² (1000).
-        intercept_weight: μ >= 0 of μ/C Σ_j b_j² (0.1).
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    The fields, defaults and checks of matrix scaling's ODIR: ``off_diagonal_weight`` λ (1000) and
+    ``intercept_weight`` μ (0.1). Kull et al. choose λ and μ by 5-fold CV over a log grid
+    (``tune_cal_odir.py``); the defaults lie among the values CV chose for their CIFAR nets; search them
+    for the paper's recipe.
     """
-
-    off_diagonal_weight: float = DEFAULT_OFF_DIAGONAL_WEIGHT
-    intercept_weight: float = DEFAULT_INTERCEPT_WEIGHT
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.off_diagonal_weight >= 0, "off_diagonal_weight", self.off_diagonal_weight, "be >= 0")
-        check(self.intercept_weight >= 0, "intercept_weight", self.intercept_weight, "be >= 0")
 
 
 register_posthoc_method(
