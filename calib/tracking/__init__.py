@@ -50,12 +50,19 @@ class Tracker:
     package: str
     extra: str
     column: str
+    settings: str
+    """Where the tracker reads where its runs go: named in the error when it cannot be opened."""
 
 
 TRACKERS: dict[str, Tracker] = {
-    "mlflow": Tracker("calib.tracking.mlflow_runs", "mlflow", "mlflow", "mlflow_run_id"),
-    "tensorboard": Tracker("calib.tracking.tensorboard_runs", "tensorboardX", "tensorboard", "tensorboard_run"),
-    "wandb": Tracker("calib.tracking.wandb_runs", "wandb", "wandb", "wandb_run_id"),
+    "mlflow": Tracker("calib.tracking.mlflow_runs", "mlflow", "mlflow", "mlflow_run_id",
+                      "MLFLOW_TRACKING_URI: a tracking server, or sqlite:///mlflow.db (MLflow 3 refuses a ./mlruns "
+                      "folder unless MLFLOW_ALLOW_FILE_STORE=true)"),
+    "tensorboard": Tracker("calib.tracking.tensorboard_runs", "tensorboardX", "tensorboard", "tensorboard_run",
+                           "CALIB_TENSORBOARD_DIR: a writable directory (default <store>/tensorboard)"),
+    "wandb": Tracker("calib.tracking.wandb_runs", "wandb", "wandb", "wandb_run_id",
+                     "WANDB_MODE (offline works without an account), WANDB_PROJECT, WANDB_ENTITY, WANDB_DIR, and "
+                     "wandb login"),
 }
 
 
@@ -89,7 +96,14 @@ def start_study(names: Sequence[str], study: str, store: str) -> TrackingSetting
         return None
     check_trackers(names)
     names = tuple(dict.fromkeys(names))
-    options = {name: importlib.import_module(TRACKERS[name].module).start_study(study, store) for name in names}
+    options = {}
+    for name in names:
+        try:
+            options[name] = importlib.import_module(TRACKERS[name].module).start_study(study, store)
+        except Exception as err:  # whatever the tracker raises, it cannot log this study: bad input, before any trial
+            said = " ".join(str(err).split()) or type(err).__name__
+            raise ConfigError(f"`--log-to {name}`: {name} could not be opened: {said} Check "
+                              f"{TRACKERS[name].settings}.") from err
     return TrackingSettings(study, names, options)
 
 

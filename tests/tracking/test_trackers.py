@@ -121,3 +121,23 @@ def test_a_trial_stored_without_log_to_imports_no_tracker(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     assert quiet.stdout.strip().splitlines()[-1] == "[]"  # a trial stored without --log-to imports no tracker
+
+
+def test_a_tracker_that_cannot_be_opened_is_one_error_before_any_trial(tmp_path, monkeypatch, capsys):
+    """MLflow 3 refuses a ./mlruns folder unless MLFLOW_ALLOW_FILE_STORE=true: exit 2, one line that says so."""
+    import importlib.util as util
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(ConfigError, match=r"`--log-to mlflow`: mlflow could not be opened: .*MLFLOW_ALLOW_FILE_STORE"
+                                          r".* Check MLFLOW_TRACKING_URI: a tracking server, or sqlite:///mlflow.db"):
+        start_study(["mlflow"], "sensitivity_gamma", str(tmp_path / "results"))
+    spec = util.spec_from_file_location("_tracker_study", ROOT / "studies" / "sensitivity_gamma.py")
+    study = util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    store = tmp_path / "results"
+    code = study.main(["--store", str(store), "--log-to", "mlflow", "--epochs", "1", "--seeds", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: `--log-to mlflow`: mlflow could not be opened") and err.count(
+        "\n") == 1, err
+    assert not (store / "trials").exists()
