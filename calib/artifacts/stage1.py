@@ -109,7 +109,8 @@ def get_or_train_stage1(
     remote = remote_dir(cfg.artifact_root, stage1_id)
     final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():
-        with contextlib.suppress(CorruptArtifactError):
+        # FileNotFoundError: a trial under the lock quarantined the folder while this one read it
+        with contextlib.suppress(CorruptArtifactError, FileNotFoundError):
             artifact = load_artifact(final, stage1_id, remote)
             if remote is None or artifact.record.get("writer") == _published_writer(remote):
                 return artifact, True
