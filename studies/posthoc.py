@@ -34,8 +34,7 @@ from calib.cli import (
 from calib.datasets import DATASETS
 from calib.presets import base_config
 from calib.report import mixed_trainings, report_step, to_markdown
-from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary
-from calib.report.figures import plot_metric_against
+from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary, plot_calibration_sizes
 from calib.search import run_grid
 from calib.store import read_finished
 from calib.study_rows import POSTHOC_METHODS
@@ -150,11 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             if note := mixed_trainings(group):
                 print(f"\n{note}")
         with report_step(args.study, f"figure for {dataset} · {arch}"):
-            figure = plot_metric_against(
-                summary[summary["size"].notna()], "size", "test_ece", "method",
-                paths.outputs / "figures" / f"{args.study}_{dataset}_{arch}_sizes.png",
-                xlabel="calibration-set size (validation samples)", ylabel="test ECE (%)", log_x=True,
-                title=f"post-hoc calibration-set size · {dataset} · {arch}")
+            path = paths.outputs / "figures" / f"{args.study}_{dataset}_{arch}_sizes.png"
+            figure = plot_calibration_sizes(summary, path, f"{dataset} · {arch}")
             print(f"\nfigure: {figure}")
     print(f"\nstore: {paths.store} ({len(trials)} finished trials of this run; {run.skipped} were already there)")
     return study_exit_code(args.study, paths.store, run.failed, len(trials))

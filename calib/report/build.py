@@ -33,7 +33,7 @@ from calib.report.tables import (
 from calib.store import read_history, read_trials
 
 __all__ = ["CALIBRATION_SIZE_METRICS", "FULL", "KNOWN_STUDIES", "build_report", "calibration_size_summary",
-           "pooled_bins"]
+           "plot_calibration_sizes", "pooled_bins"]
 
 FULL = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_smece": "smECE",
         "test_ece_sweep": "ECE-sweep", "test_l2ce_debiased": "dL2-CE", "test_nll": "NLL", "test_brier": "Brier",
@@ -94,6 +94,14 @@ def calibration_size_summary(trials: pd.DataFrame, dataset: str) -> pd.DataFrame
     all_size = float("nan") if val_images is None else float(val_images)
     table.insert(2, "size", [all_size if s == "all" else float(s) if s.isdigit() else float("nan") for s in sizes])
     return table
+
+
+def plot_calibration_sizes(summary: pd.DataFrame, path: Path, name: str) -> Path:
+    """Test ECE against calibration-set size, one line per method, from :func:`calibration_size_summary`."""
+    return figures.plot_metric_against(
+        summary[summary["size"].notna()], "size", "test_ece", "method", path,
+        xlabel="calibration-set size (validation samples)", ylabel="test ECE (%)", log_x=True,
+        title=f"post-hoc calibration-set size · {name}")
 
 
 def _best(table: pd.DataFrame, metric: str) -> int | None:
@@ -224,11 +232,8 @@ def _study_figures(store: str | os.PathLike, study: str, dataset: str, arch: str
                 out / f"{study}_{setup}_severity.png", xlabel="corruption severity",
                 ylabel="ECE (%), mean over corruptions", title=f"corruptions · {name}"))
     elif study == "posthoc":
-        sizes = calibration_size_summary(trials, dataset)
-        written.append(figures.plot_metric_against(
-            sizes[sizes["size"].notna()], "size", "test_ece", "method", out / f"{study}_{setup}_sizes.png",
-            xlabel="calibration-set size (validation samples)", ylabel="test ECE (%)", log_x=True,
-            title=f"post-hoc calibration-set size · {name}"))
+        written.append(plot_calibration_sizes(calibration_size_summary(trials, dataset),
+                                              out / f"{study}_{setup}_sizes.png", name))
     elif study == "ablation":
         written.append(figures.plot_bars(_ordered_summary(trials, SHORT), "label", "test_ece",
                                          out / f"{study}_{setup}_bars.png", ylabel="test ECE (%)",
