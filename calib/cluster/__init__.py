@@ -65,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     onprem.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
 
     wait = sub.add_parser("wait", formatter_class=HelpFormatter,
-                          help="on the head node: wait until the cluster has N nodes alive")
+                          help="on the head node: wait until the cluster has N nodes alive (exit 1 at once when "
+                               "the autoscaler reports a node it could not start)")
     wait.add_argument("--nodes", type=int, required=True, help="nodes to wait for, the head included")
     wait.add_argument("--address", default="auto", help="Ray cluster to ask")
     wait.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up (exit 1)")
@@ -215,13 +216,13 @@ def main(argv: list[str] | None = None) -> int:
                 print("no workers in the cluster file")
             return 0 if all(stopped for _, stopped, _ in results) else 1
         else:
-            from calib.cluster.nodes import wait_for_nodes
+            from calib.cluster.nodes import NodeStartError, wait_for_nodes
 
             try:
                 lines = wait_for_nodes(args.nodes, address=args.address, timeout=args.timeout)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-            except TimeoutError as err:
+            except (TimeoutError, NodeStartError) as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 1
             print(f"{len(lines)} nodes up:")

@@ -3,7 +3,9 @@
 ``python -m calib.cluster wait --nodes N`` connects to the cluster (``--address``, default ``auto``: the
 Ray started on this node) and returns once N nodes are alive, printing one line per node; after
 ``--timeout`` seconds it exits 1 naming the nodes it saw. An on-prem cluster's workers join a minute
-or so after ``ray up`` returns, started by the head's autoscaler.
+or so after ``ray up`` returns, started by the head's autoscaler. When the autoscaler gives up on a
+node (its ``ray start`` failed: the status ``ray status`` lists under "Recent failures"), ``wait`` exits
+1 at once, naming the node and the log with its output, instead of waiting out ``--timeout``.
 
 ``python -m calib.cluster stop-workers`` runs ``ray stop`` on each worker of an on-prem cluster, over
 SSH from the head with the launcher's key, as the autoscaler reached them. ``ray down`` stops Ray on an
@@ -12,6 +14,7 @@ on-prem head only: a worker's raylet exits a minute after losing the head, its l
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import subprocess
@@ -23,7 +26,8 @@ import yaml
 
 from calib._config import ConfigError
 
-__all__ = ["BOOTSTRAP_CONFIG", "alive_nodes", "stop_workers", "wait_for_nodes"]
+__all__ = ["BOOTSTRAP_CONFIG", "NodeStartError", "alive_nodes", "autoscaler_status", "failed_nodes", "stop_workers",
+           "wait_for_nodes"]
 
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` puts the cluster file on the head
 
@@ -36,6 +40,40 @@ def alive_nodes() -> list[dict[str, Any]]:
     return sorted(nodes, key=lambda n: not n.get("Resources", {}).get("node:__internal_head__", 0))
 
 
+class NodeStartError(RuntimeError):
+    """The autoscaler reported that a node it was starting failed."""
+
+
+def autoscaler_status() -> dict[str, Any] | None:
+    """The status the head's autoscaler last published (every few seconds) in the cluster's key-value store,
+    what ``ray status`` prints; None before its first report or when the autoscaler does not publish it."""
+    from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(DEBUG_AUTOSCALING_STATUS)
+    return json.loads(raw) if raw else None
+
+
+def failed_nodes(status: dict[str, Any] | None, alive: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(address, node type) of each node the autoscaler's ``status`` reports as failed (its update, i.e.
+    the setup and ``ray start`` run over SSH, failed, or it stopped sending heartbeats) and that is not
+    alive now."""
+    report = (status or {}).get("autoscaler_report") or {}
+    addresses = {node.get("NodeManagerAddress") for node in alive}
+    return [(str(ip), str(kind)) for ip, kind in report.get("failed_nodes") or [] if ip not in addresses]
+
+
+def _autoscaler_log() -> str:
+    """Where the head's autoscaler writes each node's setup output (the ``NodeUpdater: <node>`` lines)."""
+    try:
+        from ray._private import worker
+
+        session = worker._global_node.get_session_dir_path()
+    except Exception:  # connected without a local node: Ray's default place on the head
+        session = "/tmp/ray/session_latest"
+    return f"{session}/logs/monitor.out"
+
+
 def _describe(node: dict[str, Any]) -> str:
     resources = node.get("Resources", {})
     role = "head" if resources.get("node:__internal_head__") else "worker"
@@ -44,7 +82,8 @@ def _describe(node: dict[str, Any]) -> str:
 
 
 def wait_for_nodes(count: int, *, address: str = "auto", timeout: float = 600.0, poll: float = 1.0) -> list[str]:
-    """Block until ``count`` nodes are alive; their descriptions. TimeoutError names what joined by then."""
+    """Block until ``count`` nodes are alive; their descriptions. NodeStartError as soon as the autoscaler
+    reports a node it could not start, naming it and its log; TimeoutError names what joined by then."""
     import ray
 
     if count < 1:
@@ -56,6 +95,15 @@ def wait_for_nodes(count: int, *, address: str = "auto", timeout: float = 600.0,
             nodes = alive_nodes()
             if len(nodes) >= count:
                 return [_describe(n) for n in nodes]
+            failed = failed_nodes(autoscaler_status(), nodes)
+            if failed:
+                seen = "; ".join(_describe(n) for n in nodes) or "none"
+                names = ", ".join(f"{ip} ({kind})" for ip, kind in failed)
+                raise NodeStartError(
+                    f"the autoscaler could not start {names}: its setup or `ray start` failed. Its output is in "
+                    f"{_autoscaler_log()} on the head, the lines `NodeUpdater: <node>` (from your machine: "
+                    f"`ray exec <cluster file> 'tail -n 200 /tmp/ray/session_latest/logs/monitor.out'`). "
+                    f"{len(nodes)} of {count} nodes alive: {seen}.")
             if time.monotonic() > deadline:
                 seen = "; ".join(_describe(n) for n in nodes) or "none"
                 raise TimeoutError(f"{len(nodes)} of {count} nodes alive after {timeout:g} s: {seen}. "

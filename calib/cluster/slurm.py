@@ -253,8 +253,13 @@ GPUS=${{SLURM_GPUS_ON_NODE:-0}}
 STEPS=()
 # This job's Ray only: its processes name $RAY_TMP ("[/]": the pattern does not match a command line holding it).
 export RAY_TMP RAY_PATTERN="[${{RAY_TMP:0:1}}]${{RAY_TMP:1}}"
+# Ray's folder goes after its processes; a worker process still writing its last log can outlast them a moment.
+REMOVE_TMP='for _ in $(seq 10); do rm -rf -- "$RAY_TMP" 2>/dev/null; [[ -e $RAY_TMP ]] || break; sleep 0.5; done'
 STOP_NODE='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 20); do pgrep -f -- "$RAY_PATTERN" >/dev/null || break
-  sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; rm -rf -- "$RAY_TMP"'
+  sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; '"$REMOVE_TMP"
+# Each node's Ray runs in a step that removes the folder when Ray ends, also when Slurm ends the step (preemption,
+# requeue: the batch script can start no step then, so only the node itself can clean up).
+export NODE_RAY='trap : TERM; "$@"; rc=$?; '"$REMOVE_TMP"'; exit $rc'
 stop_ray() {{
   if [[ $SIGNALLED == TERM ]]; then  # Slurm is ending the job: it starts no step now, and stops the others' itself
     bash -c "$STOP_NODE" >/dev/null 2>&1
@@ -268,13 +273,14 @@ stop_ray() {{
 
 say "Ray head on ${{NODES[0]}} ($HEAD_IP:$BASE), $((${{#NODES[@]}} - 1)) worker node(s);" \\
   "logs $LOG_DIR/$SLURM_JOB_ID-ray-*.log"
-srun --overlap --nodes=1 --ntasks=1 -w "${{NODES[0]}}" ray start --head --block --node-ip-address="$HEAD_IP" \\
-  --port=$BASE $PORTS $CLIENT --temp-dir="$RAY_TMP" --num-cpus="$CPUS" --num-gpus="$GPUS" --include-dashboard=false \\
+srun --overlap --nodes=1 --ntasks=1 -w "${{NODES[0]}}" bash -c "$NODE_RAY" ray \\
+  ray start --head --block --node-ip-address="$HEAD_IP" --port=$BASE $PORTS $CLIENT --temp-dir="$RAY_TMP" \\
+  --num-cpus="$CPUS" --num-gpus="$GPUS" --include-dashboard=false \\
   --disable-usage-stats{head_options} >"$LOG_DIR/$SLURM_JOB_ID-ray-${{NODES[0]}}.log" 2>&1 &
 STEPS+=($!)
 for _ in $(seq 120); do (exec 3<>"/dev/tcp/$HEAD_IP/$BASE") 2>/dev/null && break; sleep 1; done
 for node in "${{NODES[@]:1}}"; do
-  srun --overlap --nodes=1 --ntasks=1 -w "$node" ray start --block --address="$HEAD_IP:$BASE" \\
+  srun --overlap --nodes=1 --ntasks=1 -w "$node" bash -c "$NODE_RAY" ray ray start --block --address="$HEAD_IP:$BASE" \\
     --node-ip-address="$(node_addr "$node")" $PORTS --temp-dir="$RAY_TMP" --num-cpus="$CPUS" --num-gpus="$GPUS" \\
     --disable-usage-stats{head_options} >"$LOG_DIR/$SLURM_JOB_ID-ray-$node.log" 2>&1 &
   STEPS+=($!)

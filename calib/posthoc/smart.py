@@ -85,7 +85,9 @@ class SMART(PostHocCalibrator):
         max_epochs: full-batch epochs at most (2000).
         patience: epochs without an improvement > ``min_delta`` of the fit loss before stopping (200).
         min_delta: the improvement that counts (1e-4).
-        num_bins, bandwidth, charbonnier_delta: M = 15 bins, σ = 0.05, δ = 1e-3 of the SoftECE.
+        num_bins: M, the SoftECE's bins (15).
+        bandwidth: σ, the SoftECE's bin-membership bandwidth (0.05).
+        charbonnier_delta: δ of the Charbonnier |·| (1e-3).
         min_temperature: the floor added after the softplus (0.1).
         seed: seeds the network's initialisation (1, SMART-R).
 

@@ -111,7 +111,7 @@ class SlurmLab:
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none", "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none", "SwitchType=switch/none", "ReturnToService=2",
-            "KillWait=30", "MinJobAge=60",
+            "KillWait=60", "MinJobAge=60",
             *(f"NodeName={n.name} NodeHostname={host} NodeAddr={n.ip} CPUs={cpus} RealMemory=2000 State=UNKNOWN"
               for n in self.nodes),
             f"PartitionName={self.partition} Nodes={','.join(n.name for n in self.nodes)} Default=YES "
