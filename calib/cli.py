@@ -196,7 +196,7 @@ FEATURES_ARCH = "features"
 
 
 def add_own_model_args(parser: argparse.ArgumentParser) -> None:
-    """Flags for a user's model, data and code (README "Your own model and data")."""
+    """Flags for a user's model, data and code (docs/how-to/own-model.md)."""
     own = parser.add_argument_group("your own model, data and code")
     own.add_argument("--checkpoint", default=None, metavar="FILE",
                      help="Stage I from this trained model's weights (a path or s3:// URI; a state_dict) instead of "

@@ -75,7 +75,7 @@ def parse_time(text: str) -> int:
 
 @dataclass(frozen=True)
 class SlurmSettings:
-    """What the job asks Slurm for, and how it runs (README: "On a Slurm cluster")."""
+    """What the job asks Slurm for, and how it runs (docs/how-to/slurm.md)."""
 
     partition: str | None = None
     account: str | None = None
@@ -191,7 +191,7 @@ def render_script(settings: SlurmSettings, command: list[str], *, name: str | No
 # Written by `python -m calib.cluster slurm` for the study command:
 #   {study}
 # Submit: sbatch {log_dir / (name + ".sbatch")}    Follow: tail -f {log_dir}/{name}-<job id>.out
-# Cancel: scancel <job id>    What it does: README, "On a Slurm cluster".
+# Cancel: scancel <job id>    What it does: docs/how-to/slurm.md.
 set -uo pipefail
 
 RUN_DIR={shlex.quote(str(run_dir))}

@@ -1,8 +1,9 @@
-"""`ray up` for real: the README's on-prem commands, run literally, on two SSH hosts made on this machine.
+"""`ray up` for real: the on-prem commands of docs/how-to/ray-cluster.md, run literally, on two SSH hosts made
+on this machine.
 
 The hosts (:mod:`lab_hosts`) are network namespaces with their own sshd, hostname, processes, home and
 TMPDIR; the store is a moto S3 server on the bridge address both reach. The test sets the variables the
-README tells users to set, then runs each command of the README's ``onprem-commands`` block from a copy
+page tells users to set, then runs each command of the page's ``onprem-commands`` block from a copy
 of this checkout: render the on-prem file from cluster.yaml, validate it, ``ray up`` (file mounts, setup
 commands, Ray on head and worker), wait for both nodes, the γ study through ``ray exec`` (twice: the
 second run must skip every trial), ``stop-workers`` and ``ray down``, after which no Ray process may be
@@ -23,7 +24,7 @@ import pytest
 from lab_hosts import Lab, missing_requirements
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+CLUSTER_PAGE = ROOT / "docs" / "how-to" / "ray-cluster.md"
 # Two seeds, one γ, 2 epochs: 2 Stage-I trainings and 4 trials. A Stage-I trial asks for both CPUs a host
 # has, so the two trainings run one on each host.
 STUDY_ARGS = "--seeds 1 2 --gammas 0.9 --epochs 2 --stage2-epochs 2 --cpus-per-trial 2 --cpus-per-cached-trial 1"
@@ -32,8 +33,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def readme_commands(marker: str) -> list[str]:
-    """The shell commands of the README's ```sh block under ``<!-- marker ... -->``, continuations joined."""
-    text = README.read_text()
+    """The shell commands of the cluster page's ```sh block under ``<!-- marker ... -->``, continuations joined."""
+    text = CLUSTER_PAGE.read_text()
     at = text.index(f"<!-- {marker}")
     start = text.index("```sh\n", at) + len("```sh\n")
     block = text[start:text.index("```", start)]
@@ -47,7 +48,7 @@ def _kind(command: str) -> str:
                          ("calib.cluster stop-workers", "stop workers"), ("ray down", "ray down")):
         if needle in command:
             return kind
-    raise AssertionError(f"README command not understood by this test: {command}")
+    raise AssertionError(f"ray-cluster.md command not understood by this test: {command}")
 
 
 def test_the_aws_commands_are_onprem_commands_run_by_the_launcher_test() -> None:

@@ -46,6 +46,6 @@ def test_the_readme_links_the_docs_and_the_docs_link_files_that_exist():
     readme = (ROOT / "README.md").read_text()
     for doc in ("docs/methods.md", "docs/architecture.md", "docs/extending.md"):
         assert doc in readme and (ROOT / doc).is_file()
-    for doc in (ROOT / "docs").glob("*.md"):
+    for doc in (ROOT / "docs").rglob("*.md"):
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text()):
-            assert (doc.parent / target).exists(), f"{doc.name} links {target}, which does not exist"
+            assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links {target}, which does not exist"
