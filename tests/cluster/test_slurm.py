@@ -165,9 +165,17 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_another_job_on_its_
     ([], ["--address", "auto"], "The study command must not have --address"),
 ], ids=["unknown partition", "gpus on a cpu partition", "time under the warning", "bad study flag", "address"])
 def test_bad_input_exits_2_before_anything_is_submitted(lab: SlurmLab, tmp_path: Path, flags: list[str],
-                                                         study: list[str], message: str):
+                                                         study: list[str], message: str,
+                                                         monkeypatch: pytest.MonkeyPatch, capsys):
+    """In process (``calib.cluster.main``, the command's own entry point), against the lab's Slurm."""
+    from calib.cluster import main
+
     before = lab.run("squeue", "--noheader", "--all").stdout
-    proc = launch(lab, tmp_path, *flags, "--submit", study=["--store", str(tmp_path / "store"), *study])
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr
+    monkeypatch.setenv("SLURM_CONF", lab.env["SLURM_CONF"])
+    monkeypatch.chdir(ROOT)
+    code = main(["slurm", "--run-dir", str(tmp_path), "--setup", f"export PATH={Path(sys.executable).parent}:$PATH",
+                 *flags, "--submit", "--", "python", STUDY, "--store", str(tmp_path / "store"), *study])
+    stderr = capsys.readouterr().err
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and message in errors[0], stderr
     assert lab.run("squeue", "--noheader", "--all").stdout == before and not (tmp_path / "slurm").exists()
