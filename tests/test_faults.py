@@ -16,6 +16,7 @@ from types import ModuleType
 
 import pandas as pd
 import pytest
+from report_runner import run_report
 
 from calib.store import StoreWarning, read_trials
 
@@ -358,8 +359,7 @@ def test_corrupt_and_foreign_files_are_skipped_with_a_warning_and_rerun(finished
     foreign = store / "trials" / "study=sensitivity_gamma" / "notes.txt"
     foreign.write_text("not a trial")
 
-    report = subprocess.run([sys.executable, str(ROOT / "studies" / "report.py"), "--store", str(store)],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    report = run_report("--store", str(store))
     assert report.returncode == 0, report.stderr[-2000:]
     assert f"skipped {part}" in report.stderr and f"skipped {foreign}" in report.stderr
 

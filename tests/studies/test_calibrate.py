@@ -14,6 +14,7 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
+from report_runner import run_report
 
 from calib.datasets import load_dataset
 from calib.metrics import accuracy, expected_calibration_error, softmax64
@@ -82,8 +83,7 @@ def test_calibrate_runs_every_method_on_the_checkpoints_model(calibrated):
 def test_the_report_regenerates_the_calibrate_table(calibrated):
     tmp, _, done = calibrated
     assert done.returncode == 0
-    report = subprocess.run([sys.executable, str(ROOT / "studies" / "report.py"), "--store", str(tmp / "store")],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    report = run_report("--store", str(tmp / "store"))
     assert report.returncode == 0, report.stderr[-3000:]
     table = (tmp / "store" / "report" / "tables" / "calibrate_imagefolder_torchvision:resnet18.md").read_text()
     assert "| Uncalibrated |" in table and "| TS |" in table and "| TST |" in table

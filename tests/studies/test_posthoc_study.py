@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from report_runner import run_report
 from test_study_reports import study_module
 from test_study_scripts import TINY, run_script, trial_files
 
@@ -36,7 +37,7 @@ def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     assert ts50["test_nll"].nunique() == 2
     assert (store / "figures" / "posthoc_digits-noisy_small_cnn_sizes.png").read_bytes()[:4] == b"\x89PNG"
 
-    report = run_script("report.py", "--store", str(store))
+    report = run_report("--store", str(store))
     assert report.returncode == 0, report.stderr[-3000:]
     table = (store / "report" / "tables" / "posthoc_digits-noisy_small_cnn.md").read_text()
     assert table.index("| TS · n=50 |") < table.index("| TS · n=120 |") < table.index("| TS · all |") < table.index(

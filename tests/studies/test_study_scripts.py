@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from report_runner import run_report
 
 from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS
 
@@ -205,7 +206,7 @@ def test_report_regenerates_tables_byte_for_byte(gamma_and_ablation, tmp_path):
 
     store = tmp_path / "results"
     shutil.copytree(gamma_and_ablation[0], store)
-    first = run_script("report.py", "--store", str(store))
+    first = run_report("--store", str(store))
     assert first.returncode == 0, first.stderr[-3000:]
     assert f"skipped combine: not in the store (run: python studies/combine.py --store {store})" in first.stdout
     report = store / "report"
@@ -224,7 +225,7 @@ def test_report_regenerates_tables_byte_for_byte(gamma_and_ablation, tmp_path):
                        f"sensitivity_gamma_{setup}_gamma.png", f"sensitivity_gamma_{setup}_reliability.png"]
 
     shutil.rmtree(report)
-    again = run_script("report.py", "--store", str(store))
+    again = run_report("--store", str(store))
     assert again.returncode == 0, again.stderr[-3000:]
     assert {p.name: p.read_bytes() for p in sorted((report / "tables").iterdir())} == tables
 
