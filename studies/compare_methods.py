@@ -2,8 +2,8 @@
 
 Trains each method on the preset's setup and seeds through Ray Tune (methods that share a Stage I,
 e.g. TS, SMART, TST, V-TST and MaC-Cal on a CE Stage I, share its artifact) and prints one table
-from the store: accuracy, ECE, AECE, MCE, NLL, Brier, O-ECE, U-ECE, AURC and AUGRC per method,
-mean ± 95% CI over seeds, on the test split.
+from the store: accuracy, ECE, AECE, MCE, smECE, ECE-sweep, debiased L2-CE, NLL, Brier, O-ECE, U-ECE, AURC
+and AUGRC per method, mean ± 95% CI over seeds, on the test split.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A griffe extension for the API reference: calib's docstrings cite code with Sphinx roles
 (:func:`compute_all`, :class:`~calib.store.CompactionReport`), which Markdown does not know; each becomes
-a code span of the name (the last part after ``~``) before mkdocstrings renders the docstring."""
+a code span of the name (the last part after ``~``) before mkdocstrings renders the docstring; reST's
+``text::`` before a literal block becomes ``text:`` (the indented block is a code block in Markdown too)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import griffe
 
 ROLE = re.compile(r":(?:func|class|mod|meth|data|attr|exc|obj):`(~?)([^`]+)`")
+LITERAL = re.compile(r"(?m)(\S)::$|^\s*::\n")  # reST's "text::" before an indented block: Markdown's is plain
 
 
 def _name(match: re.Match[str]) -> str:
@@ -20,4 +22,5 @@ def _name(match: re.Match[str]) -> str:
 class SphinxRoles(griffe.Extension):
     def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = ROLE.sub(_name, obj.docstring.value)
+            text = ROLE.sub(_name, obj.docstring.value)
+            obj.docstring.value = LITERAL.sub(lambda m: f"{m.group(1)}:" if m.group(1) else "", text)

@@ -180,11 +180,19 @@ python -m calib.cluster slurm --nodes 2 -- python studies/ablation.py --mode fac
 ```python
 python = 3
 ```
+
+```sh
+export STORE=s3://bucket/calib ARGS="--preset paper"  # the reader's values
+python studies/report.py --store $STORE ${ARGS}
+```
 """
-    found = [(program, argv) for block in code_blocks(page) for tokens in shell_commands(block)
+    variables: dict[str, str] = {}
+    found = [(program, argv) for block in code_blocks(page) for tokens in shell_commands(block, variables)
              for program, argv in calib_commands(tokens)]
     assert found == [("studies/cost.py", ["--methods", "CE+TS"]), ("studies/ood.py", ["--seeds", "1", "2"]),
                      ("studies/report.py", ["--store", "results"]),
                      ("calib.cluster", ["slurm", "--nodes", "2", "--", "python", "studies/ablation.py", "--mode",
                                         "factorial"]),
-                     ("studies/ablation.py", ["--mode", "factorial"])]
+                     ("studies/ablation.py", ["--mode", "factorial"]),
+                     ("studies/report.py", ["--store", "s3://bucket/calib", "--preset", "paper"])]
+    assert variables == {"STORE": "s3://bucket/calib", "ARGS": "--preset paper"}

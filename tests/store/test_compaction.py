@@ -256,7 +256,7 @@ def test_bad_lease_setting_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path
 def test_the_readme_one_liners_read_each_trial_once(base: TrialResult, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch):
     """pandas, a pyarrow dataset and DuckDB on a store holding parts, trials' own files (a failed one, new
-    ones), temporaries and a lease, exactly as the README writes them."""
+    ones), temporaries and a lease, exactly as docs/how-to/result-store.md writes them."""
     import duckdb
 
     monkeypatch.chdir(tmp_path)
