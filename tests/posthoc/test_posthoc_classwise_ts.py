@@ -6,31 +6,21 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from posthoc_cases import overconfident_logits
 from scipy.optimize import minimize, minimize_scalar
 from scipy.special import log_softmax
 
 from calib.posthoc import POSTHOC
 from calib.posthoc.classwise_ts import ClasswiseTemperatureScaling, ClasswiseTemperatureScalingConfig
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TRUE_TEMPERATURES = (0.5, 1.0, 2.0, 4.0)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These fits are small: one torch thread is faster and avoids oversubscribing a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def make_data(num_samples, temperatures, *, seed=0, scale=3.0):
     """Logits z = scale·N(0, 1) and labels drawn from softmax(z_k / T_k) with the given T_k."""
-    g = torch.Generator().manual_seed(seed)
-    z = scale * torch.randn(num_samples, len(temperatures), generator=g, dtype=torch.float64)
-    labels = torch.multinomial((z / torch.tensor(temperatures, dtype=torch.float64)).softmax(1), 1,
-                               generator=g).squeeze(1)
-    return z, labels
+    return overconfident_logits(num_samples, len(temperatures), seed=seed, scale=scale, temperature=temperatures)
 
 
 def nll_and_grad(log_temperatures, z, y):

@@ -1,10 +1,12 @@
 """Ensemble temperature scaling (docs/methods.md §5): both stages against scipy, the mixture by hand, edge cases."""
 
+import functools
 import math
 
 import numpy as np
 import pytest
 import torch
+from posthoc_cases import overconfident_logits
 from scipy.optimize import minimize, minimize_scalar
 from scipy.special import softmax
 
@@ -12,22 +14,9 @@ from calib._config import ConfigError, from_dict
 from calib.posthoc import POSTHOC
 from calib.posthoc.ensemble_ts import EnsembleTemperatureScaling, EnsembleTemperatureScalingConfig
 
+make_data = functools.partial(overconfident_logits, scale=4.0, temperature=2.5)
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These fits are small: one torch thread is faster and avoids oversubscribing a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_data(num_samples, num_classes, *, seed=0, scale=4.0, temperature=2.5):
-    """Logits z = scale·N(0, 1) and labels drawn from softmax(z / temperature) (z is overconfident)."""
-    g = torch.Generator().manual_seed(seed)
-    z = scale * torch.randn(num_samples, num_classes, generator=g, dtype=torch.float64)
-    labels = torch.multinomial((z / temperature).softmax(1), 1, generator=g).squeeze(1)
-    return z, labels
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def loss_np(probs, labels, loss):

@@ -1,11 +1,11 @@
 """Histogram binning (docs/methods.md §5): hand-computed bins, values, ties and renormalisation."""
 
 import itertools
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from posthoc_cases import check_runs_as_a_method, edge_case_data
 
 from calib._config import ConfigError, from_dict
 from calib.methods import METHODS
@@ -74,23 +74,6 @@ def test_fraction_of_positives_on_random_data():
         np.testing.assert_allclose(calibrator.bin_values[k], [np.mean(labels.numpy()[b] == k) for b in bins])
 
 
-def edge_case_data():
-    """(name, logits, labels) for the edge cases every method must survive."""
-    g = torch.Generator().manual_seed(1)
-    absent = torch.randn(200, 5, generator=g, dtype=torch.float64)
-    absent_labels = torch.randint(0, 4, (200,), generator=g)  # class 4 never occurs
-    rows = torch.randn(10, 4, generator=g, dtype=torch.float64)
-    ties = rows.repeat(20, 1)
-    tie_labels = torch.randint(0, 4, (200,), generator=g)
-    small = 3 * torch.randn(50, 10, generator=g, dtype=torch.float64)
-    small_labels = torch.randint(0, 10, (50,), generator=g)
-    constant = torch.randn(300, 4, generator=g, dtype=torch.float64)
-    constant[:, 2] = 0.7
-    constant_labels = torch.randint(0, 4, (300,), generator=g)
-    return [("absent_class", absent, absent_labels), ("ties", ties, tie_labels),
-            ("50_samples_10_classes", small, small_labels), ("constant_column", constant, constant_labels)]
-
-
 @pytest.mark.parametrize(("name", "logits", "labels"), edge_case_data())
 def test_edge_cases(name, logits, labels):
     calibrator = HistogramBinning().fit(logits, labels)
@@ -126,15 +109,6 @@ def test_registry_config_and_errors():
 
 
 def test_runs_as_a_method_on_float32_logits():
-    g = torch.Generator().manual_seed(7)
-    splits = {name: SimpleNamespace(features=torch.empty(n, 0), logits=torch.randn(n, 4, generator=g),
-                                    labels=torch.randint(0, 4, (n,), generator=g))
-              for name, n in (("val", 120), ("test", 80))}
     cases = [("histogram_binning", HistogramBinningConfig()),
              ("histogram_binning", HistogramBinningConfig(num_bins=4, calibration_size=60))]
-    for name, params in cases:
-        outcome = METHODS.get(name)(params, SimpleNamespace(splits=splits), seed=0, device=torch.device("cpu"))
-        held_out = 120 if params.calibration_size is None else 120 - params.calibration_size  # val metrics: the rest
-        for probs, n in ((outcome.val_probs, held_out), (outcome.test_probs, 80)):
-            assert probs.shape == (n, 4) and probs.dtype == torch.float64 and torch.isfinite(probs).all()
-            torch.testing.assert_close(probs.sum(1), torch.ones(n, dtype=torch.float64))
+    check_runs_as_a_method(cases)

@@ -1,8 +1,11 @@
 """Parameterized temperature scaling (docs/methods.md §5): the network, loss and Adam step by hand, the argmax."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
+from posthoc_cases import overconfident_logits
 from torch import nn
 
 from calib import progress
@@ -10,22 +13,9 @@ from calib._config import ConfigError, from_dict
 from calib.posthoc import POSTHOC
 from calib.posthoc.parameterized_ts import ParameterizedTemperatureScaling, ParameterizedTemperatureScalingConfig
 
+make_data = functools.partial(overconfident_logits, scale=4.0, temperature=2.5)
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These fits are small: one torch thread is faster and avoids oversubscribing a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_data(num_samples, num_classes, *, seed=0, scale=4.0, temperature=2.5):
-    """Logits z = scale·N(0, 1) and labels drawn from softmax(z / temperature) (z is overconfident)."""
-    g = torch.Generator().manual_seed(seed)
-    z = scale * torch.randn(num_samples, num_classes, generator=g, dtype=torch.float64)
-    labels = torch.multinomial((z / temperature).softmax(1), 1, generator=g).squeeze(1)
-    return z, labels
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def layers(pts):

@@ -5,6 +5,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from posthoc_cases import overconfident_logits as make_data
 from scipy.optimize import minimize
 from scipy.special import log_softmax
 
@@ -19,23 +20,7 @@ from calib.posthoc.vector_scaling import (
     odir_penalty,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These fits are small: one torch thread is faster and avoids oversubscribing a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_data(num_samples, num_classes, *, seed=0, scale=3.0, shift=None):
-    """Logits z = scale·N(0, 1) and labels drawn from softmax(z / 2 + shift) (z is overconfident)."""
-    g = torch.Generator().manual_seed(seed)
-    z = scale * torch.randn(num_samples, num_classes, generator=g, dtype=torch.float64)
-    target = z / 2 + (0 if shift is None else torch.tensor(shift, dtype=torch.float64))
-    labels = torch.multinomial(target.softmax(1), 1, generator=g).squeeze(1)
-    return z, labels
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def nll_and_logit_grad(logits, labels):
