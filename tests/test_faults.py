@@ -3,7 +3,6 @@ drivers, concurrent studies, changed configs, corrupt store files and bad input.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -12,11 +11,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pandas as pd
 import pytest
-from report_runner import run_report
+from in_process import run_refused, run_report, study_module
 
 from calib.store import StoreWarning, read_trials
 
@@ -659,20 +657,6 @@ def command(tmp: Path, argv: list[str]) -> list[str]:
     return [*argv, *store, *data_root, *short]
 
 
-_STUDIES: dict[str, ModuleType] = {}
-
-
-def study_module(script: str) -> ModuleType:
-    """The module of ``studies/<script>``, imported once."""
-    if script not in _STUDIES:
-        name = f"_bad_input_study_{Path(script).stem}"
-        spec = importlib.util.spec_from_file_location(name, ROOT / "studies" / script)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _STUDIES[script] = module
-    return _STUDIES[script]
-
-
 def check_message(stderr: str, message: str) -> None:
     """One `error:` paragraph on stderr, matching ``message``; no traceback."""
     assert "Traceback" not in stderr, stderr
@@ -709,23 +693,9 @@ def command_lines(tmp_path_factory):
 @pytest.mark.parametrize(("script", "argv", "message"),
                          [case_param(c, *c[1:]) for c in CASES if c[0] not in SUBPROCESS])
 def test_bad_input_in_process(tmp_path, monkeypatch, capsys, script, argv, message):
-    import calib.search.grid as grid
-    import calib.search.optimize as optimize
-
-    def no_ray(*args, **kwargs):
-        raise AssertionError("Ray was started: the bad input was accepted")
-
-    for module in (grid, optimize):
-        monkeypatch.setattr(module, "init_ray", no_ray)
     write_inputs(tmp_path, script)
-    main = study_module(script).main
-    capsys.readouterr()
     argv = command(tmp_path, argv)
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse
-        code = exit_.code
-    stderr = capsys.readouterr().err
+    code, stderr = run_refused(script, argv, monkeypatch, capsys)
     assert code == 2, stderr
     check_message(stderr, message)
     assert not Path(argv[argv.index("--store") + 1]).exists(), "the store was created"

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import torch
 import torchvision
+from in_process import run_report
 from PIL import Image
-from report_runner import run_report
 
 from calib.datasets import load_dataset
 from calib.metrics import accuracy, expected_calibration_error, softmax64

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from report_runner import run_report
+from in_process import run_report
 from test_study_reports import study_module
 from test_study_scripts import TINY, run_script, trial_files
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from report_runner import run_report
+from in_process import run_refused, run_report
 
 from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS
 
@@ -20,30 +19,6 @@ TINY = ["--epochs", "2", "--stage2-epochs", "2"]
 def run_script(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "studies" / script), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
-
-
-def run_in_process(script: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str,
-                   ) -> tuple[int, str]:
-    """``studies/<script> ARGS`` in this process, for input it must refuse before Ray starts (a started Ray
-    fails the test): its exit code and stderr. The same ``main`` the command line runs, without a second
-    interpreter importing torch and Ray."""
-    import calib.search.grid as grid
-    import calib.search.optimize as optimize
-
-    def no_ray(*_args, **_kwargs):
-        raise AssertionError("Ray was started: the bad input was accepted")
-
-    for module in (grid, optimize):
-        monkeypatch.setattr(module, "init_ray", no_ray)
-    spec = importlib.util.spec_from_file_location(f"_study_{Path(script).stem}", ROOT / "studies" / script)
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
-    capsys.readouterr()
-    try:
-        code = study.main(list(args))
-    except SystemExit as exit_:  # argparse
-        code = exit_.code
-    return code, capsys.readouterr().err
 
 
 def trial_files(store: Path, study: str) -> list[Path]:
@@ -121,16 +96,16 @@ def test_optuna_search_two_objectives(tmp_path):
 ])
 def test_bad_input_exits_2_before_any_trial(tmp_path, monkeypatch, capsys, args, message):
     store = tmp_path / "results"
-    code, stderr = run_in_process("sensitivity_gamma.py", monkeypatch, capsys, "--store", str(store), "--data-root",
-                                  str(tmp_path / "data"), *args)
+    code, stderr = run_refused("sensitivity_gamma.py", ["--store", str(store), "--data-root", str(tmp_path / "data"),
+                                                       *args], monkeypatch, capsys)
     assert code == 2, stderr
     assert message in stderr and "Traceback" not in stderr
     assert not store.exists()
 
 
 def test_missing_dataset_message_names_the_flag(tmp_path, monkeypatch, capsys):
-    code, stderr = run_in_process("sensitivity_gamma.py", monkeypatch, capsys, "--preset", "paper", "--store",
-                                  str(tmp_path / "r"), "--data-root", str(tmp_path / "data"))
+    code, stderr = run_refused("sensitivity_gamma.py", ["--preset", "paper", "--store", str(tmp_path / "r"),
+                                                       "--data-root", str(tmp_path / "data")], monkeypatch, capsys)
     assert code == 2 and f"{tmp_path / 'data'}/cifar-10-batches-py" in stderr and "--download" in stderr
 
 

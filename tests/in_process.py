@@ -1,0 +1,64 @@
+"""Study scripts run in the test's process: their ``main``, as the command line runs it, without a second
+interpreter spending seconds importing torch, pandas and matplotlib. For what starts no Ray: a report, or bad
+input a study must refuse before Ray starts (a started Ray fails the test)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import subprocess
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_STUDIES: dict[str, ModuleType] = {}
+
+
+def study_module(script: str) -> ModuleType:
+    """The module of ``studies/<script>``, imported once."""
+    if script not in _STUDIES:
+        spec = importlib.util.spec_from_file_location(f"_in_process_{Path(script).stem}", ROOT / "studies" / script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _STUDIES[script] = module
+    return _STUDIES[script]
+
+
+def run_refused(script: str, argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    """``studies/<script> ARGV`` for input it must refuse before Ray starts: its exit code and stderr."""
+    import calib.search.grid as grid
+    import calib.search.optimize as optimize
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started: the bad input was accepted")
+
+    for module in (grid, optimize):
+        monkeypatch.setattr(module, "init_ray", no_ray)
+    main = study_module(script).main
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
+def run_report(*args: str) -> subprocess.CompletedProcess:
+    """``python studies/report.py ARGS``: its exit code, stdout and stderr (warnings included, one line each, as
+    Python prints them to a terminal)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            code = study_module("report.py").main(list(args))
+        except SystemExit as exit_:  # argparse
+            code = exit_.code
+    for warning in caught:
+        stderr.write(f"{warning.filename}:{warning.lineno}: {warning.category.__name__}: {warning.message}\n")
+    return subprocess.CompletedProcess(["studies/report.py", *args], code, stdout.getvalue(), stderr.getvalue())
