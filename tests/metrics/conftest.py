@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from metric_cases import overconfident_probs
 
 # Worked example: N = 6 samples, C = 3 classes. The hand arithmetic lives next to each test.
 #
@@ -36,19 +37,7 @@ def worked() -> tuple[np.ndarray, np.ndarray]:
     return WORKED_PROBS.copy(), WORKED_LABELS.copy()
 
 
-def _random_case(seed: int, n: int = 2000, num_classes: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    logits = rng.normal(scale=3.0, size=(n, num_classes))
-    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probs /= probs.sum(axis=1, keepdims=True)
-    # Labels drawn from a sharpened version of probs: an over-confident, imperfect model.
-    sharp = probs**0.5
-    sharp /= sharp.sum(axis=1, keepdims=True)
-    labels = np.array([rng.choice(num_classes, p=row) for row in sharp])
-    return probs, labels
-
-
 @pytest.fixture(params=[0, 1, 2], ids=lambda s: f"seed{s}")
 def random_case(request: pytest.FixtureRequest) -> tuple[np.ndarray, np.ndarray]:
     """Random (probs, labels), N = 2000, C = 10, for comparisons with reference implementations."""
-    return _random_case(request.param)
+    return overconfident_probs(2000, 10, request.param)

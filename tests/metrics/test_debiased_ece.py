@@ -4,38 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from metric_cases import binary, overconfident_probs
 
 from calib.metrics import debiased_l2_calibration_error
 from calib.metrics.debiased_ece import _kumar_equal_mass_edges
 
-
-def binary(confidences: list[float], correct: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Two-class probs whose top-label confidences and correctness are the given ones (class 0 predicted)."""
-    conf = np.asarray(confidences, dtype=float)
-    return np.stack([conf, 1.0 - conf], axis=1), np.where(np.asarray(correct) == 1, 0, 1)
-
-
-def random_probs(
-    n: int, num_classes: int, seed: int, *, round_logits: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    logits = rng.normal(scale=3.0, size=(n, num_classes))
-    if round_logits:
-        logits = np.round(logits)  # many tied confidences
-    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probs /= probs.sum(axis=1, keepdims=True)
-    sharp = probs**0.5
-    sharp /= sharp.sum(axis=1, keepdims=True)
-    labels = np.array([rng.choice(num_classes, p=row) for row in sharp])
-    return probs, labels
-
-
 CASES = {
-    "2000x10": random_probs(2000, 10, 0),
-    "2000x10-b": random_probs(2000, 10, 1),
-    "50x10": random_probs(50, 10, 2),
-    "300x3-ties": random_probs(300, 3, 3, round_logits=True),
-    "7x4": random_probs(7, 4, 4),
+    "2000x10": overconfident_probs(2000, 10, 0),
+    "2000x10-b": overconfident_probs(2000, 10, 1),
+    "50x10": overconfident_probs(50, 10, 2),
+    "300x3-ties": overconfident_probs(300, 3, 3, round_logits=True),
+    "7x4": overconfident_probs(7, 4, 4),
 }
 
 
@@ -115,7 +94,7 @@ class TestReferencePackage:
 
     def test_class_absent(self) -> None:
         calibration = pytest.importorskip("calibration")
-        probs, labels = random_probs(400, 5, seed=6)
+        probs, labels = overconfident_probs(400, 5, seed=6)
         labels = np.where(labels == 4, 0, labels)
         expected = calibration.lower_bound_scaling_top_ce(probs, labels, p=2, debias=True, num_bins=15)
         assert debiased_l2_calibration_error(probs, labels) == pytest.approx(expected, abs=1e-12)

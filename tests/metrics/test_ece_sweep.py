@@ -6,15 +6,10 @@ import time
 
 import numpy as np
 import pytest
+from metric_cases import binary, overconfident_probs
 
 from calib.metrics import ece_sweep
 from calib.metrics.ece_sweep import _sweep_bin_indices, _sweep_num_bins
-
-
-def binary(confidences: list[float], correct: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Two-class probs whose top-label confidences and correctness are the given ones (class 0 predicted)."""
-    conf = np.asarray(confidences, dtype=float)
-    return np.stack([conf, 1.0 - conf], axis=1), np.where(np.asarray(correct) == 1, 0, 1)
 
 
 def reference_ece_sweep(probs: np.ndarray, labels: np.ndarray, p: float = 1.0) -> tuple[float, int]:
@@ -49,17 +44,6 @@ def reference_ece_sweep(probs: np.ndarray, labels: np.ndarray, p: float = 1.0) -
         chosen = bins
     num_bins = int(chosen.max()) + 1
     return ece_and_monotone(num_bins, chosen)[0], num_bins
-
-
-def random_probs(n: int, num_classes: int, seed: int, scale: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    logits = rng.normal(scale=scale, size=(n, num_classes))
-    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probs /= probs.sum(axis=1, keepdims=True)
-    sharp = probs**0.5
-    sharp /= sharp.sum(axis=1, keepdims=True)
-    labels = np.array([rng.choice(num_classes, p=row) for row in sharp])
-    return probs, labels
 
 
 class TestEceSweep:
@@ -99,19 +83,19 @@ class TestEceSweep:
     @pytest.mark.parametrize("p", [1, 2])
     @pytest.mark.parametrize(("n", "num_classes", "seed"), [(2000, 10, 0), (2000, 10, 1), (300, 3, 2), (50, 10, 3)])
     def test_independent_reference(self, n: int, num_classes: int, seed: int, p: int) -> None:
-        probs, labels = random_probs(n, num_classes, seed)
+        probs, labels = overconfident_probs(n, num_classes, seed)
         expected, _ = reference_ece_sweep(probs, labels, p)
         assert ece_sweep(probs, labels, p=p) == pytest.approx(expected, abs=1e-12)
 
     def test_fifty_samples_ten_classes(self) -> None:
-        probs, labels = random_probs(50, 10, seed=7)
+        probs, labels = overconfident_probs(50, 10, seed=7)
         expected, num_bins = reference_ece_sweep(probs, labels)
         assert 1 <= num_bins <= 49
         assert ece_sweep(probs, labels) == pytest.approx(expected, abs=1e-12)
 
     def test_class_absent(self) -> None:
         # Class 2 is never the label: nothing changes, the value is the reference's.
-        probs, labels = random_probs(200, 3, seed=4)
+        probs, labels = overconfident_probs(200, 3, seed=4)
         labels = np.where(labels == 2, 0, labels)
         assert ece_sweep(probs, labels) == pytest.approx(reference_ece_sweep(probs, labels)[0], abs=1e-12)
 

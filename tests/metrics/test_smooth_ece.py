@@ -8,12 +8,18 @@ import sys
 import numpy as np
 import pytest
 import relplot
+from metric_cases import binary, overconfident_probs
 
 from calib.metrics import smooth_ece
 from calib.metrics._binning import top_label
 from calib.metrics.smooth_ece import _smece_with_bandwidth
 
 BISECTION_STEP = 2.0**-10  # relplot.smECE halves [0, 1] ten times
+
+
+def smooth_case(n: int, num_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Over-confident random predictions whose confidences stay below 0.999 (see test_confidence_one)."""
+    return overconfident_probs(n, num_classes, seed, scale=2.0, below_confidence=0.999)
 
 
 def reflected_kernel(t: np.ndarray, f: np.ndarray, sigma: float) -> np.ndarray:
@@ -42,34 +48,14 @@ def integral_smece(f: np.ndarray, y: np.ndarray, sigma: float) -> float:
     return float(np.trapezoid(np.abs(residual), t) / f.size)
 
 
-def random_probs(n: int, num_classes: int, seed: int, scale: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
-    """Over-confident random predictions whose confidences stay below 0.999 (see test_confidence_one)."""
-    rng = np.random.default_rng(seed)
-    logits = rng.normal(scale=scale, size=(n, num_classes))
-    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probs /= probs.sum(axis=1, keepdims=True)
-    keep = probs.max(axis=1) < 0.999
-    probs = probs[keep]
-    sharp = probs**0.5
-    sharp /= sharp.sum(axis=1, keepdims=True)
-    labels = np.array([rng.choice(num_classes, p=row) for row in sharp])
-    return probs, labels
-
-
-def binary(confidences: list[float], correct: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Two-class probs whose top-label confidences and correctness are the given ones (class 0 predicted)."""
-    conf = np.asarray(confidences, dtype=float)
-    return np.stack([conf, 1.0 - conf], axis=1), np.where(np.asarray(correct) == 1, 0, 1)
-
-
 def confidences_correct(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return top_label(np.asarray(probs, dtype=float), np.asarray(labels))
 
 
 CASES = {
-    "2000x10": random_probs(2000, 10, 0),
-    "500x3": random_probs(500, 3, 1),
-    "50x10": random_probs(50, 10, 2),
+    "2000x10": smooth_case(2000, 10, 0),
+    "500x3": smooth_case(500, 3, 1),
+    "50x10": smooth_case(50, 10, 2),
 }
 
 
@@ -137,7 +123,7 @@ class TestValues:
         assert smooth_ece(probs, labels) == pytest.approx(expected, abs=1e-3)
 
     def test_class_absent(self) -> None:
-        probs, labels = random_probs(300, 4, seed=5)
+        probs, labels = smooth_case(300, 4, seed=5)
         labels = np.where(labels == 3, 0, labels)
         f, y = confidences_correct(probs, labels)
         value, sigma = _smece_with_bandwidth(f, y)
