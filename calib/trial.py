@@ -72,6 +72,8 @@ class TrialResult:
     pruned_epoch: int | None = None
     tracker_runs: dict[str, str] = field(default_factory=dict)
     """The ``--log-to`` runs of the trial by store column (``mlflow_run_id``, ``tensorboard_run``, ``wandb_run_id``)."""
+    fit_details: dict[str, Any] = field(default_factory=dict)
+    """The method's fit columns (``fit_degenerate``, ``fit_degenerate_reason``, ``fitted_*``, ``cv_nll``)."""
 
     @property
     def plugins(self) -> list[str]:
@@ -221,6 +223,7 @@ def _result(cfg: TrialConfig, artifact: Any, cache_hit: bool, outcome: Any, devi
         finished_at=dt.datetime.now(dt.timezone.utc),
         device=describe_device(device),
         population_size=population_size,
+        fit_details=dict(outcome.fit_details),
     )
 
 

@@ -10,6 +10,13 @@ size. ``studies/report.py`` regenerates the table and the figure from the store.
 Sizes above the validation split are an error when given with ``--sizes``; the default sizes that do
 not fit a dataset (the digits' split has 269 images) are left out with one line. ``--param`` sets a
 method's parameter, e.g. ``--param histogram_binning.num_bins=10``.
+
+``--synthetic-classes 100`` is the many-class regime of the paper preset (CIFAR-100: 100 classes, 5,000 validation
+images) on a CPU: over-confident synthetic logits of 100 classes (:mod:`calib.datasets.synthetic_logits`: true
+probabilities from Dirichlet(0.3), logits 2.5·log p + N(0, 0.5²) noise, labels drawn from p) with 5,000 validation
+and 10,000 test samples, written once under ``<store>/synthetic/`` and calibrated as a features file
+(``--synthetic-seed`` draws another data set). A fit that is degenerate (a class without calibration samples, no
+finite optimum, ...) prints a warning line and is counted in the table's ``degenerate`` column.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 import yaml
 
 from calib._config import ConfigError
+from calib.artifacts.features_file import read_features_file
 from calib.cli import (
     execution_options,
     guarded_main,
@@ -32,6 +40,7 @@ from calib.cli import (
     study_setups,
 )
 from calib.datasets import DATASETS
+from calib.datasets.synthetic_logits import write_synthetic_logits
 from calib.presets import base_config
 from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary, plot_calibration_sizes
@@ -72,9 +81,10 @@ def method_params(assignments: list[str], names: list[str]) -> dict[str, dict[st
     return params
 
 
-def sizes_for(dataset: str, sizes: list[int | None], explicit: bool, study: str) -> list[int | None]:
-    """``sizes`` that fit ``dataset``'s validation split; an explicit size that does not is an error."""
-    val_images = DATASETS.get(dataset).val_images
+def sizes_for(dataset: str, val_images: int | None, sizes: list[int | None], explicit: bool, study: str
+              ) -> list[int | None]:
+    """``sizes`` that fit ``dataset``'s validation split of ``val_images`` samples (None: not known before its
+    Stage I); an explicit size that does not is an error."""
     if val_images is None:
         return sizes
     too_large = [s for s in sizes if s is not None and s > val_images]
@@ -85,6 +95,34 @@ def sizes_for(dataset: str, sizes: list[int | None], explicit: bool, study: str)
         print(f"[{study}] {dataset}: sizes {', '.join(map(str, too_large))} left out (its validation split has "
               f"{val_images} images)")
     return [s for s in sizes if s is None or s <= val_images]
+
+
+def use_synthetic_logits(args: argparse.Namespace) -> None:
+    """``--synthetic-classes``: write the data set (once) and calibrate it as ``--features``."""
+    if args.synthetic_classes is None:
+        if args.synthetic_seed != 0:
+            raise ConfigError(f"`--synthetic-seed` draws the data of --synthetic-classes; without it it does not "
+                              f"apply, got --synthetic-seed {args.synthetic_seed}.")
+        return
+    if args.synthetic_classes < 2:
+        raise ConfigError(f"`--synthetic-classes` must be an integer >= 2, got --synthetic-classes "
+                          f"{args.synthetic_classes}.")
+    for flag, value in (("--features", args.features), ("--checkpoint", args.checkpoint),
+                        ("--datasets", args.datasets), ("--archs", args.archs)):
+        if value:
+            raise ConfigError(f"`--synthetic-classes` is the data set of this run; `{flag}` does not apply with it.")
+    name = f"synthetic-logits-{args.synthetic_classes}-seed{args.synthetic_seed}"
+    path = study_paths(args).outputs / "synthetic" / f"{name}.npz"
+    if not path.exists():
+        write_synthetic_logits(path, args.synthetic_classes, seed=args.synthetic_seed)
+    args.features, args.features_name = str(path), name
+
+
+def validation_sizes(args: argparse.Namespace, datasets: list[str]) -> dict[str, int | None]:
+    """The validation-split size of each dataset (of the features file, with ``--features``)."""
+    if args.features:
+        return {datasets[0]: len(read_features_file(args.features).splits["val"].labels)}
+    return {d: DATASETS.get(d).val_images for d in datasets}
 
 
 def table_rank(label: str, size: int | None) -> int:
@@ -103,9 +141,15 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"uniform draws of each size below 'all' (default: {DEFAULT_DRAWS})")
     parser.add_argument("--param", action="append", default=[], metavar="METHOD.FIELD=VALUE",
                         help="a method parameter, e.g. histogram_binning.num_bins=10 (repeatable)")
+    parser.add_argument("--synthetic-classes", type=int, default=None, metavar="K",
+                        help="calibrate over-confident synthetic logits of K classes (5,000 validation and 10,000 "
+                             "test samples) instead of a trained model; 100 is the paper preset's regime")
+    parser.add_argument("--synthetic-seed", type=int, default=0,
+                        help="the seed of the --synthetic-classes data set (default: 0)")
     args = parser.parse_args(argv)
     if args.draws < 1:
         raise ConfigError(f"`--draws` must be an integer >= 1, got --draws {args.draws}.")
+    use_synthetic_logits(args)
     preset = preset_of(args)
     paths = study_paths(args)
     setups = study_setups(args, preset)
@@ -114,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     params = method_params(args.param, names)
     explicit = args.sizes is not None
     sizes = list(dict.fromkeys(args.sizes if explicit else [calibration_size(s) for s in DEFAULT_SIZES]))
-    sizes_by_dataset = {d: sizes_for(d, sizes, explicit, args.study) for d in dict.fromkeys(d for d, _ in setups)}
-    require_datasets(list(sizes_by_dataset), paths.data_root, args.download)
+    datasets = list(dict.fromkeys(d for d, _ in setups))
+    val_images = validation_sizes(args, datasets)
+    sizes_by_dataset = {d: sizes_for(d, val_images[d], sizes, explicit, args.study) for d in datasets}
+    if not args.features:
+        require_datasets(datasets, paths.data_root, args.download)
     options = execution_options(args, preset)
 
     configs = []
@@ -143,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     trials = read_finished(paths.store, args.study, run.trial_ids)
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"table for {dataset} · {arch}"):
-            summary = calibration_size_summary(group, str(dataset))
-            print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over draws and seeds (percent; NLL in nats)\n")
-            print(to_markdown(summary, ["method", "calibration set"], CALIBRATION_SIZE_METRICS))
+            summary = calibration_size_summary(group, str(dataset), val_images.get(str(dataset)))
+            print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over draws and seeds (percent; NLL in nats; "
+                  f"degenerate: the fits of the row that were)\n")
+            print(to_markdown(summary, ["method", "calibration set", "degenerate"], CALIBRATION_SIZE_METRICS))
             if note := mixed_trainings(group):
                 print(f"\n{note}")
         with report_step(args.study, f"figure for {dataset} · {arch}"):

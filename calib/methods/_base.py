@@ -24,13 +24,15 @@ class MethodOutcome:
     history, and ``predict`` to apply the fitted method to other inputs' cached features and logits.
 
     ``val_indices``: the validation samples ``val_probs`` covers (None: all of them); a post-hoc method
-    fitted on part of the split reports its validation metrics on the held-out rest."""
+    fitted on part of the split reports its validation metrics on the held-out rest. ``fit_details``: values of
+    the store's fit columns (``fit_degenerate``, ``fit_degenerate_reason``, ``fitted_*``) the method knows."""
 
     val_probs: torch.Tensor
     test_probs: torch.Tensor
     predict: Predictor
     history: list[dict[str, Any]] = field(default_factory=list)
     val_indices: torch.Tensor | None = None
+    fit_details: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_predictor(

@@ -9,7 +9,7 @@ here: every module of this package that does not start with ``_`` is imported be
 import importlib
 import pkgutil
 
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, PostHocPredictor
+from calib.posthoc._base import POSTHOC, PROBABILITY_FLOOR, DegenerateFitWarning, PostHocCalibrator, PostHocPredictor
 from calib.posthoc._method import PostHocConfig, calibration_indices, register_posthoc_method
 from calib.posthoc.smart import SMART, SMARTConfig, soft_binned_ece
 from calib.posthoc.temperature_scaling import TEMPERATURE_GRID, TemperatureScaling, TemperatureScalingConfig
@@ -20,8 +20,10 @@ for _module in pkgutil.iter_modules(__path__):
 
 __all__ = [
     "POSTHOC",
+    "PROBABILITY_FLOOR",
     "SMART",
     "TEMPERATURE_GRID",
+    "DegenerateFitWarning",
     "PostHocCalibrator",
     "PostHocConfig",
     "PostHocPredictor",

@@ -3,14 +3,60 @@
 from __future__ import annotations
 
 import abc
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from calib._registry import Registry
+from calib.metrics.nll import NLL_FLOOR
 
-__all__ = ["POSTHOC", "PostHocCalibrator", "PostHocPredictor", "check_logits", "check_logits_labels"]
+__all__ = [
+    "POSTHOC",
+    "PROBABILITY_FLOOR",
+    "DegenerateFitWarning",
+    "PostHocCalibrator",
+    "PostHocPredictor",
+    "absent_classes",
+    "check_logits",
+    "check_logits_labels",
+    "describe_classes",
+    "log_probabilities",
+]
+
+PROBABILITY_FLOOR = NLL_FLOOR
+"""The one floor of every calibrator that outputs probabilities: an exact 0 becomes the smallest positive
+float64 (~4.94e-324), the floor of calib's NLL, so a sample whose true class gets p̂ = 0 costs the NLL's
+maximum, −log(4.94e-324) ~= 744.44 nats, whichever method produced it."""
+
+
+class DegenerateFitWarning(RuntimeWarning):
+    """A post-hoc fit whose data do not determine it: no finite optimum, a parameter at a bound, a class
+    without calibration samples. The calibrator still returns its documented fallback (docs/methods.md §5)."""
+
+
+def log_probabilities(probs: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """log p of probabilities (N, C) as float64, with p floored at :data:`PROBABILITY_FLOOR` (finite)."""
+    probs = torch.as_tensor(probs, dtype=torch.float64)
+    return probs.clamp_min(PROBABILITY_FLOOR).log()
+
+
+def absent_classes(labels: torch.Tensor, num_classes: int) -> list[int]:
+    """The classes in [0, num_classes) with no sample in ``labels``."""
+    counts = torch.bincount(labels, minlength=num_classes)
+    return [int(k) for k in torch.nonzero(counts == 0).flatten()]
+
+
+def describe_classes(classes: Sequence[int], num_classes: int) -> str:
+    """``"class 4"``, ``"classes 1, 3 (2 of 10)"`` or ``"classes 0, 1, 2, … (57 of 100)"``."""
+    shown = ", ".join(map(str, classes[:8])) + (", …" if len(classes) > 8 else "")
+    if len(classes) == 1:
+        return f"class {shown}"
+    return f"classes {shown} ({len(classes)} of {num_classes})"
 
 
 def check_logits(logits: torch.Tensor, *, min_classes: int = 1) -> torch.Tensor:
@@ -42,14 +88,38 @@ def check_logits_labels(
 class PostHocCalibrator(nn.Module, abc.ABC):
     """A map from logits to calibrated logits, fitted on held-out (validation) logits and labels.
 
-    Subclasses implement :meth:`fit` (which must end with ``self.is_fitted = True``) and
+    Subclasses implement :meth:`fit` (which must end with ``self._finish_fit(reasons)``) and
     :meth:`forward`. Fitting runs on the CPU in float64: the problems are small and the results
     reproducible across machines.
+
+    After :meth:`fit`, ``degenerate_reason`` is None for a fit the data determine, else why it is
+    degenerate (the fit then returned its documented fallback and warned, :class:`DegenerateFitWarning`).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.is_fitted = False
+        self.degenerate_reason: str | None = None
+
+    @property
+    def degenerate(self) -> bool:
+        """Whether the last :meth:`fit` was degenerate (``degenerate_reason`` says why)."""
+        return self.degenerate_reason is not None
+
+    def _finish_fit(self, reasons: Sequence[str] = ()) -> None:
+        """Mark the fit done; non-empty ``reasons`` make it degenerate: ``degenerate_reason`` joins them and
+        a :class:`DegenerateFitWarning` names the calibrator and the reasons."""
+        self.degenerate_reason = "; ".join(reasons) or None
+        self.is_fitted = True
+        if self.degenerate_reason:
+            warnings.warn(f"{type(self).__name__}: degenerate fit: {self.degenerate_reason}", DegenerateFitWarning,
+                          stacklevel=3)
+
+    def fit_details(self) -> dict[str, Any]:
+        """The store's fit columns of the last fit: ``fit_degenerate``, ``fit_degenerate_reason`` (subclasses add
+        the values they chose, e.g. ODIR's cross-validated λ and μ)."""
+        self.check_fitted()
+        return {"fit_degenerate": self.degenerate, "fit_degenerate_reason": self.degenerate_reason}
 
     @abc.abstractmethod
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> PostHocCalibrator:

@@ -84,6 +84,7 @@ def register_posthoc_method(
         keep = calibration_indices(len(val.labels), params.calibration_size, params.calibration_draw)
         calibrator = build(params, seed).fit(val.logits[torch.from_numpy(keep)], val.labels[torch.from_numpy(keep)])
         outcome = MethodOutcome.from_predictor(PostHocPredictor(calibrator), artifact)
+        outcome.fit_details = calibrator.fit_details()
         held_out = torch.from_numpy(np.setdiff1d(np.arange(len(val.labels)), keep))
         if len(held_out):  # validation metrics on the samples the fit did not see
             outcome.val_probs, outcome.val_indices = outcome.val_probs[held_out], held_out

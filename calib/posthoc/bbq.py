@@ -165,7 +165,7 @@ class BBQ(PostHocCalibrator):
         probs, targets = softmax64(z), y.numpy()
         self.class_fits = [fit_bbq_binary(probs[:, k], targets == k, range_factor=self.range_factor,
                                           prior_count=self.prior_count) for k in range(probs.shape[1])]
-        self.is_fitted = True
+        self._finish_fit()
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:

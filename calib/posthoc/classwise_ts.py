@@ -11,21 +11,34 @@ LBFGS with the strong-Wolfe line search until max|∂NLL/∂τ| < 1e-6 (:func:`f
 Goldberger instead minimise the validation ECE by a greedy per-class grid search (T_k ∈ {0.1, …, 10},
 accepting a change only if the accuracy does not drop); this file uses their model with the NLL
 objective. Dividing classes by different temperatures can change the argmax.
+
+Degenerate fits (``degenerate_reason``, a ``DegenerateFitWarning``): a class without calibration samples (its
+T_k is fitted only to push p_k down, with no finite optimum where its logits all have one sign), an unconverged
+or separated fit (:func:`~calib.posthoc.vector_scaling.affine_fit_problems`), and any T_k that ends outside
+TS's :data:`~calib.posthoc.temperature_scaling.TEMPERATURE_RANGE`, which is then held at the bound.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits_labels
+from calib.posthoc._base import (
+    POSTHOC,
+    DegenerateFitWarning,
+    PostHocCalibrator,
+    absent_classes,
+    check_logits_labels,
+    describe_classes,
+)
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
-from calib.posthoc.temperature_scaling import TemperatureScaling
-from calib.posthoc.vector_scaling import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs
+from calib.posthoc.temperature_scaling import TEMPERATURE_RANGE, TemperatureScaling
+from calib.posthoc.vector_scaling import GRAD_TOLERANCE, LBFGSResult, affine_fit_problems, fit_lbfgs
 
 __all__ = ["ClasswiseTemperatureScaling", "ClasswiseTemperatureScalingConfig"]
 
@@ -50,7 +63,9 @@ class ClasswiseTemperatureScaling(PostHocCalibrator):
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> ClasswiseTemperatureScaling:
         """Fit T_1 … T_C on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
-        self.initial_temperature = TemperatureScaling().fit(z, y).temperature.item()
+        with warnings.catch_warnings():  # a degenerate TS start shows in this fit's own checks
+            warnings.simplefilter("ignore", DegenerateFitWarning)
+            self.initial_temperature = TemperatureScaling().fit(z, y).temperature.item()
         log_temperatures = nn.Parameter(torch.full((z.shape[1],), math.log(self.initial_temperature),
                                                    dtype=torch.float64))
 
@@ -58,13 +73,24 @@ class ClasswiseTemperatureScaling(PostHocCalibrator):
             return F.cross_entropy(z / log_temperatures.exp(), y)
 
         self.fit_result = fit_lbfgs([log_temperatures], objective, what="class-wise temperature scaling",
-                                    grad_tolerance=self.grad_tolerance)
+                                    grad_tolerance=self.grad_tolerance, warn=False)
         temperatures = log_temperatures.detach().exp()
         if not (torch.isfinite(temperatures).all() and (temperatures > 0).all()):
             raise FloatingPointError(f"The class-wise temperature fit ended at T={temperatures.tolist()}; "
                                      f"every T_k must be finite and > 0.")
-        self.temperatures = temperatures
-        self.is_fitted = True
+        num_classes = z.shape[1]
+        absent = absent_classes(y, num_classes)
+        note = (f"{describe_classes(absent, num_classes)} absent from the calibration set: their temperatures are "
+                f"fitted only to push their probabilities down") if absent else None
+        reasons = affine_fit_problems(z / temperatures, y, self.fit_result, absent=note)
+        low, high = TEMPERATURE_RANGE
+        outside = [k for k in range(num_classes) if not low <= float(temperatures[k]) <= high]
+        if outside:
+            reasons.append(f"the temperatures of {describe_classes(outside, num_classes)} ended outside "
+                           f"[{low:g}, {high:g}] (from {float(temperatures.min()):.3g} to "
+                           f"{float(temperatures.max()):.3g}); they are held at the bounds")
+        self.temperatures = temperatures.clamp(low, high)
+        self._finish_fit(reasons)
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:

@@ -10,10 +10,10 @@ fitted by minimising the mean NLL plus Off-Diagonal and Intercept Regularisation
 
 from W = I, b = 0 (where p̂ = p) by full-batch float64 LBFGS with the strong-Wolfe line search until
 max|∂L/∂u| < 1e-6 (:func:`~calib.posthoc.vector_scaling.fit_lbfgs`; u: the parameters with the penalised
-entries preconditioned, as in :class:`~calib.posthoc.vector_scaling.MatrixScaling`). The paper picks λ and μ by 5-fold
-cross-validation over a grid; here they are config fields (``off_diagonal_weight``, ``intercept_weight``)
-with defaults λ = 1000, μ = 0.1, typical of the values that CV chose for Kull et al.'s CIFAR nets
-(see :data:`~calib.posthoc.vector_scaling.DEFAULT_OFF_DIAGONAL_WEIGHT`). It can change the argmax.
+entries preconditioned, as in :class:`~calib.posthoc.vector_scaling.MatrixScaling`). λ and μ are chosen as the
+paper chooses them, by 5-fold cross-validation over its grid on the calibration set
+(:mod:`calib.posthoc.odir_cv`), unless given (``off_diagonal_weight``, ``intercept_weight``). It can change the
+argmax.
 
 log p is computed exactly (log-softmax in float64), so it needs no clipping; dirichletcal clips p at
 the smallest float64 before the log, the paper's Keras code at machine epsilon (log p >= −36). There is
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from calib.posthoc._base import POSTHOC
+from calib.posthoc._base import POSTHOC, describe_classes
 from calib.posthoc._method import register_posthoc_method
 from calib.posthoc.vector_scaling import (
     MatrixScaling,
@@ -45,14 +45,21 @@ class DirichletCalibration(MatrixScaling):
     """Dirichlet calibration: calibrated logits W log p + b with p = softmax(z), fitted with ODIR.
 
     Args:
-        off_diagonal_weight: λ >= 0 (1000; the paper: 5-fold CV over a grid).
-        intercept_weight: μ >= 0 (0.1; the paper: 5-fold CV over a grid).
+        off_diagonal_weight: λ >= 0, or None (default): the paper's 5-fold cross-validation.
+        intercept_weight: μ >= 0, or None (default): the paper's 5-fold cross-validation.
         grad_tolerance: the fit ends once max|∂L/∂u| is below it (1e-6).
 
-    After :meth:`fit`: ``weight`` W (C, C), ``bias`` b (C,) (float64 buffers) and ``fit_result``.
+    After :meth:`fit`: ``weight`` W (C, C), ``bias`` b (C,) (float64 buffers), ``fit_result``, the λ and μ used
+    and ``selection`` (as :class:`~calib.posthoc.vector_scaling.MatrixScaling`).
     """
 
     name = "Dirichlet calibration"
+
+    def absent_class_note(self, absent: list[int], num_classes: int) -> str:
+        """A class without samples: its unpenalised W_kk has no finite optimum (log p_k <= 0 always)."""
+        return (f"{describe_classes(absent, num_classes)} absent from the calibration set: their diagonal weight "
+                f"W_kk has no finite optimum (W_kk → ∞ pushes p_k down, as log p_k <= 0): the fit stops where the "
+                f"gradient falls below tolerance")
 
     def features(self, z: torch.Tensor) -> torch.Tensor:
         """x = log p = log softmax(z), exact in float64."""
@@ -63,10 +70,8 @@ class DirichletCalibration(MatrixScaling):
 class DirichletConfig(MatrixScalingConfig):
     """Dirichlet calibration (Dir-ODIR) as a method, fitted on the cached validation logits (docs/methods.md §5.7).
 
-    The fields, defaults and checks of matrix scaling's ODIR: ``off_diagonal_weight`` λ (1000) and
-    ``intercept_weight`` μ (0.1). Kull et al. choose λ and μ by 5-fold CV over a log grid
-    (``tune_cal_odir.py``); the defaults lie among the values CV chose for their CIFAR nets; search them
-    for the paper's recipe.
+    The fields, defaults and checks of matrix scaling's ODIR: ``off_diagonal_weight`` λ and ``intercept_weight``
+    μ, each null (default: the paper's 5-fold cross-validation over its grid, ``tune_cal_odir.py``) or a number.
     """
 
 

@@ -14,7 +14,8 @@ The losses are those of the official ``util_calibration.py``: "mse" = mean over 
 of (p − onehot(y))² (in stage 2 of p / Σw), "ce" = mean −log p_y. Gradients are exact (torch autograd,
 float64) where the official code lets scipy difference them, and log p is exact where it clips p to
 [1e-20, 1 − 1e-20]. ``forward`` returns log p (so its softmax is p). Every component orders the
-classes as z does, so the argmax is unchanged (all classes tie only if w1 = w2 = 0).
+classes as z does, so the argmax is unchanged (all classes tie only if w1 = w2 = 0). A stage-1 T at either
+bound is a degenerate fit (flagged, ``degenerate_reason``): the loss wants a T beyond it.
 
 Official code: zhang64-llnl/Mix-n-Match-Calibration (``ets_calibrate``, which fits both stages with "mse").
 """
@@ -28,6 +29,7 @@ from typing import Literal
 import numpy as np
 import scipy.optimize
 import torch
+from threadpoolctl import threadpool_limits
 from torch.nn import functional as F
 
 from calib._config import check
@@ -101,13 +103,18 @@ class EnsembleTemperatureScaling(PostHocCalibrator):
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> EnsembleTemperatureScaling:
         """Fit T, then (w1, w2, w3), on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
-        temperature = self._fit_temperature(z, y)
-        weights = self._fit_weights(z, y, temperature)
+        with threadpool_limits(limits=1, user_api="blas"):  # scipy's small linear algebra: no competing threads
+            temperature = self._fit_temperature(z, y)
+            weights = self._fit_weights(z, y, temperature)
         if not (math.isfinite(temperature) and np.isfinite(weights).all()):
             raise FloatingPointError(f"The ensemble TS fit ended at T={temperature}, w={weights.tolist()}.")
         self.temperature.fill_(temperature)
         self.weights = torch.from_numpy(weights)
-        self.is_fitted = True
+        reasons = []
+        if temperature in TEMPERATURE_BOUNDS:
+            reasons.append(f"the stage-1 temperature sits at the bound T = {temperature:g} of "
+                           f"[{TEMPERATURE_BOUNDS[0]:g}, {TEMPERATURE_BOUNDS[1]:g}]: the loss-optimal T lies beyond it")
+        self._finish_fit(reasons)
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:

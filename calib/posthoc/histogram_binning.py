@@ -23,7 +23,16 @@ import torch
 
 from calib._config import check
 from calib.metrics import softmax64
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
+from calib.posthoc._base import (
+    POSTHOC,
+    PROBABILITY_FLOOR,
+    PostHocCalibrator,
+    absent_classes,
+    check_logits,
+    check_logits_labels,
+    describe_classes,
+    log_probabilities,
+)
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
 
 __all__ = [
@@ -65,10 +74,17 @@ def midpoint_cuts(sorted_scores: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 def log_of_normalised(probs: np.ndarray) -> torch.Tensor:
-    """log(q / Σ_k q) of non-negative scores q (N, C), rows of zeros uniform, clamped to be finite (float64)."""
+    """log(q / Σ_k q) of non-negative scores q (N, C), rows of zeros uniform, floored at
+    :data:`~calib.posthoc.PROBABILITY_FLOOR` (float64, finite)."""
     total = probs.sum(axis=1, keepdims=True)
     normalised = np.where(total > 0, probs / np.where(total > 0, total, 1.0), 1.0 / probs.shape[1])
-    return torch.from_numpy(normalised).clamp_min(torch.finfo(torch.float64).tiny).log()
+    return log_probabilities(normalised)
+
+
+def zero_probability_note(absent: list[int], num_classes: int, method: str) -> str:
+    """The degenerate-fit reason of a one-vs-rest calibrator (IR, HB) whose class has no calibration samples."""
+    return (f"{describe_classes(absent, num_classes)} absent from the calibration set: {method} maps their scores "
+            f"to 0, so they get probability 0 (floored at {PROBABILITY_FLOOR:.3g}) for every input")
 
 
 @POSTHOC.register("histogram_binning")
@@ -106,7 +122,8 @@ class HistogramBinning(PostHocCalibrator):
             self.cut_points.append(midpoint_cuts(scores, starts))
             self.bin_values.append(np.add.reduceat(positives, starts) / counts)
             self.bin_counts.append(counts)
-        self.is_fitted = True
+        absent = absent_classes(y, probs.shape[1])
+        self._finish_fit([zero_probability_note(absent, probs.shape[1], "histogram binning")] if absent else [])
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:

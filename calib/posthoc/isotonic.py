@@ -17,7 +17,8 @@ two scores differ by less than ~1e-7 and g ties them); one-vs-rest can change it
 Both use scikit-learn's ``IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1)``: g interpolates
 linearly between the fitted points and is constant beyond the calibration scores. Source of IRM and ε:
 ``util_calibration.py`` (``mir_calibrate``) of zhang64-llnl/Mix-n-Match-Calibration. ``forward``
-returns log p̂ (clamped to the smallest positive float64, so finite).
+returns log p̂ (floored at :data:`~calib.posthoc.PROBABILITY_FLOOR`, so finite). A class without calibration
+samples gets g_k ≡ 0 in one-vs-rest, so p̂_k = 0 for every input: a degenerate fit.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ import torch
 from sklearn.isotonic import IsotonicRegression
 
 from calib.metrics import softmax64
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, absent_classes, check_logits, check_logits_labels
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
-from calib.posthoc.histogram_binning import log_of_normalised
+from calib.posthoc.histogram_binning import log_of_normalised, zero_probability_note
 
 __all__ = ["IRM_EPSILON", "IsotonicConfig", "IsotonicIRM", "IsotonicIRMConfig", "IsotonicOneVsRest"]
 
@@ -67,7 +68,8 @@ class IsotonicOneVsRest(PostHocCalibrator):
         probs, targets = softmax64(z), y.numpy()
         self.regressors = [_isotonic().fit(probs[:, k], (targets == k).astype(np.float64))
                            for k in range(probs.shape[1])]
-        self.is_fitted = True
+        absent = absent_classes(y, probs.shape[1])
+        self._finish_fit([zero_probability_note(absent, probs.shape[1], "isotonic regression")] if absent else [])
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
@@ -98,7 +100,7 @@ class IsotonicIRM(PostHocCalibrator):
         one_hot[np.arange(len(probs)), y.numpy()] = 1.0
         self.regressor = _isotonic().fit(probs.ravel(), one_hot.ravel())
         self.num_classes = probs.shape[1]
-        self.is_fitted = True
+        self._finish_fit()
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:

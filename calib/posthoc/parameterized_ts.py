@@ -149,7 +149,7 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
             if step >= self.steps:
                 break
         self.network.requires_grad_(False)
-        self.is_fitted = True
+        self._finish_fit()
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:

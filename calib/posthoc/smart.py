@@ -190,7 +190,16 @@ class SMART(PostHocCalibrator):
             loss.backward()
             optimizer.step()
         self.network.load_state_dict(best_state)
-        self.is_fitted = True
+        reasons = []
+        if float(margin.std(correction=0)) < MARGIN_STD_FLOOR:
+            reasons.append(f"the {len(y)} calibration margins have no spread (one sample, or equal top-two logit "
+                           f"gaps), so the temperature network sees a single input and fits one temperature")
+        with torch.no_grad():
+            temperatures = self.temperatures(z)
+        if bool((temperatures < self.min_temperature + 1e-6).all()):
+            reasons.append(f"every calibration temperature sits at the floor T = {self.min_temperature:g}: the "
+                           f"objective wants sharper predictions than the network can give")
+        self._finish_fit(reasons)
         return self
 
 

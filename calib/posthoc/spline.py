@@ -12,14 +12,18 @@ local accuracy minus score, so the calibrated confidence at s_i is
     a_i = σ'(t_i) + s_i.
 
 A new top score s maps to the piecewise-linear interpolation of the points (s_i, a_i) (constant beyond
-the first and last; tied s_i are averaged), clipped to [0, 1]: ĉ = clip(a(s), 0, 1). The top class
-gets ĉ; the other classes are rescaled to share 1 − ĉ in proportion to their softmax probabilities
-(uniformly if these are all 0). The argmax can change (when ĉ falls below a rescaled runner-up).
+the first and last; tied s_i are averaged), clipped to [0, 1]: ĉ = clip(a(s), 0, 1).
+
+The method calibrates the top-label confidence only; the distribution calib returns keeps the predicted
+class and carries exactly that confidence (:func:`top_label_distribution`): the top class gets
+max(ĉ, 1/C) (a distribution over C classes cannot give its top class less), and the others share the
+rest in proportion to their softmax probabilities, none above the top class ("water-filling": a class
+that would exceed it is capped there and its excess goes to the others, in the same proportion).
 
 Source: the official code kartikgupta-at-anu/spline-calibration, ``recalibrate.py``
 (``get_recalibration_function``: natural run-out, 6 knots, percentile = linspace(0, 1, N),
 ``interpolated_function`` constant off the range, clipping to [0, 1]) and ``utilities/spline.py``.
-``forward`` returns log p̂ (clamped to the smallest positive float64, so finite).
+``forward`` returns log p̂ (floored at :data:`~calib.posthoc.PROBABILITY_FLOOR`, so finite).
 """
 
 from __future__ import annotations
@@ -31,10 +35,50 @@ import torch
 
 from calib._config import check
 from calib.metrics import softmax64
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels, log_probabilities
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
 
-__all__ = ["SplineCalibration", "SplineConfig", "natural_spline_bases"]
+__all__ = ["SplineCalibration", "SplineConfig", "natural_spline_bases", "top_label_distribution"]
+
+TIE_MARGIN = 1e-9
+"""The other classes stay below the top class by this relative margin, so that ties never move the argmax."""
+
+
+def top_label_distribution(probs: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+    """A distribution (N, C) that keeps each row's predicted class k̂ = argmax p and gives it ``confidence``.
+
+    The top class gets c = max(confidence, c_min), c_min = 1/(C − (C − 1)·δ) ~= 1/C (δ = :data:`TIE_MARGIN`; a
+    row's top class cannot get less than 1/C). The others share 1 − c in proportion to their probabilities p_j,
+    none above the cap c·(1 − δ) ("water-filling"): with the others' p sorted in decreasing order, the first m
+    get the cap and the rest t·p_j, m the fewest capped classes for which t = (1 − c − m·cap) / Σ_{rest} p_j keeps
+    the largest uncapped share at or below the cap. Where capping every other class with p_j > 0 still leaves
+    mass, the classes with p_j = 0 share it equally. The top class so exceeds every other by c·δ at least.
+    """
+    n, num_classes = probs.shape
+    rows, top = np.arange(n), probs.argmax(axis=1)
+    top_share = np.maximum(confidence, 1.0 / (num_classes - (num_classes - 1) * TIE_MARGIN))
+    cap, rest = top_share * (1.0 - TIE_MARGIN), 1.0 - top_share
+    others = probs.copy()
+    others[rows, top] = -1.0  # sorts after every other class
+    order = np.argsort(-others, axis=1, kind="stable")[:, : num_classes - 1]
+    sorted_p = np.take_along_axis(probs, order, axis=1)  # the others' p, decreasing
+    tail = np.cumsum(sorted_p[:, ::-1], axis=1)[:, ::-1]  # tail[:, m]: Σ of sorted_p[:, m:]
+    position = np.arange(num_classes - 1)[None, :]
+    nonzero = (sorted_p > 0).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):  # tail 0 past the last p_j > 0: not a candidate
+        scale = (rest[:, None] - position * cap[:, None]) / tail  # t if the first `position` classes are capped
+        valid = (position < nonzero[:, None]) & (scale * sorted_p <= cap[:, None])
+    found = valid.any(axis=1)
+    capped = np.where(found, valid.argmax(axis=1), nonzero)
+    t = np.where(found, scale[rows, np.minimum(capped, num_classes - 2)], 0.0)
+    shares = np.where(position < capped[:, None], cap[:, None], t[:, None] * sorted_p)
+    empty = ~found[:, None] & (position >= capped[:, None])  # p_j = 0 classes when every other one is capped
+    spread = (rest - shares.sum(axis=1)) / np.maximum(empty.sum(axis=1), 1)
+    shares = np.where(empty, spread[:, None], shares)
+    out = np.empty_like(probs)
+    np.put_along_axis(out, order, shares, axis=1)
+    out[rows, top] = top_share
+    return out
 
 
 def natural_spline_bases(x: np.ndarray, num_knots: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +159,7 @@ class SplineCalibration(PostHocCalibrator):
         self.score_points, tie_group = np.unique(scores, return_inverse=True)
         self.calibrated_points = np.bincount(tie_group, calibrated) / np.bincount(tie_group)
         self.num_classes = probs.shape[1]
-        self.is_fitted = True
+        self._finish_fit()
         return self
 
     def calibrated_confidence(self, top_scores: np.ndarray) -> np.ndarray:
@@ -124,23 +168,14 @@ class SplineCalibration(PostHocCalibrator):
         return np.clip(np.interp(top_scores, self.score_points, self.calibrated_points), 0.0, 1.0)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        """log p̂: ĉ for the top class, the others rescaled to share 1 − ĉ."""
+        """log p̂ of :func:`top_label_distribution`: the predicted class kept, with confidence max(ĉ, 1/C)."""
         self.check_fitted()
         z = check_logits(logits)
         if z.shape[1] != self.num_classes:
             raise ValueError(f"`logits` must have the {self.num_classes} classes of the fit, got {z.shape[1]}.")
         probs = softmax64(z.cpu())
-        rows, top = np.arange(len(probs)), probs.argmax(axis=1)
-        confidence = self.calibrated_confidence(probs[rows, top])
-        others = probs.copy()
-        others[rows, top] = 0.0
-        rest = others.sum(axis=1, keepdims=True)
-        uniform = np.full_like(others, 1.0 / (self.num_classes - 1))
-        uniform[rows, top] = 0.0
-        share = np.where(rest > 0, others / np.where(rest > 0, rest, 1.0), uniform)
-        calibrated = share * (1.0 - confidence)[:, None]
-        calibrated[rows, top] = confidence
-        return torch.from_numpy(calibrated).clamp_min(torch.finfo(torch.float64).tiny).log().to(logits.device)
+        confidence = self.calibrated_confidence(probs.max(axis=1))
+        return log_probabilities(top_label_distribution(probs, confidence)).to(logits.device)
 
 
 @dataclass(frozen=True, kw_only=True)

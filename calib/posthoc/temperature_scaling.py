@@ -11,6 +11,11 @@ is unchanged. Fitting recipes:
   T → 0) the fit falls back to the default with a ``RuntimeWarning``.
 - ``optimizer="grid"`` (FOCAL-R / FeDLaS "CE+TS"): T ∈ {0.1, 0.2, …, 10.0}, the first T with the
   lowest ECE (15 equal-width bins, ``objective="ece"``) or NLL (``objective="nll"``).
+
+A fitted T lies in :data:`TEMPERATURE_RANGE`. Where the NLL has no finite optimum (every label has its row's
+top logit: T → 0; the labels' logits no higher than their rows' mean: T → ∞) or its optimum lies outside the
+range, T is the bound on that side and the fit is degenerate (``degenerate_reason``, a
+``DegenerateFitWarning``); a grid fit at either end of its grid is degenerate too.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
     "GRAD_TOLERANCE",
     "MAX_LBFGS_STEPS",
     "TEMPERATURE_GRID",
+    "TEMPERATURE_RANGE",
     "TemperatureScaling",
     "TemperatureScalingConfig",
 ]
@@ -45,6 +51,32 @@ GRAD_TOLERANCE = 1e-6
 
 MAX_LBFGS_STEPS = 100
 """At most this many ``LBFGS.step`` calls (each of up to ``max_iter`` iterations) in the default fit."""
+
+TEMPERATURE_RANGE = (0.05, 20.0)
+"""Bounds of a fitted NLL temperature. The lower bound is Mix-n-Match's for ETS (a 20-fold sharpening); the upper
+one leaves room for logits far more over-confident than the 1.5–4 that TS finds on CIFAR networks. A fit that
+would leave the range is held at the bound and flagged degenerate."""
+
+
+def no_finite_optimum(z: torch.Tensor, y: torch.Tensor) -> tuple[float, str] | None:
+    """(the T to hold, why) when the NLL of softmax(z / T) has no finite optimum over T > 0; None when it has one.
+
+    With β = 1/T the NLL is convex in β, and its slope at β = 0 is (1/N) Σ_i (mean_k z_ik − z_iy_i): if that slope
+    is >= 0 the NLL falls as β → 0 (T → ∞: held at the upper bound of :data:`TEMPERATURE_RANGE`). If every label's
+    logit is its row's maximum (and some row is not constant) the slope is < 0 everywhere and the NLL falls as
+    β → ∞ (T → 0: held at the lower bound). If every row is constant the NLL does not depend on T (held at 1).
+    """
+    low, high = TEMPERATURE_RANGE
+    label_logits = z[torch.arange(len(y)), y]
+    if bool((z.max(1).values == z.min(1).values).all()):
+        return 1.0, "every calibration row has equal logits, so the NLL does not depend on T"
+    if bool((label_logits >= z.max(1).values).all()):
+        return low, ("no finite optimum: every calibration sample's label has its row's top logit (a separable "
+                     "set), so the NLL keeps falling as T → 0")
+    if float((z.mean(1) - label_logits).mean()) >= 0:
+        return high, ("no finite optimum: the labels' logits are on average no higher than their rows' mean, so "
+                      "the NLL keeps falling as T → ∞")
+    return None
 
 
 def _nll_and_grad(z: torch.Tensor, y: torch.Tensor, log_temperature: float) -> tuple[float, float]:
@@ -172,36 +204,56 @@ class TemperatureScaling(PostHocCalibrator):
             )
         return log_t
 
-    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> TemperatureScaling:
-        """Fit T on logits z (N, C) and labels y (N,); returns ``self``."""
-        z, y = check_logits_labels(logits, labels)
-        self.fit_fallback = False
+    def _fit_log_temperature(self, z: torch.Tensor, y: torch.Tensor) -> float:
+        """log T of the configured recipe (grid, converged LBFGS, or gpleiss's plain LBFGS with its fallback)."""
         if self.optimizer == "grid":
             scores = [self._grid_score(z, y, t) for t in TEMPERATURE_GRID]
-            log_t = math.log(TEMPERATURE_GRID[min(range(len(scores)), key=scores.__getitem__)])
-        elif self.line_search:
-            log_t = self._lbfgs(z, y, lr=self.lr, converge=True)
+            return math.log(TEMPERATURE_GRID[min(range(len(scores)), key=scores.__getitem__)])
+        if self.line_search:
+            return self._lbfgs(z, y, lr=self.lr, converge=True)
+        log_t = self._lbfgs(z, y, lr=self.lr, converge=False)
+        start_nll = _nll_and_grad(z, y, math.log(self.init_temperature))[0]
+        nll = _nll_and_grad(z, y, log_t)[0] if math.isfinite(log_t) else math.nan
+        if not nll <= start_nll:  # also catches a NaN NLL or log T
+            self.fit_fallback = True
+            bad_t = math.exp(log_t) if math.isfinite(log_t) else log_t
+            log_t = self._lbfgs(z, y, lr=1.0, converge=True)
+            warnings.warn(
+                f"The gpleiss LBFGS fit (no line search, lr {self.lr}, max_iter {self.max_iter}) ran away to "
+                f"T={bad_t:.4g} with NLL {nll:.6g}, worse than NLL {start_nll:.6g} at the start "
+                f"T={self.init_temperature}; fell back to the converged strong-Wolfe fit, "
+                f"T={math.exp(log_t):.6g} with NLL {_nll_and_grad(z, y, log_t)[0]:.6g}.",
+                RuntimeWarning, stacklevel=3,
+            )
+        return log_t
+
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> TemperatureScaling:
+        """Fit T on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
+        z, y = check_logits_labels(logits, labels, min_classes=2)
+        self.fit_fallback = False
+        low, high = TEMPERATURE_RANGE
+        reasons = []
+        unbounded = no_finite_optimum(z, y) if self.optimizer == "lbfgs" else None
+        if unbounded is not None:
+            temperature, why = unbounded
+            reasons.append(f"{why}; T is held at {temperature:g}")
         else:
-            log_t = self._lbfgs(z, y, lr=self.lr, converge=False)
-            start_nll = _nll_and_grad(z, y, math.log(self.init_temperature))[0]
-            nll = _nll_and_grad(z, y, log_t)[0] if math.isfinite(log_t) else math.nan
-            if not nll <= start_nll:  # also catches a NaN NLL or log T
-                self.fit_fallback = True
-                bad_t = math.exp(log_t) if math.isfinite(log_t) else log_t
-                log_t = self._lbfgs(z, y, lr=1.0, converge=True)
-                warnings.warn(
-                    f"The gpleiss LBFGS fit (no line search, lr {self.lr}, max_iter {self.max_iter}) ran away to "
-                    f"T={bad_t:.4g} with NLL {nll:.6g}, worse than NLL {start_nll:.6g} at the start "
-                    f"T={self.init_temperature}; fell back to the converged strong-Wolfe fit, "
-                    f"T={math.exp(log_t):.6g} with NLL {_nll_and_grad(z, y, log_t)[0]:.6g}.",
-                    RuntimeWarning, stacklevel=2,
-                )
-        temperature = math.exp(log_t)
-        if not math.isfinite(temperature) or temperature <= 0:
-            raise FloatingPointError(f"The temperature fit ended at T={temperature} (log T={log_t}); T must be > 0.")
-        self.grad_log_temperature = _nll_and_grad(z, y, log_t)[1]
+            temperature = math.exp(self._fit_log_temperature(z, y))
+            if not math.isfinite(temperature) or temperature <= 0:
+                raise FloatingPointError(f"The temperature fit ended at T={temperature}; T must be > 0.")
+            at_an_end = any(math.isclose(temperature, end) for end in (TEMPERATURE_GRID[0], TEMPERATURE_GRID[-1]))
+            if self.optimizer == "grid" and at_an_end:
+                reasons.append(f"the {self.objective.upper()}-best grid temperature T = {temperature:g} is at the "
+                               f"end of the grid {TEMPERATURE_GRID[0]:g} … {TEMPERATURE_GRID[-1]:g}: the optimum "
+                               f"may lie beyond it")
+            elif self.optimizer == "lbfgs" and not low <= temperature <= high:
+                bound = low if temperature < low else high
+                reasons.append(f"the NLL optimum T = {temperature:.4g} lies outside the range [{low:g}, {high:g}]; "
+                               f"T is held at {bound:g}")
+                temperature = bound
+        self.grad_log_temperature = _nll_and_grad(z, y, math.log(temperature))[1]
         self.temperature.fill_(temperature)
-        self.is_fitted = True
+        self._finish_fit(reasons)
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:

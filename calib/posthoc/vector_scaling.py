@@ -29,25 +29,31 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+import scipy.optimize
 import torch
+from threadpoolctl import threadpool_limits
 from torch import nn
 from torch.nn import functional as F
 
 from calib._config import check
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits_labels
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, absent_classes, check_logits_labels, describe_classes
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
+from calib.posthoc.odir_cv import CV_FOLDS, ODIRSelection, select_odir_weights
 
 __all__ = [
-    "DEFAULT_INTERCEPT_WEIGHT",
-    "DEFAULT_OFF_DIAGONAL_WEIGHT",
     "GRAD_TOLERANCE",
+    "SEPARABLE_NLL",
     "LBFGSResult",
     "MatrixScaling",
     "MatrixScalingConfig",
     "VectorScaling",
     "VectorScalingConfig",
+    "affine_fit_problems",
     "fit_lbfgs",
+    "fit_odir",
     "odir_penalty",
 ]
 
@@ -61,15 +67,9 @@ MAX_LBFGS_STEPS = 100
 LBFGS_MAX_ITER = 100
 """LBFGS iterations per ``step``."""
 
-DEFAULT_OFF_DIAGONAL_WEIGHT = 1000.0
-"""Default ODIR λ. Kull et al. pick λ and μ by 5-fold cross-validation (``tune_cal_odir.py``: per-entry
-coefficients λ/(C(C−1)) ∈ {0.25, 0.5, 1}·10^{−5…6}, 10^{−2…6} for 100 classes, μ/C ∈ 10^{−5…6}); the
-values CV chose for their CIFAR-10/100 nets (dirichletcal/experiments_dnn, results notebook, Dir-ODIR and
-MS-ODIR) have per-entry off-diagonal coefficients 0.1 … 5000. λ = 1000 gives 11 for C = 10, 0.1 for C = 100."""
-
-DEFAULT_INTERCEPT_WEIGHT = 0.1
-"""Default ODIR μ: per-entry intercept coefficient μ/C = 0.01 for C = 10, the median of the intercept
-coefficients CV chose for Kull et al.'s Dir-ODIR on CIFAR (1e-5 … 1e6, same notebook)."""
+SEPARABLE_NLL = 1e-4
+"""A per-class map whose in-sample NLL falls below this with every calibration sample right has separated the
+calibration set: a degenerate fit (:func:`affine_fit_problems`)."""
 
 
 @dataclass
@@ -90,14 +90,15 @@ def fit_lbfgs(
     grad_tolerance: float = GRAD_TOLERANCE,
     max_iter: int = LBFGS_MAX_ITER,
     max_steps: int = MAX_LBFGS_STEPS,
+    warn: bool = True,
 ) -> LBFGSResult:
     """Minimise ``objective()`` over ``parameters`` in place with full-batch float64 LBFGS.
 
     ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search, ``max_iter`` iterations and 25·``max_iter``
     evaluations per step, history 100) is stepped again until max|∂L/∂u| < ``grad_tolerance`` (at most
     ``max_steps`` steps); a step that makes no progress restarts LBFGS once with fresh memory. If the
-    tolerance is never reached the parameters stay where LBFGS ended and a ``RuntimeWarning`` names
-    ``what``; a non-finite objective is a ``FloatingPointError``.
+    tolerance is never reached the parameters stay where LBFGS ended and (with ``warn``) a ``RuntimeWarning``
+    names ``what``; a non-finite objective is a ``FloatingPointError``.
     """
 
     def closure() -> torch.Tensor:
@@ -135,7 +136,7 @@ def fit_lbfgs(
             restarted = False
         loss = new_loss
     converged = grad < grad_tolerance
-    if not converged:
+    if not converged and warn:
         warnings.warn(f"The {what} LBFGS fit stopped at max|∂L/∂u|={grad:.3g} after {steps} steps of up to "
                       f"{max_iter} iterations (tolerance {grad_tolerance:g}); objective {loss:.10g}.",
                       RuntimeWarning, stacklevel=3)
@@ -178,7 +179,8 @@ class VectorScaling(PostHocCalibrator):
     Fits w (C,) and b (C,) from w = 1, b = 0 by minimising NLL + μ/C Σ_j b_j² (μ = ``intercept_weight``,
     0: plain NLL, the default) with :func:`fit_lbfgs` (b preconditioned by 1/sqrt(1 + 2μ/C)). With μ = 0
     a class absent from the calibration set has no finite optimum (b_k → −∞); the fit stops once the
-    gradient is below tolerance, where the mean p_k is below 1e-6.
+    gradient is below tolerance, where the mean p_k is below 1e-6, and is flagged degenerate
+    (:func:`affine_fit_problems`, as an unconverged fit or a separated calibration set).
 
     After :meth:`fit`: ``weight`` and ``bias`` (float64 buffers, shape (C,)), ``fit_result``
     (:class:`LBFGSResult`).
@@ -207,9 +209,17 @@ class VectorScaling(PostHocCalibrator):
             return F.cross_entropy(z * weight + bias, y) + self.intercept_weight * bias.square().sum() / num_classes
 
         self.fit_result = fit_lbfgs([weight, scaled_bias], objective, what="vector scaling",
-                                    grad_tolerance=self.grad_tolerance)
+                                    grad_tolerance=self.grad_tolerance, warn=False)
         self.weight, self.bias = weight.detach().clone(), bias_scale * scaled_bias.detach()
-        self.is_fitted = True
+        absent = absent_classes(y, num_classes)
+        note = None
+        if absent:
+            held = ("has no finite optimum (b_k → −∞): the fit stops where the gradient falls below tolerance"
+                    if self.intercept_weight == 0 else f"is held by the μ = {self.intercept_weight:g} penalty alone")
+            note = (f"{describe_classes(absent, num_classes)} absent from the calibration set: their intercept b_k "
+                    f"{held}")
+        with torch.no_grad():
+            self._finish_fit(affine_fit_problems(z * self.weight + self.bias, y, self.fit_result, absent=note))
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
@@ -220,21 +230,102 @@ class VectorScaling(PostHocCalibrator):
         return (z * self.weight.to(z.device) + self.bias.to(z.device)).to(logits.dtype)
 
 
+def fit_odir(
+    x: np.ndarray,
+    y: np.ndarray,
+    off_diagonal_weight: float,
+    intercept_weight: float,
+    *,
+    init: tuple[np.ndarray, np.ndarray] | None = None,
+    grad_tolerance: float = GRAD_TOLERANCE,
+    max_iter: int = 15_000,
+) -> tuple[np.ndarray, np.ndarray, LBFGSResult]:
+    """(W, b, how it ended) minimising NLL(W x + b) + λ/(C(C−1)) Σ_{i≠j} W_ij² + μ/C Σ_j b_j² on float64 features
+    x (N, C) and labels y (N,).
+
+    scipy's L-BFGS-B (history 30) with the exact gradient, from ``init`` = (W, b) (a warm start) or W = I, b = 0,
+    until max|∂L/∂u| < ``grad_tolerance`` (at most ``max_iter`` iterations), u the parameters with the
+    off-diagonal entries divided by sqrt(1 + 2λ/(C(C−1))) and b by sqrt(1 + 2μ/C) (a strong penalty stays well
+    conditioned). The gradient is
+    written out (∂NLL/∂W = Gᵀx, ∂NLL/∂b = Σ_i G_i with G = (softmax(W x + b) − onehot(y))/N), so one of the
+    thousands of fits of a cross-validation costs two matrix products, not an autograd graph.
+    """
+    n, num_classes = x.shape
+    off_mask = 1.0 - np.eye(num_classes)
+    off_penalty = off_diagonal_weight / max(num_classes * (num_classes - 1), 1)
+    bias_penalty = intercept_weight / num_classes
+    off_scale, bias_scale = _preconditioner(2 * off_penalty), _preconditioner(2 * bias_penalty)
+    one_hot = np.zeros((n, num_classes))
+    one_hot[np.arange(n), y] = 1.0
+    size = num_classes * num_classes
+
+    def unpack(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        weight = np.diag(u[:num_classes]) + off_scale * u[num_classes:num_classes + size].reshape(
+            num_classes, num_classes) * off_mask
+        return weight, bias_scale * u[num_classes + size:]
+
+    def loss_and_grad(u: np.ndarray) -> tuple[float, np.ndarray]:
+        weight, bias = unpack(u)
+        logits = x @ weight.T + bias
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        exp = np.exp(shifted)
+        total = exp.sum(axis=1, keepdims=True)
+        nll = float(np.mean(np.log(total[:, 0]) - shifted[np.arange(n), y]))
+        off = weight * off_mask
+        loss = nll + off_penalty * float(np.sum(off * off)) + bias_penalty * float(bias @ bias)
+        residual = (exp / total - one_hot) / n
+        grad_weight = residual.T @ x + 2 * off_penalty * off
+        grad_bias = residual.sum(axis=0) + 2 * bias_penalty * bias
+        return loss, np.concatenate([np.diag(grad_weight), (off_scale * grad_weight * off_mask).ravel(),
+                                     bias_scale * grad_bias])
+
+    weight, bias = init if init is not None else (np.eye(num_classes), np.zeros(num_classes))
+    start = np.concatenate([np.diag(weight), (weight * off_mask / off_scale).ravel(), bias / bias_scale])
+    result = scipy.optimize.minimize(loss_and_grad, start, jac=True, method="L-BFGS-B",
+                                     options={"maxcor": 30, "gtol": grad_tolerance, "ftol": 0.0,
+                                              "maxiter": max_iter, "maxfun": 2 * max_iter})
+    loss, grad = loss_and_grad(result.x)
+    grad_max_abs = float(np.abs(grad).max())
+    weight, bias = unpack(result.x)
+    return weight, bias, LBFGSResult(loss, grad_max_abs, int(result.nit), grad_max_abs < grad_tolerance)
+
+
+def affine_fit_problems(fitted_logits: torch.Tensor, y: torch.Tensor, result: LBFGSResult, *,
+                        absent: str | None) -> list[str]:
+    """Why an LBFGS fit of a per-class map (CTS, VS, MS, Dir) is degenerate: ``absent`` (what a class without
+    calibration samples gets, None if every class has some), an unconverged fit, or a separated calibration set
+    (every sample right under the fitted map with an in-sample NLL below :data:`SEPARABLE_NLL`: the likelihood
+    then has no finite optimum, and the parameters stopped where the gradient fell below tolerance)."""
+    reasons = [absent] if absent else []
+    if not result.converged:
+        reasons.append(f"the LBFGS fit did not converge (max|∂L/∂u| = {result.grad_max_abs:.3g} after "
+                       f"{result.steps} steps)")
+    nll = float(F.cross_entropy(fitted_logits, y))
+    if nll < SEPARABLE_NLL and bool((fitted_logits.argmax(1) == y).all()):
+        reasons.append(f"the fitted map separates the calibration set (every sample right, NLL {nll:.2g} < "
+                       f"{SEPARABLE_NLL:g}): the likelihood has no finite optimum and the parameters stopped where "
+                       f"the gradient fell below tolerance")
+    return reasons
+
+
 @POSTHOC.register("matrix_scaling")
 class MatrixScaling(PostHocCalibrator):
     """Matrix scaling with ODIR: calibrated logits W x + b of the features x = z (Kull et al. 2019, "MS-ODIR").
 
     Fits W (C, C) from the identity and b (C,) from 0 by minimising
-    NLL + λ/(C(C−1)) Σ_{i≠j} W_ij² + μ/C Σ_j b_j² (:func:`odir_penalty`) with :func:`fit_lbfgs`, the
-    off-diagonal entries preconditioned by 1/sqrt(1 + 2λ/(C(C−1))) and b by 1/sqrt(1 + 2μ/C).
+    NLL + λ/(C(C−1)) Σ_{i≠j} W_ij² + μ/C Σ_j b_j² (:func:`odir_penalty`, :func:`fit_odir`). λ and μ that are
+    None are chosen as the paper does, by 5-fold cross-validation over its grid on the calibration set
+    (:func:`~calib.posthoc.odir_cv.select_odir_weights`); the fit then uses the chosen values on the whole set.
     Subclasses change the features (:class:`~calib.posthoc.dirichlet.DirichletCalibration`: x = log p).
 
     Args:
-        off_diagonal_weight: λ >= 0 (:data:`DEFAULT_OFF_DIAGONAL_WEIGHT`; the paper picks it by CV).
-        intercept_weight: μ >= 0 (:data:`DEFAULT_INTERCEPT_WEIGHT`; the paper picks it by CV).
+        off_diagonal_weight: λ >= 0, or None (default): by cross-validation.
+        intercept_weight: μ >= 0, or None (default): by cross-validation.
         grad_tolerance: the fit ends once max|∂L/∂u| is below it (1e-6).
 
-    After :meth:`fit`: ``weight`` (C, C) and ``bias`` (C,) (float64 buffers), ``fit_result``.
+    After :meth:`fit`: ``weight`` (C, C) and ``bias`` (C,) (float64 buffers), ``fit_result``, the λ and μ used
+    (``fitted_off_diagonal_weight``, ``fitted_intercept_weight``) and ``selection`` (the
+    :class:`~calib.posthoc.odir_cv.ODIRSelection`, None when both were given).
     """
 
     name = "matrix scaling"
@@ -242,12 +333,14 @@ class MatrixScaling(PostHocCalibrator):
     def __init__(
         self,
         *,
-        off_diagonal_weight: float = DEFAULT_OFF_DIAGONAL_WEIGHT,
-        intercept_weight: float = DEFAULT_INTERCEPT_WEIGHT,
+        off_diagonal_weight: float | None = None,
+        intercept_weight: float | None = None,
         grad_tolerance: float = GRAD_TOLERANCE,
     ) -> None:
         super().__init__()
-        _check_weights(off_diagonal_weight=off_diagonal_weight, intercept_weight=intercept_weight)
+        _check_weights(**{name: value for name, value in (("off_diagonal_weight", off_diagonal_weight),
+                                                          ("intercept_weight", intercept_weight))
+                          if value is not None})
         if not grad_tolerance > 0:
             raise ValueError(f"`grad_tolerance` must be > 0, got grad_tolerance={grad_tolerance}.")
         self.off_diagonal_weight, self.intercept_weight = off_diagonal_weight, intercept_weight
@@ -255,36 +348,50 @@ class MatrixScaling(PostHocCalibrator):
         self.register_buffer("weight", torch.zeros(0, 0, dtype=torch.float64))
         self.register_buffer("bias", torch.zeros(0, dtype=torch.float64))
         self.fit_result: LBFGSResult | None = None
+        self.fitted_off_diagonal_weight = math.nan
+        self.fitted_intercept_weight = math.nan
+        self.selection: ODIRSelection | None = None
 
     def features(self, z: torch.Tensor) -> torch.Tensor:
         """The inputs x of the affine map, from float64 logits z: x = z."""
         return z
 
+    def fit_details(self) -> dict[str, Any]:
+        """The base fit columns and the λ, μ used (with the cross-validated NLL where CV chose them)."""
+        return {**super().fit_details(), "fitted_off_diagonal_weight": self.fitted_off_diagonal_weight,
+                "fitted_intercept_weight": self.fitted_intercept_weight,
+                "cv_nll": self.selection.cv_nll if self.selection is not None else None}
+
+    def absent_class_note(self, absent: list[int], num_classes: int) -> str:
+        """What a class without calibration samples gets (a degenerate fit's reason)."""
+        return (f"{describe_classes(absent, num_classes)} absent from the calibration set: their rows of W and "
+                f"their b_k are fitted only to push their probabilities down, held by the ODIR penalty alone")
+
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> MatrixScaling:
         """Fit W and b on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
         x, num_classes = self.features(z), z.shape[1]
-        off_diagonal_mask = 1 - torch.eye(num_classes, dtype=torch.float64)
-        off_scale = _preconditioner(2 * self.off_diagonal_weight / max(num_classes * (num_classes - 1), 1))
-        bias_scale = _preconditioner(2 * self.intercept_weight / num_classes)
-        diagonal = nn.Parameter(torch.ones(num_classes, dtype=torch.float64))
-        scaled_off_diagonal = nn.Parameter(torch.zeros(num_classes, num_classes, dtype=torch.float64))
-        scaled_bias = nn.Parameter(torch.zeros(num_classes, dtype=torch.float64))
-
-        def weight_and_bias() -> tuple[torch.Tensor, torch.Tensor]:
-            weight = torch.diag_embed(diagonal) + off_scale * scaled_off_diagonal * off_diagonal_mask
-            return weight, bias_scale * scaled_bias
-
-        def objective() -> torch.Tensor:
-            weight, bias = weight_and_bias()
-            return F.cross_entropy(x @ weight.T + bias, y) + odir_penalty(
-                weight, bias, self.off_diagonal_weight, self.intercept_weight)
-
-        self.fit_result = fit_lbfgs([diagonal, scaled_off_diagonal, scaled_bias], objective, what=self.name,
-                                    grad_tolerance=self.grad_tolerance)
-        with torch.no_grad():
-            self.weight, self.bias = (tensor.detach().clone() for tensor in weight_and_bias())
-        self.is_fitted = True
+        off_diagonal_weight, intercept_weight = self.off_diagonal_weight, self.intercept_weight
+        self.selection = None
+        # one BLAS thread: L-BFGS-B's small linear algebra slows down ~50x when OpenBLAS threads compete for cores
+        with threadpool_limits(limits=1, user_api="blas"):
+            if off_diagonal_weight is None or intercept_weight is None:
+                self.selection = select_odir_weights(x.numpy(), y.numpy(), fit_odir,
+                                                     off_diagonal_weight=off_diagonal_weight,
+                                                     intercept_weight=intercept_weight)
+                off_diagonal_weight, intercept_weight = (self.selection.off_diagonal_weight,
+                                                         self.selection.intercept_weight)
+            weight, bias, self.fit_result = fit_odir(x.numpy(), y.numpy(), off_diagonal_weight, intercept_weight,
+                                                     grad_tolerance=self.grad_tolerance)
+        self.weight, self.bias = torch.from_numpy(weight), torch.from_numpy(bias)
+        self.fitted_off_diagonal_weight, self.fitted_intercept_weight = off_diagonal_weight, intercept_weight
+        absent = absent_classes(y, num_classes)
+        reasons = affine_fit_problems(x @ self.weight.T + self.bias, y, self.fit_result,
+                                      absent=self.absent_class_note(absent, num_classes) if absent else None)
+        if self.selection is not None and self.selection.folds < CV_FOLDS:
+            reasons.append(f"only {len(y)} calibration samples: {self.selection.folds}-fold instead of "
+                           f"{CV_FOLDS}-fold cross-validation chose λ and μ")
+        self._finish_fit(reasons)
         return self
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
@@ -314,24 +421,27 @@ class VectorScalingConfig(PostHocConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class MatrixScalingConfig(PostHocConfig):
-    """Matrix scaling with ODIR as a method, fitted on the cached validation logits (docs/methods.md §5).
+    """Matrix scaling with ODIR as a method, fitted on the cached validation logits (docs/methods.md §5.6).
 
-    Kull et al. choose λ and μ by 5-fold CV over a grid; the defaults are typical chosen values
-    (:data:`DEFAULT_OFF_DIAGONAL_WEIGHT`, :data:`DEFAULT_INTERCEPT_WEIGHT`); search them for the paper's recipe.
+    By default λ and μ are chosen as Kull et al. choose them, by 5-fold cross-validation over their grid on the
+    calibration set (:func:`~calib.posthoc.odir_cv.select_odir_weights`); the values used are stored in the
+    trial's row (``fitted_off_diagonal_weight``, ``fitted_intercept_weight``). A number fixes one.
 
     Attributes:
-        off_diagonal_weight: λ >= 0 of λ/(C(C−1)) Σ_{i≠j} W_ij² (1000).
-        intercept_weight: μ >= 0 of μ/C Σ_j b_j² (0.1).
+        off_diagonal_weight: λ >= 0 of λ/(C(C−1)) Σ_{i≠j} W_ij², or null (default): by cross-validation.
+        intercept_weight: μ >= 0 of μ/C Σ_j b_j², or null (default): by cross-validation.
         calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
     """
 
-    off_diagonal_weight: float = DEFAULT_OFF_DIAGONAL_WEIGHT
-    intercept_weight: float = DEFAULT_INTERCEPT_WEIGHT
+    off_diagonal_weight: float | None = None
+    intercept_weight: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.off_diagonal_weight >= 0, "off_diagonal_weight", self.off_diagonal_weight, "be >= 0")
-        check(self.intercept_weight >= 0, "intercept_weight", self.intercept_weight, "be >= 0")
+        for name in ("off_diagonal_weight", "intercept_weight"):
+            value = getattr(self, name)
+            check(value is None or (math.isfinite(value) and value >= 0), name, value,
+                  "be null (chosen by 5-fold cross-validation) or a finite number >= 0")
 
 
 register_posthoc_method(

@@ -75,20 +75,26 @@ def _ordered_summary(trials: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFr
     return table.sort_values(["label_rank", "label"], kind="stable").reset_index(drop=True)
 
 
-def calibration_size_summary(trials: pd.DataFrame, dataset: str) -> pd.DataFrame:
+def calibration_size_summary(trials: pd.DataFrame, dataset: str, val_images: int | None = None) -> pd.DataFrame:
     """studies/posthoc.py's rows (labels ``"<method> · n=<size>"`` or ``"<method> · all"``) summarised per
     method and size in the study's order: ``method``, ``calibration set``, ``size`` (the number of samples;
-    "all" is the dataset's validation split where its size is registered, else NaN; NaN for the uncalibrated
-    row) and :func:`summarize`'s columns of :data:`CALIBRATION_SIZE_METRICS` over draws and seeds."""
-    try:
-        val_images = DATASETS.get(dataset).val_images
-    except KeyError:  # a plugin's dataset that is not loaded here
-        val_images = None
+    "all" is the validation split's ``val_images``, by default the dataset's registered size, else NaN; NaN for
+    the uncalibrated row), ``degenerate`` (how many of the row's fits were degenerate, ``fit_degenerate``) and
+    :func:`summarize`'s columns of :data:`CALIBRATION_SIZE_METRICS` over draws and seeds."""
+    if val_images is None:
+        try:
+            val_images = DATASETS.get(dataset).val_images
+        except KeyError:  # a plugin's dataset that is not loaded here, or a features file
+            val_images = None
     labelled = _labelled(trials)
     parts = labelled["label"].str.split(" · ", n=1)
     frame = labelled.assign(**{"method": parts.str[0], "calibration set": parts.str[1].fillna("–"),
                                "order": labelled.groupby("label")["label_rank"].transform("min")})
-    table = summarize(frame, ["order", "method", "calibration set"], list(CALIBRATION_SIZE_METRICS))
+    keys = ["order", "method", "calibration set"]
+    table = summarize(frame, keys, list(CALIBRATION_SIZE_METRICS))
+    flagged = frame["fit_degenerate"] if "fit_degenerate" in frame else pd.Series(False, index=frame.index)
+    degenerate = flagged.fillna(False).astype(bool).groupby([frame[k] for k in keys], observed=True).sum()
+    table.insert(3, "degenerate", [int(degenerate.get(tuple(row), 0)) for row in table[keys].itertuples(index=False)])
     table = table.sort_values("order", kind="stable").drop(columns="order").reset_index(drop=True)
     sizes = table["calibration set"].str.removeprefix("n=")
     all_size = float("nan") if val_images is None else float(val_images)

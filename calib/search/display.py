@@ -1,4 +1,5 @@
-"""What a study run prints while its trials run: one progress line, and one line per failed trial.
+"""What a study run prints while its trials run: one progress line, one line per failed trial, and a warning
+line per degenerate post-hoc fit (the first :data:`DEGENERATE_LINES`).
 
 On a terminal the progress is a single line rewritten in place (done / running / failed / pruned of
 the total, the best objective so far, elapsed time and ETA). Anywhere else (CI, ``ray submit``, a
@@ -16,7 +17,10 @@ from typing import TextIO
 
 from calib.metrics import METRICS, higher_is_better
 
-__all__ = ["ProgressDisplay", "format_duration"]
+__all__ = ["DEGENERATE_LINES", "ProgressDisplay", "format_duration"]
+
+DEGENERATE_LINES = 20
+"""A run prints a warning line for each of its first this-many degenerate fits, then only counts them."""
 
 
 def format_duration(seconds: float) -> str:
@@ -55,7 +59,7 @@ class ProgressDisplay:
         self.clock = clock
         self.sign = 1.0 if higher_is_better(objective.split("_", 1)[1]) else -1.0
         self.started_at = clock()
-        self.done = self.failed = self.pruned = 0
+        self.done = self.failed = self.pruned = self.degenerate = 0
         self.running: dict[str, int] = {}
         self.best: tuple[float, str] | None = None
         self._last_draw = -math.inf
@@ -106,6 +110,16 @@ class ProgressDisplay:
         """A failed trial is started again (``--max-failures``)."""
         self._message(f"[{self.study}] trial {calib_id} failed: {error}; retry {attempt} of {max_failures}")
 
+    def degenerate_fit(self, text: str) -> None:
+        """A trial whose calibrator's fit was degenerate: a warning line each, up to
+        :data:`DEGENERATE_LINES`; the progress line counts them all."""
+        self.degenerate += 1
+        if self.degenerate <= DEGENERATE_LINES:
+            self._message(f"[{self.study}] warning: {text}")
+        elif self.degenerate == DEGENERATE_LINES + 1:
+            self._message(f"[{self.study}] warning: more degenerate fits; the progress line counts them and the "
+                          f"store's fit_degenerate_reason column says why for each")
+
     def note(self, text: str) -> None:
         """Something the user must know about a trial (an artifact that was moved aside and rebuilt)."""
         self._message(f"[{self.study}] {text}")
@@ -129,6 +143,8 @@ class ProgressDisplay:
                  f"{self.failed} failed"]
         if self.pruned:
             parts.append(f"{self.pruned} pruned")
+        if self.degenerate:
+            parts.append(f"{self.degenerate} degenerate fit{'s' if self.degenerate > 1 else ''}")
         if self.best is not None:
             parts.append(f"best {self.objective} {_format_value(self.objective, self.sign * self.best[0])} "
                          f"({self.best[1]})")

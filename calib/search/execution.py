@@ -127,11 +127,25 @@ def _checkpointing(every: int, min_seconds: float, report_epochs: bool = False,
     return resume, on_checkpoint
 
 
+def degenerate_fit_line(result: TrialResult) -> str | None:
+    """The warning a study prints for a trial whose post-hoc fit was degenerate: method, setup, reason."""
+    reason = result.fit_details.get("fit_degenerate_reason")
+    if not reason:
+        return None
+    cfg = result.config
+    size = getattr(cfg.method.params, "calibration_size", None)
+    subset = "" if size is None else f", calibration set of {size} (draw {cfg.method.params.calibration_draw})"
+    name = f"{cfg.label} ({cfg.method.name})" if cfg.label else cfg.method.name
+    return f"{name} on {cfg.dataset} · {cfg.arch} · seed {cfg.seed}{subset}: degenerate fit: {reason}"
+
+
 def summary(result: TrialResult) -> dict[str, Any]:
-    """What the driver learns of a stored trial: its id, status and validation metrics (a trial's final
-    result lists them as JSON under ``calib_results``, one per config)."""
+    """What the driver learns of a stored trial: its id, status, validation metrics and, for a degenerate fit,
+    its warning line (a trial's final result lists them as JSON under ``calib_results``, one per config)."""
+    line = degenerate_fit_line(result)
     return {"calib_trial_id": result.trial_id, "status": result.status,
-            **{k: v for k, v in result.metrics.items() if k.startswith("val_")}}
+            **{k: v for k, v in result.metrics.items() if k.startswith("val_")},
+            **({"degenerate_fit": line} if line else {})}
 
 
 def _worker_threads() -> str | None:

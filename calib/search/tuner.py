@@ -198,6 +198,8 @@ def progress_callback(display: ProgressDisplay | None, configs_of: Callable[[dic
             for note in filter(None, str(result.get("calib_notes", "")).splitlines()):
                 display.note(note)
             for config, summary in zip(configs_of(trial.config), json.loads(result["calib_results"]), strict=True):
+                if summary.get("degenerate_fit"):
+                    display.degenerate_fit(summary["degenerate_fit"])
                 if summary["status"] == "ok":
                     display.trial_finished(trial.trial_id, summary["calib_trial_id"], summary.get(display.objective))
                 else:

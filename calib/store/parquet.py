@@ -95,6 +95,7 @@ def trial_row(result: TrialResult, *, node_id: str | None = None) -> dict[str, A
     row.update(result.stage1_execution)
     row.update(result.environment)
     row.update(result.tracker_runs)
+    row.update(result.fit_details)
     return row
 
 

@@ -59,6 +59,20 @@ CORRUPTED = [
     ("corrupted_ece_all", pa.list_(pa.float64()), "ECE per (corruption, severity), corruption-major"),
     ("corrupted_accuracy_all", pa.list_(pa.float64()), "accuracy per (corruption, severity), corruption-major"),
 ]
+FIT = [
+    ("fit_degenerate", pa.bool_(),
+     "post-hoc methods: whether the calibrator's fit was degenerate (no finite optimum, a parameter held at a bound, "
+     "a class without calibration samples, an unconverged fit: docs/methods.md §5.13); null for other methods"),
+    ("fit_degenerate_reason", pa.string(), "why the fit was degenerate and what the calibrator returned (null if not)"),
+    ("fitted_off_diagonal_weight", pa.float64(),
+     "MS-ODIR, Dir-ODIR: the λ the fit used, chosen by 5-fold cross-validation where method_off_diagonal_weight is "
+     "null (null for other methods)"),
+    ("fitted_intercept_weight", pa.float64(),
+     "MS-ODIR, Dir-ODIR: the μ the fit used, chosen by 5-fold cross-validation where method_intercept_weight is null"),
+    ("cv_nll", pa.float64(),
+     "MS-ODIR, Dir-ODIR: the mean held-out NLL (nats) of the cross-validated choice over the folds (null when both "
+     "λ and μ were given)"),
+]
 RUN = [
     ("label", pa.string(), "the study's name for this trial's variant (a table row), empty if none"),
     ("label_rank", pa.int64(), "position of the label in the study's table"),
@@ -165,7 +179,7 @@ def trial_columns() -> list[tuple[str, pa.DataType, str]]:
     return (IDENTITY + stage1
             + _section_columns("loss", [LOSSES.get(n).config for n in LOSSES.names()])
             + _section_columns("method", [METHODS.get(n).config for n in METHODS.names()])
-            + metrics + OOD + CORRUPTED + RUN)
+            + metrics + OOD + CORRUPTED + FIT + RUN)
 
 
 def trial_schema() -> pa.Schema:

@@ -34,6 +34,35 @@ def reference_fit(logits, labels, num_knots):
     return s, slopes @ coefficients + s
 
 
+def reference_distribution(probs, confidence, margin=1e-9):
+    """Row by row, the documented top-label distribution: the top class gets max(c, 1/(C − (C − 1)·margin)); the
+    others, largest p first, take their share t·p_j of the rest, or the cap c·(1 − margin) where t·p_j would
+    exceed it (t recomputed for the classes still uncapped); classes with p_j = 0 share what is left equally."""
+    out = np.zeros_like(probs)
+    num_classes = probs.shape[1]
+    for i, row in enumerate(probs):
+        top = int(np.argmax(row))
+        c = max(confidence[i], 1 / (num_classes - (num_classes - 1) * margin))
+        cap, rest = c * (1 - margin), 1 - c
+        others = sorted((j for j in range(num_classes) if j != top), key=lambda j: -row[j])
+        out[i, top] = c
+        uncapped = [j for j in others if row[j] > 0]
+        while uncapped:
+            scale = rest / sum(row[j] for j in uncapped)
+            if scale * row[uncapped[0]] <= cap:
+                for j in uncapped:
+                    out[i, j] = scale * row[j]
+                rest = 0.0
+                break
+            out[i, uncapped[0]] = cap
+            rest -= cap
+            uncapped = uncapped[1:]
+        zeros = [j for j in others if row[j] == 0]
+        for j in zeros:
+            out[i, j] = rest / len(zeros)
+    return out
+
+
 @pytest.fixture(scope="module")
 def data():
     g = torch.Generator().manual_seed(0)
@@ -62,9 +91,13 @@ def test_matches_the_independent_scipy_fit(data, num_knots):
     probs_test = softmax(test.numpy(), axis=1)
     rows, top = np.arange(len(probs_test)), probs_test.argmax(1)
     confidence = np.clip(np.interp(probs_test[rows, top], scores, calibrated), 0, 1)
-    expected = probs_test * ((1 - confidence) / (1 - probs_test[rows, top]))[:, None]
-    expected[rows, top] = confidence
-    np.testing.assert_allclose(calibrator.probs(test).numpy(), expected, rtol=1e-9, atol=1e-12)
+    expected = reference_distribution(probs_test, confidence)
+    probs = calibrator.probs(test).numpy()
+    np.testing.assert_allclose(probs, expected, rtol=1e-9, atol=1e-12)
+    # the predicted class is kept with the calibrated confidence (where that is >= 1/C)
+    assert (probs.argmax(1) == top).all()
+    above = confidence >= 1 / 5
+    np.testing.assert_allclose(probs[rows, top][above], confidence[above], rtol=1e-12)
     # Overconfident logits: the calibrated top confidence is lower on average.
     assert calibrator.probs(test).max(1).values.mean() < probs_test.max(1).mean() - 0.05
 
@@ -107,15 +140,24 @@ def test_tied_scores_are_averaged():
     torch.testing.assert_close(probs[:10].repeat(30, 1), probs, rtol=0, atol=0)
 
 
-def test_others_share_the_rest_and_the_argmax_can_change():
-    # Top scores 0.5 are always wrong: their calibrated confidence is ~0, so the runner-up (0.4 → ~0.8) wins.
+def test_the_argmax_is_kept_and_the_others_are_capped_below_it():
+    # Top scores 0.5 are always wrong: their calibrated confidence ĉ is ~0. Proportional sharing would give the
+    # runner-up (0.4) ~0.8 and move the argmax; instead the top class keeps the floor 1/C and the others are
+    # capped just below it, so the row becomes (nearly) uniform with class 0 still first.
     rows = torch.tensor([[0.5, 0.4, 0.1], [0.1, 0.8, 0.1]], dtype=torch.float64).log()
     logits, labels = rows.repeat(50, 1), torch.tensor([1, 1]).repeat(50)
     calibrator = SplineCalibration().fit(logits, labels)
+    assert calibrator.calibrated_confidence(np.array([0.5]))[0] < 0.1  # below 1/C: the floor binds
     probs = calibrator.probs(rows)
-    assert probs[0, 0] < 0.2 and probs.argmax(1).tolist() == [1, 1]
-    assert probs[0, 1] / probs[0, 2] == pytest.approx(4.0)  # the others keep their proportions
-    # A top class holding all the mass: the others share 1 − ĉ uniformly.
+    assert probs.argmax(1).tolist() == [0, 1]
+    floor = 1 / (3 - 2e-9)
+    assert probs[0, 0].item() == pytest.approx(floor, rel=1e-12)
+    assert probs[0, 0] > probs[0, 1] and probs[0, 0] > probs[0, 2]
+    torch.testing.assert_close(probs[0], torch.full((3,), 1 / 3, dtype=torch.float64), rtol=0, atol=1e-8)
+    # a confidence the cap does not bind: the others keep their proportions
+    mild = calibrator.probs(torch.tensor([[0.1, 0.8, 0.1]], dtype=torch.float64).log())
+    assert mild[0, 0] / mild[0, 2] == pytest.approx(1.0) and mild.argmax().item() == 1
+    # A top class holding all the mass: the others (p = 0) share 1 − ĉ uniformly.
     saturated = calibrator.probs(torch.tensor([[0.0, -800.0, -800.0]], dtype=torch.float64))
     assert saturated[0, 1] == saturated[0, 2] == pytest.approx((1 - saturated[0, 0].item()) / 2)
 

@@ -167,8 +167,11 @@ class TestTemperatureScaling:
             ts.fit(torch.zeros(2, 3), torch.zeros(2))
         with pytest.raises(ValueError, match=r"`logits` must be finite"):
             ts.fit(torch.tensor([[0.0, float("nan")]]), torch.tensor([0]))
-        with pytest.raises(ValueError, match=r"`logits` must have shape \(N, C\) with C >= 1, got shape \(4,\)"):
+        with pytest.raises(ValueError, match=r"`logits` must have shape \(N, C\) with C >= 2, got shape \(4,\)"):
             ts.fit(torch.zeros(4), torch.zeros(4, dtype=torch.long))
+        # one logit column is refused up front, as by every other calibrator (it used to fail later, on the labels)
+        with pytest.raises(ValueError, match=r"`logits` must have shape \(N, C\) with C >= 2, got shape \(4, 1\)"):
+            ts.fit(torch.randn(4, 1), torch.zeros(4, dtype=torch.long))
 
 
 class TestTemperatureScalingConfig:

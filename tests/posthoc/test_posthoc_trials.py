@@ -33,9 +33,9 @@ METHOD_PARAMS = [
     {"name": "spline"},
     {"name": "temperature_scaling", "calibration_size": 50, "calibration_draw": 1},
 ]
-KEEP_ARGMAX = ("temperature_scaling", "smart", "parameterized_ts", "ensemble_ts", "isotonic_irm")
+KEEP_ARGMAX = ("temperature_scaling", "smart", "parameterized_ts", "ensemble_ts", "isotonic_irm", "spline")
 """The methods that keep the predicted class: a positive temperature, a mixture of such softmaxes, IRM's
-strictly increasing map (up to scores closer than ~1e-7)."""
+strictly increasing map (up to scores closer than ~1e-7), the spline's top-label distribution."""
 
 
 def test_methods_share_one_stage1_artifact(make_config):

@@ -160,12 +160,14 @@ class TestMatrixScaling:
             MatrixScaling(off_diagonal_weight=-1)
         with pytest.raises(ValueError, match=r"intercept_weight=nan"):
             MatrixScaling(intercept_weight=float("nan"))
-        with pytest.raises(ConfigError, match=r"`off_diagonal_weight` must be >= 0, got off_diagonal_weight=-2.0"):
+        with pytest.raises(ConfigError, match=r"`off_diagonal_weight` must be null \(chosen by 5-fold cross-"
+                                              r"validation\) or a finite number >= 0, got off_diagonal_weight=-2.0"):
             from_dict(MatrixScalingConfig, {"off_diagonal_weight": -2.0})
-        with pytest.raises(ConfigError, match=r"`intercept_weight` must be >= 0"):
+        with pytest.raises(ConfigError, match=r"`intercept_weight` must be null .* or a finite number >= 0"):
             from_dict(MatrixScalingConfig, {"intercept_weight": -1e-3})
-        config = from_dict(MatrixScalingConfig, {})
-        assert (config.off_diagonal_weight, config.intercept_weight) == (1000.0, 0.1)
+        config = from_dict(MatrixScalingConfig, {})  # the default: both by cross-validation
+        assert (config.off_diagonal_weight, config.intercept_weight) == (None, None)
+        assert from_dict(MatrixScalingConfig, {"off_diagonal_weight": None}).off_diagonal_weight is None
 
     def test_registered(self):
         assert isinstance(POSTHOC.create("matrix_scaling"), MatrixScaling)
