@@ -16,6 +16,7 @@ import torch
 
 from calib import storage
 from calib._config import ConfigError
+from calib._help import HelpFormatter
 from calib._registry import UnknownNameError
 from calib.config import SEED_LIMIT, Stage1Config
 from calib.datasets import DATASETS, DatasetNotFoundError
@@ -39,19 +40,6 @@ __all__ = [
     "study_paths",
     "study_setups",
 ]
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """``--help`` that shows each flag's default once: the module docstring as written, and
-    ``(default: X)`` after every flag whose help does not state its default already."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if ("(default" in text or action.default in (None, argparse.SUPPRESS) or action.nargs == 0
-                or action.option_strings == []):
-            return text
-        default = " ".join(map(str, action.default)) if isinstance(action.default, list) else "%(default)s"
-        return f"{text} (default: {default})"
 
 
 def study_parser(description: str | None, *, study: str | None, study_default: str | None = None

@@ -42,6 +42,7 @@ __all__ = [
     "parse_trial_config",
     "set_dotted",
     "stage1_identity",
+    "trial_id",
     "trial_identity",
     "validate_study_name",
 ]
@@ -452,6 +453,11 @@ def config_hash(identity: dict[str, Any]) -> str:
     """16 hex digits of the SHA-256 of the canonical JSON of ``identity``."""
     blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def trial_id(config: dict[str, Any] | TrialConfig) -> str:
+    """The store key of a trial: the hash of its config without paths and placement."""
+    return config_hash(trial_identity(parse_trial_config(config)))
 
 
 def get_dotted(config: dict[str, Any], key: str) -> Any:

@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from calib import progress
-from calib._versions import run_environment
 from calib.artifacts import corrupted_split, get_or_train_stage1, method_split, ood_split
-from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity, trial_identity
+from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity, trial_id, trial_identity
 from calib.datasets.corruptions import SEVERITIES
 from calib.metrics import (
     accuracy,
@@ -30,88 +27,11 @@ from calib.metrics import (
     ood_fpr_at_95_tpr,
     reliability_bins,
 )
-from calib.plugins import plugins_of
-from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS
+from calib.registries import METHODS
 from calib.training import describe_device, resolve_device, seed_everything
+from calib.trial_result import TrialResult
 
 __all__ = ["TrialResult", "population_groups", "run_trial", "run_trials", "trial_id"]
-
-
-def trial_id(config: dict[str, Any] | TrialConfig) -> str:
-    """The store key of a trial: the hash of its config without paths and placement."""
-    return config_hash(trial_identity(parse_trial_config(config)))
-
-
-@dataclass
-class TrialResult:
-    """What one trial produced: val_*/test_* (and ood_*) metrics as fractions, list-valued ``details``
-    (test reliability bins, per-OOD-set values), per-epoch history, timings, provenance."""
-
-    config: TrialConfig
-    trial_id: str
-    stage1_id: str
-    status: str = "ok"
-    error: str | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    details: dict[str, list] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    stage1_cache_hit: bool | None = None
-    stage1_writer: str | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc))
-    finished_at: dt.datetime | None = None
-    device: str | None = None
-    stage1_device: str | None = None
-    stage1_execution: dict[str, Any] = field(default_factory=dict)
-    stage1_resumed_from_epoch: int | None = None
-    failed_stage: str | None = None
-    failed_epoch: int | None = None
-    environment: dict[str, str | None] = field(default_factory=run_environment)
-
-    population_size: int = 1
-    pruned_epoch: int | None = None
-    tracker_runs: dict[str, str] = field(default_factory=dict)
-    """The ``--log-to`` runs of the trial by store column (``mlflow_run_id``, ``tensorboard_run``, ``wandb_run_id``)."""
-    fit_details: dict[str, Any] = field(default_factory=dict)
-    """The method's fit columns (``fit_degenerate``, ``fit_degenerate_reason``, ``fitted_*``, ``cv_nll``)."""
-
-    @property
-    def plugins(self) -> list[str]:
-        """``"<module> <version>"`` of the plugins whose components the trial used (:mod:`calib.plugins`)."""
-        return used_plugins(self.config)
-
-    @classmethod
-    def failed(cls, config: TrialConfig, error: BaseException, started_at: dt.datetime,
-               where: tuple[str, int | None] | None = None) -> TrialResult:
-        """A ``failed`` result carrying the exception, its traceback's last frames, and the (stage, epoch)
-        the trial had reached: ``where``, else :mod:`calib.training.progress`'s last record."""
-        text = "".join(traceback.format_exception_only(type(error), error)).strip()
-        frames = "".join(traceback.format_tb(error.__traceback__)[-3:])
-        stage, epoch = where or progress.last() or (None, None)
-        return cls(
-            config=config, trial_id=trial_id(config), stage1_id=config_hash(stage1_identity(config)),
-            status="failed", error=f"{text}\n{frames}", started_at=started_at,
-            finished_at=dt.datetime.now(dt.timezone.utc), failed_stage=stage, failed_epoch=epoch,
-        )
-
-    @classmethod
-    def pruned(cls, config: TrialConfig, epoch: int, metrics: dict[str, float],
-               started_at: dt.datetime) -> TrialResult:
-        """A ``pruned`` result: a scheduler stopped the trial after Stage-I epoch ``epoch`` (0-based);
-        ``metrics`` are the Stage-I model's validation values at that epoch."""
-        return cls(
-            config=config, trial_id=trial_id(config), stage1_id=config_hash(stage1_identity(config)),
-            status="pruned", metrics=dict(metrics), started_at=started_at,
-            finished_at=dt.datetime.now(dt.timezone.utc), pruned_epoch=epoch,
-        )
-
-
-def used_plugins(cfg: TrialConfig) -> list[str]:
-    """The plugins that registered the trial's dataset, architecture, loss, method and OOD sets."""
-    names = [(LOSSES, cfg.loss.name), (METHODS, cfg.method.name), *((OOD_SETS, n) for n in cfg.ood_datasets)]
-    if cfg.source.kind != "features":
-        names += [(DATASETS, cfg.dataset), (MODELS, cfg.arch)]
-    return plugins_of((registry, name) for registry, name in names if name in registry)
 
 
 def stage1_execution(record: dict[str, Any]) -> dict[str, Any]:

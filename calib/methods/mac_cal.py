@@ -339,6 +339,141 @@ def _kept(masks: list[torch.Tensor] | None, restrict: torch.Tensor, depth: int) 
     return [torch.maximum(m, (~restrict).to(m.dtype)) for m in masks]
 
 
+@dataclass
+class _Population:
+    """The members of a population training together: their stacked heads, one optimiser, and per member
+    its generator, q_t, fitted head and failure (if its loss became non-finite)."""
+
+    members: list[MacCalConfig]
+    first: MacCalConfig
+    heads: list[MaskableHead]
+    generators: list[torch.Generator]
+    stack: StackedLinears
+    optimizer: RestrictedSGD
+    restrict: torch.Tensor
+    retention: list[float]
+    fitted: list[FittedMacCal]
+    device: torch.device
+    failures: dict[int, FloatingPointError] = field(default_factory=dict)
+
+    @property
+    def in_place(self) -> bool:
+        return self.first.mask_mode == "in_place"
+
+    def draw(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """The members' masks (Eq. 8) and where the update may move weights (one list per draw: see
+        RestrictedSGD); ``in_place`` zeroes the dropped weights now. Biases are never masked."""
+        drawn = _population_masks(self.heads, self.retention, self.generators, self.device)
+        if self.in_place:
+            with torch.no_grad():
+                for weight, mask in zip(self.stack.weights, drawn, strict=True):
+                    weight.mul_(mask)
+        return drawn, [*_kept(drawn, self.restrict, len(self.stack.weights)), *([None] * len(self.stack.biases))]
+
+
+def _start_population(members: Sequence[tuple[MacCalConfig, int]], widths: list[int],
+                      head_state: dict[str, torch.Tensor] | None, device: torch.device) -> _Population:
+    """Each member's head (seeded by its seed, in member order) and generator, stacked, with one optimiser."""
+    params_list = [p for p, _ in members]
+    first = params_list[0]
+    heads = [_initial_head(p, seed, widths, head_state) for p, seed in members]
+    generators = [torch.Generator().manual_seed(seed) for _, seed in members]
+    stack = StackedLinears([h.layers for h in heads], relu_after=range(len(widths) - 2)).to(device)
+    optimizer = RestrictedSGD([*stack.weights, *stack.biases], lr=first.lr, momentum=first.momentum,
+                              weight_decay=first.weight_decay)
+    restrict = torch.tensor([p.gradient_restriction for p in params_list], device=device).view(-1, 1, 1)
+    retention = [p.retention_init for p in params_list]
+    fitted = [FittedMacCal(head, p, None, q) for head, p, q in zip(heads, params_list, retention, strict=True)]
+    return _Population(params_list, first, heads, generators, stack, optimizer, restrict, retention, fitted, device)
+
+
+def _train_epoch(pop: _Population, inputs: torch.Tensor, labels: torch.Tensor,
+                 feature_fn: Callable[[torch.Tensor], torch.Tensor] | None
+                 ) -> tuple[list[torch.Tensor] | None, torch.Tensor | None, list[list[float]]]:
+    """One epoch of minibatch steps of every member at once: the epoch's (last) masks, the per-member
+    training scale of the masked weights, and per member the sums of loss·B, correct and confidence."""
+    first, stack, device = pop.first, pop.stack, pop.device
+    features_of = feature_fn if feature_fn is not None else (lambda batch: batch)
+    stack.train()
+    masks, keep = pop.draw() if first.masked_forward else (None, [None] * (len(stack.weights) + len(stack.biases)))
+    order = torch.stack([torch.randperm(inputs.shape[0], generator=g) for g in pop.generators])  # (K, n)
+    scale = None
+    if first.masked_forward and any(p.train_mask_scaling == "inverted" for p in pop.members):
+        scale = torch.tensor([f._train_scale(q) for f, q in zip(pop.fitted, pop.retention, strict=True)],
+                             device=device)
+    sums = torch.zeros(len(pop.members), 3, dtype=torch.float64, device=device)  # loss·B, correct, confidence
+    for idx in order.split(first.batch_size, dim=1):
+        if first.masked_forward and first.mask_resample == "step":
+            masks, keep = pop.draw()
+        with torch.no_grad():
+            if feature_fn is None:
+                h = inputs[idx].to(device, non_blocking=True)
+            else:
+                h = torch.stack([features_of(inputs[i].to(device, non_blocking=True)) for i in idx])
+        y = labels[idx].to(device, non_blocking=True)
+        logits = stack(h, masks=None if pop.in_place else masks, weight_scale=scale,
+                       straight_through=first.mask_mode == "straight_through")
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(len(pop.members), -1).mean(1)
+        pop.optimizer.zero_grad()
+        loss.sum().backward()
+        pop.optimizer.step(keep)
+        with torch.no_grad():
+            confidence, predicted = logits.detach().softmax(2).max(2)
+            sums += torch.stack([loss.detach().double() * y.shape[1], (predicted == y).sum(1).double(),
+                                 confidence.sum(1).double()], dim=1)
+    return masks, scale, sums.T.tolist()
+
+
+def _update_statistics(pop: _Population, masks: list[torch.Tensor] | None, scale: torch.Tensor | None,
+                       online: tuple[list[float], list[float], int], inputs: torch.Tensor, labels: torch.Tensor,
+                       feature_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+                       stats_inputs: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[list[float], list[float], int]:
+    """Acc_t and Conf_t sums per member and their count, for the q update: the epoch's ``online`` ones, or
+    from a pass after the epoch over ``stats_inputs`` or (``stats_pass="clean"``) the training inputs."""
+    features_of = feature_fn if feature_fn is not None else (lambda batch: batch)
+    pass_masks = None if pop.in_place else masks  # in place: the weights as they are now
+    if stats_inputs is not None:
+        correct, confidence = _clean_stats(pop.stack, *stats_inputs, features_of, pass_masks, scale, pop.first,
+                                           pop.device)
+        return correct, confidence, stats_inputs[0].shape[0]
+    if pop.first.stats_pass == "clean":
+        correct, confidence = _clean_stats(pop.stack, inputs, labels, features_of, pass_masks, scale, pop.first,
+                                           pop.device)
+        return correct, confidence, inputs.shape[0]
+    return online
+
+
+def _end_epoch(pop: _Population, epoch: int, n: int, sums: list[list[float]], masks: list[torch.Tensor] | None,
+               stats: tuple[list[float], list[float], int]) -> None:
+    """Per member still training: its history row, a failure if its loss is not finite, else its last masks
+    and q_t, and the q update (Eq. 12-13)."""
+    total_loss, correct, confidence_sum = sums
+    stats_correct, stats_confidence, stats_n = stats
+    for k, (params, member) in enumerate(zip(pop.members, pop.fitted, strict=True)):
+        if k in pop.failures:
+            continue
+        q = pop.retention[k]
+        accuracy, mean_conf = stats_correct[k] / stats_n, stats_confidence[k] / stats_n
+        threshold = clip_threshold(epoch, params)
+        member.history.append({
+            "stage": "stage2", "epoch": epoch, "lr": params.lr, "train_loss": total_loss[k] / n,
+            "train_accuracy": correct[k] / n, "train_confidence": confidence_sum[k] / n,
+            "update_accuracy": accuracy, "update_confidence": mean_conf,
+            "accuracy_weight": params.accuracy_weight,
+            "retention_prob": q if params.masked_forward else None,
+            "clip_threshold": threshold if params.adaptive_retention != "none" else None,
+        })
+        if not math.isfinite(total_loss[k]):
+            pop.failures[k] = FloatingPointError(
+                f"MaC-Cal training loss became {total_loss[k] / n} at Stage-II epoch {epoch}.")
+            pop.failures[k].epoch = epoch  # type: ignore[attr-defined]
+            continue
+        member.last_masks = None if masks is None else [m[k] for m in masks]
+        member.last_retention = q
+        if params.masked_forward and params.adaptive_retention != "none":
+            pop.retention[k] = retention_update(q, accuracy, mean_conf, threshold, params)
+
+
 def fit_mac_cal_population(
     members: Sequence[tuple[MacCalConfig, int]],
     inputs: torch.Tensor,
@@ -367,100 +502,22 @@ def fit_mac_cal_population(
         return []
     first = members[0][0]
     check_population([p for p, _ in members], population_key, POPULATION_FIELDS)
-    params_list = [p for p, _ in members]
-    size = len(members)
     widths = [num_features, first.bottleneck_width, num_classes] if first.head == "bottleneck" \
         else [num_features, num_classes]
-    heads = [_initial_head(p, seed, widths, head_state) for p, seed in members]
-    generators = [torch.Generator().manual_seed(seed) for _, seed in members]
-    stack = StackedLinears([h.layers for h in heads], relu_after=range(len(widths) - 2)).to(device)
-    optimizer = RestrictedSGD([*stack.weights, *stack.biases], lr=first.lr, momentum=first.momentum,
-                              weight_decay=first.weight_decay)
-    restrict = torch.tensor([p.gradient_restriction for p in params_list], device=device).view(-1, 1, 1)
-    unrestricted = [None] * len(stack.biases)  # biases are never masked
-    features_of = feature_fn if feature_fn is not None else (lambda batch: batch)
+    pop = _start_population(members, widths, head_state, device)
     n = inputs.shape[0]
-    retention = [p.retention_init for p in params_list]
-    fitted = [FittedMacCal(head, p, None, q) for head, p, q in zip(heads, params_list, retention, strict=True)]
-    failures: dict[int, FloatingPointError] = {}
-    in_place, straight_through = first.mask_mode == "in_place", first.mask_mode == "straight_through"
-
-    def draw() -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-        """The members' masks (Eq. 8) and where the update may move weights (one list per draw: see
-        RestrictedSGD); ``in_place`` zeroes the dropped weights now."""
-        drawn = _population_masks(heads, retention, generators, device)
-        if in_place:
-            with torch.no_grad():
-                for weight, mask in zip(stack.weights, drawn, strict=True):
-                    weight.mul_(mask)
-        return drawn, [*_kept(drawn, restrict, len(stack.weights)), *unrestricted]
-
     for epoch in range(first.epochs):
         progress.record("stage2", epoch)
-        stack.train()
-        masks, keep = draw() if first.masked_forward else (None, [None] * (len(stack.weights) + len(stack.biases)))
-        order = torch.stack([torch.randperm(n, generator=g) for g in generators])  # (K, n)
-        scale = None
-        if first.masked_forward and any(p.train_mask_scaling == "inverted" for p in params_list):
-            scale = torch.tensor([f._train_scale(q) for f, q in zip(fitted, retention, strict=True)], device=device)
-        sums = torch.zeros(size, 3, dtype=torch.float64, device=device)  # loss·B, correct, confidence
-        for idx in order.split(first.batch_size, dim=1):
-            if first.masked_forward and first.mask_resample == "step":
-                masks, keep = draw()
-            with torch.no_grad():
-                if feature_fn is None:
-                    h = inputs[idx].to(device, non_blocking=True)
-                else:
-                    h = torch.stack([features_of(inputs[i].to(device, non_blocking=True)) for i in idx])
-            y = labels[idx].to(device, non_blocking=True)
-            logits = stack(h, masks=None if in_place else masks, weight_scale=scale, straight_through=straight_through)
-            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(size, -1).mean(1)
-            optimizer.zero_grad()
-            loss.sum().backward()
-            optimizer.step(keep)
-            with torch.no_grad():
-                confidence, predicted = logits.detach().softmax(2).max(2)
-                sums += torch.stack([loss.detach().double() * y.shape[1], (predicted == y).sum(1).double(),
-                                     confidence.sum(1).double()], dim=1)
-        total_loss, correct, confidence_sum = sums.T.tolist()
-        stats_correct, stats_confidence, stats_n = correct, confidence_sum, n
-        pass_masks = None if in_place else masks  # in place: the weights as they are now
-        if stats_inputs is not None:
-            stats_n = stats_inputs[0].shape[0]
-            stats_correct, stats_confidence = _clean_stats(stack, *stats_inputs, features_of, pass_masks, scale,
-                                                           first, device)
-        elif first.stats_pass == "clean":
-            stats_correct, stats_confidence = _clean_stats(stack, inputs, labels, features_of, pass_masks, scale,
-                                                           first, device)
-        for k, (params, member) in enumerate(zip(params_list, fitted, strict=True)):
-            if k in failures:
-                continue
-            q = retention[k]
-            accuracy, mean_conf = stats_correct[k] / stats_n, stats_confidence[k] / stats_n
-            threshold = clip_threshold(epoch, params)
-            member.history.append({
-                "stage": "stage2", "epoch": epoch, "lr": params.lr, "train_loss": total_loss[k] / n,
-                "train_accuracy": correct[k] / n, "train_confidence": confidence_sum[k] / n,
-                "update_accuracy": accuracy, "update_confidence": mean_conf,
-                "accuracy_weight": params.accuracy_weight,
-                "retention_prob": q if params.masked_forward else None,
-                "clip_threshold": threshold if params.adaptive_retention != "none" else None,
-            })
-            if not math.isfinite(total_loss[k]):
-                failures[k] = FloatingPointError(
-                    f"MaC-Cal training loss became {total_loss[k] / n} at Stage-II epoch {epoch}.")
-                failures[k].epoch = epoch  # type: ignore[attr-defined]
-                continue
-            member.last_masks = None if masks is None else [m[k] for m in masks]
-            member.last_retention = q
-            if params.masked_forward and params.adaptive_retention != "none":
-                retention[k] = retention_update(q, accuracy, mean_conf, threshold, params)
-        if len(failures) == size:
+        masks, scale, sums = _train_epoch(pop, inputs, labels, feature_fn)
+        stats = _update_statistics(pop, masks, scale, (sums[1], sums[2], n), inputs, labels, feature_fn,
+                                   stats_inputs)
+        _end_epoch(pop, epoch, n, sums, masks, stats)
+        if len(pop.failures) == len(members):
             break
-    for k, member in enumerate(fitted):
-        stack.copy_member_into(k, member.head.layers)
+    for k, member in enumerate(pop.fitted):
+        pop.stack.copy_member_into(k, member.head.layers)
         member.head.to(device)
-    return [failures.get(k, member) for k, member in enumerate(fitted)]
+    return [pop.failures.get(k, member) for k, member in enumerate(pop.fitted)]
 
 
 @torch.no_grad()

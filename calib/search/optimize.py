@@ -182,6 +182,121 @@ def _open_study(store: str, study: str, objectives: Sequence[str], modes: Sequen
     return opened
 
 
+def _check_objectives(objectives: Sequence[str], tpe_window: int) -> list[str]:
+    """The optimisation direction ("max" or "min") of each objective; a ``ConfigError`` for an objective
+    that is not a validation metric or a negative ``tpe_window``."""
+    if tpe_window < 0:
+        raise ConfigError(f"`tpe_window` must be >= 0 (finished trials TPE conditions on; 0: all), got {tpe_window}.")
+    for name in objectives:
+        if not name.startswith("val_"):
+            raise ConfigError(f"Search objectives must be validation metrics (val_*), got {name!r}.")
+        higher_is_better(name.removeprefix("val_"))
+    return ["max" if higher_is_better(o.removeprefix("val_")) else "min" for o in objectives]
+
+
+def _probe_and_manifest(base: dict[str, Any], space: SearchSpace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The base config with every parameter at its first value (validated here, before Ray starts), and the
+    search's manifest: the space, and the keys the space does not set."""
+    probe = dict(base)
+    for key, dist in space.parameters.items():
+        first = dist.spec.get("low", (dist.spec.get("values") or dist.spec.get("choices") or [None])[0])
+        probe = set_dotted(probe, key, first)
+    manifest = manifest_of([parse_trial_config(probe)],
+                           space={"parameters": {k: d.spec for k, d in space.parameters.items()},
+                                  "base": space.base})
+    manifest["constant"] = {k: v for k, v in manifest["constant"].items() if k not in space.parameters}
+    return probe, manifest
+
+
+def _scheduling(scheduler: SchedulerSettings, stage1_keys: Sequence[str], objectives: Sequence[str],
+                options: ExecutionOptions, notes: list[str]) -> tuple[SchedulerSettings, ExecutionOptions]:
+    """The scheduler the search runs with (none for a space that leaves Stage I alone: a note says so) and
+    the options it needs (HyperBand checkpoints every epoch); a ``ConfigError`` for what it cannot act on."""
+    if scheduler.name != "none" and not stage1_keys:
+        notes.append(f"no scheduler: every trial of this space runs on a stored Stage I (--scheduler "
+                     f"{scheduler.name} stops trials during Stage I)")
+        return SchedulerSettings(), options
+    if scheduler.name != "none":
+        if len(objectives) > 1 or objectives[0] not in SCHEDULER_METRICS:
+            raise ConfigError(f"--scheduler {scheduler.name} needs one objective among the Stage-I per-epoch "
+                              f"metrics {', '.join(SCHEDULER_METRICS)}; got --objective {' '.join(objectives)}.")
+        if (options.configs_per_trial or 1) > 1:
+            raise ConfigError(f"--scheduler {scheduler.name} stops single trials: it needs --configs-per-trial 1, "
+                              f"got {options.configs_per_trial}.")
+        if scheduler.name == "hyperband":  # paused trials resume from their last epoch
+            options = dataclasses.replace(options, checkpoint_every=1, checkpoint_min_seconds=0.0)
+    return scheduler, options
+
+
+def _resumed_study(store: str, study: str, space: SearchSpace, objectives: Sequence[str], modes: Sequence[str],
+                   sampler: str, seed: int, tpe_window: int) -> tuple[Any, Any, Any, dict[str, Any], int]:
+    """The search's journal and Optuna study, synced with the store: the journal, the study, the stored
+    finished trials (``ok`` and ``pruned``), the space's Optuna distributions, and how many trials were
+    told to the sampler now."""
+    from calib.search.journal import optuna_storage
+    from calib.search.searcher import sync_with_store
+    from calib.store import read_trials
+
+    journal = optuna_storage(store, study)
+    optuna_study = _open_study(store, study, objectives, modes, None, journal)
+    # A resumed search must not replay the first run's random draws: its sampler seed also depends on
+    # the trials the study already holds (deterministic for a given history).
+    optuna_study.sampler = _sampler(sampler, space, resumed_seed(seed, study_history(optuna_study)), tpe_window)
+    finished = read_trials(store, study=study, filters=pads.field("status").isin(["ok", "pruned"]),
+                           columns=["trial_id", "status", "config_json", "pruned_epoch", *objectives])
+    distributions = space.optuna_space()
+    with journal.batched():  # one journal append for all the trials told
+        told = sync_with_store(optuna_study, finished, distributions, objectives)
+    journal.snapshot_if_due()  # the next run replays only what this one adds
+    return journal, optuna_study, finished, distributions, told
+
+
+def _remaining(num_trials: int, stored: int, space: SearchSpace, notes: list[str]) -> int:
+    """How many trials this run asks for: those ``num_trials`` lacks, at most the configs of a finite space
+    not yet stored (a note says so)."""
+    remaining = max(0, num_trials - stored)
+    if space.is_finite() and remaining > len(space.grid()) - stored:
+        notes.append(f"the space has {len(space.grid())} configs and {stored} are stored: "
+                     f"{max(0, len(space.grid()) - stored)} can run, not {remaining}")
+        remaining = max(0, len(space.grid()) - stored)
+    return remaining
+
+
+def _ok_trial_ids(store: str, study: str) -> list[str]:
+    """The ids of the study's ``ok`` trials in the order they finished."""
+    from calib.store import read_trials
+
+    rows = read_trials(store, study=study, columns=["trial_id", "finished_at"], filters=pads.field("status") == "ok")
+    return rows.sort_values("finished_at")["trial_id"].tolist()
+
+
+def _search_tuner(base: dict[str, Any], store: str, study: str, options: ExecutionOptions, searcher: Any,
+                  scheduler: Any, num_samples: int, display: ProgressDisplay | None, report_epochs: bool) -> Any:
+    """The Ray Tune run of the search: each Tune trial runs its population of configs with the resources of a
+    Stage-I trainer, or of a cached trial when every config's Stage I is stored."""
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+
+    max_concurrent = options.max_concurrent or max(1, int((os.cpu_count() or 1) // max(options.cpus_per_trial, 1)))
+
+    def resources(tune_config: dict[str, Any]) -> Any:
+        configs = [parse_trial_config(c) for c in _search_configs(base, tune_config)]
+        return placement(options.resources("cached" if all(stage1_exists(c) for c in configs) else "stage1"))
+
+    trainable = tune.with_resources(
+        tune.with_parameters(_search_trainable, base=base, store=store, options=options,
+                             report_epochs=report_epochs), resources)
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=ConcurrencyLimiter(searcher, max_concurrent=max_concurrent), scheduler=scheduler,
+            num_samples=num_samples, reuse_actors=True, trial_dirname_creator=trial_dirname,
+        ),
+        run_config=run_config(store, study, options, [progress_callback(
+            display, lambda c: _search_configs(base, c), store, study, options.max_failures)]),
+    )
+
+
 def run_search(
     base: dict[str, Any],
     space: SearchSpace,
@@ -209,34 +324,16 @@ def run_search(
     ``options.configs_per_trial`` per Tune trial (populations).
     """
     import optuna
-    from ray import tune
-    from ray.tune.search import ConcurrencyLimiter
 
-    from calib.search.journal import optuna_storage
-    from calib.search.searcher import PopulationSearcher, sync_with_store
+    from calib.search.searcher import PopulationSearcher
     from calib.store import read_trials
 
     options = options or ExecutionOptions()
-    scheduler = scheduler or SchedulerSettings()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-    if tpe_window < 0:
-        raise ConfigError(f"`tpe_window` must be >= 0 (finished trials TPE conditions on; 0: all), got {tpe_window}.")
-    for name in objectives:
-        if not name.startswith("val_"):
-            raise ConfigError(f"Search objectives must be validation metrics (val_*), got {name!r}.")
-        higher_is_better(name.removeprefix("val_"))
+    modes = _check_objectives(objectives, tpe_window)
     store = storage.normalize(store)
     start = time.perf_counter()
-    # Validate the base config with every parameter at its first value, before Ray starts.
-    probe = dict(base)
-    for key, dist in space.parameters.items():
-        first = dist.spec.get("low", (dist.spec.get("values") or dist.spec.get("choices") or [None])[0])
-        probe = set_dotted(probe, key, first)
-    manifest = manifest_of([parse_trial_config(probe)],
-                           space={"parameters": {k: d.spec for k, d in space.parameters.items()},
-                                  "base": space.base})
-    manifest["constant"] = {k: v for k, v in manifest["constant"].items() if k not in space.parameters}
+    probe, manifest = _probe_and_manifest(base, space)
     check_address(options.address)
     if options.log_to and options.tracking is None and not options.check_only:
         from calib.tracking import start_study
@@ -244,40 +341,13 @@ def run_search(
         options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
     storage.check_writable(store)
     check_manifest(store, study, manifest)
-    modes = ["max" if higher_is_better(o.removeprefix("val_")) else "min" for o in objectives]
     stage1_keys = stage1_parameters(base, space)
-    notes = []
-    if scheduler.name != "none" and not stage1_keys:
-        notes.append(f"no scheduler: every trial of this space runs on a stored Stage I (--scheduler "
-                     f"{scheduler.name} stops trials during Stage I)")
-        scheduler = SchedulerSettings()
-    if scheduler.name != "none":
-        if len(objectives) > 1 or objectives[0] not in SCHEDULER_METRICS:
-            raise ConfigError(f"--scheduler {scheduler.name} needs one objective among the Stage-I per-epoch "
-                              f"metrics {', '.join(SCHEDULER_METRICS)}; got --objective {' '.join(objectives)}.")
-        if (options.configs_per_trial or 1) > 1:
-            raise ConfigError(f"--scheduler {scheduler.name} stops single trials: it needs --configs-per-trial 1, "
-                              f"got {options.configs_per_trial}.")
-        if scheduler.name == "hyperband":  # paused trials resume from their last epoch
-            options = dataclasses.replace(options, checkpoint_every=1, checkpoint_min_seconds=0.0)
+    notes: list[str] = []
+    scheduler, options = _scheduling(scheduler or SchedulerSettings(), stage1_keys, objectives, options, notes)
     configs_per_trial = options.configs_per_trial or (1 if stage1_keys else DEFAULT_CONFIGS_PER_TRIAL)
-
-    journal = optuna_storage(store, study)
-    optuna_study = _open_study(store, study, objectives, modes, None, journal)
-    # A resumed search must not replay the first run's random draws: its sampler seed also depends on
-    # the trials the study already holds (deterministic for a given history).
-    optuna_study.sampler = _sampler(sampler, space, resumed_seed(seed, study_history(optuna_study)), tpe_window)
-    finished = read_trials(store, study=study, filters=pads.field("status").isin(["ok", "pruned"]),
-                           columns=["trial_id", "status", "config_json", "pruned_epoch", *objectives])
-    distributions = space.optuna_space()
-    with journal.batched():  # one journal append for all the trials told
-        told = sync_with_store(optuna_study, finished, distributions, objectives)
-    journal.snapshot_if_due()  # the next run replays only what this one adds
-    remaining = max(0, num_trials - len(finished))
-    if space.is_finite() and remaining > len(space.grid()) - len(finished):
-        notes.append(f"the space has {len(space.grid())} configs and {len(finished)} are stored: "
-                     f"{max(0, len(space.grid()) - len(finished))} can run, not {remaining}")
-        remaining = max(0, len(space.grid()) - len(finished))
+    journal, optuna_study, finished, distributions, told = _resumed_study(store, study, space, objectives, modes,
+                                                                          sampler, seed, tpe_window)
+    remaining = _remaining(num_trials, len(finished), space, notes)
     if options.verbose:
         print(f"[{study}] {num_trials} trials: {len(finished)} already in the store"
               + (f" ({told} told to the sampler now)" if told else "")
@@ -285,46 +355,24 @@ def run_search(
               + (f" · scheduler {scheduler.name}" if scheduler.name != "none" else ""), flush=True)
         for note in notes:
             print(f"[{study}] {note}", flush=True)
-
-    def all_ok() -> list[str]:
-        rows = read_trials(store, study=study, columns=["trial_id", "finished_at"],
-                           filters=pads.field("status") == "ok")
-        return rows.sort_values("finished_at")["trial_id"].tolist()
-
     if options.check_only:
         raise CheckedOnly(study, remaining)
     if remaining == 0:
         compact_study_store(store, study, verbose=options.verbose)
-        return StudyRun(trial_ids=all_ok(), skipped=len(finished), seconds=time.perf_counter() - start)
+        return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=len(finished),
+                        seconds=time.perf_counter() - start)
     searcher = PopulationSearcher(
         optuna_study, distributions, objectives=objectives, modes=modes, budget=remaining,
         configs_per_trial=configs_per_trial, calib_id_of=lambda params: trial_id(_search_config(base, params)),
         stored=set(finished["trial_id"]), stored_results=lambda ids: stored_summaries(store, study, ids))
-    max_concurrent = options.max_concurrent or max(1, int((os.cpu_count() or 1) // max(options.cpus_per_trial, 1)))
-
-    def resources(tune_config: dict[str, Any]) -> Any:
-        configs = [parse_trial_config(c) for c in _search_configs(base, tune_config)]
-        return placement(options.resources("cached" if all(stage1_exists(c) for c in configs) else "stage1"))
-
-    trainable = tune.with_resources(
-        tune.with_parameters(_search_trainable, base=base, store=store, options=options,
-                             report_epochs=scheduler.name != "none"), resources)
     init_ray(options.address)
     if options.address is not None:  # a cluster: some node must fit each trial (or join within the wait)
         wait_for_resources(options)
     record_manifest(store, study, manifest)
     display = ProgressDisplay(study, remaining, objectives[0]) if options.verbose else None
-    epochs = parse_trial_config(probe).stage1.epochs
-    tuner = tune.Tuner(
-        trainable,
-        tune_config=tune.TuneConfig(
-            search_alg=ConcurrencyLimiter(searcher, max_concurrent=max_concurrent),
-            scheduler=scheduler.make(objectives[0], modes[0], epochs),
-            num_samples=-(-remaining // configs_per_trial), reuse_actors=True, trial_dirname_creator=trial_dirname,
-        ),
-        run_config=run_config(store, study, options, [progress_callback(
-            display, lambda c: _search_configs(base, c), store, study, options.max_failures)]),
-    )
+    tuner = _search_tuner(base, store, study, options, searcher,
+                          scheduler.make(objectives[0], modes[0], parse_trial_config(probe).stage1.epochs),
+                          -(-remaining // configs_per_trial), display, report_epochs=scheduler.name != "none")
     with stoppable(study, remaining, display) as stop:
         tuner.fit()
     journal.snapshot_if_due()
@@ -335,4 +383,5 @@ def run_search(
         asked_done = sum(1 for i in searcher.asked_ids if i in done)
         raise StudyInterrupted(interrupted_message(study, stop["signal"], asked_done, remaining))
     failed = sum(1 for i in searcher.asked_ids if i not in done)
-    return StudyRun(trial_ids=all_ok(), skipped=len(finished), failed=failed, seconds=time.perf_counter() - start)
+    return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=len(finished), failed=failed,
+                    seconds=time.perf_counter() - start)

@@ -12,22 +12,36 @@ import sys
 
 from calib import storage
 from calib._config import ConfigError
+from calib._help import HelpFormatter
 from calib.store.compaction import compact, stored_studies
+
+SKIPPED_EXIT_CODE = 4
+"""The exit code when a study was skipped because another process compacts it (the other studies were
+compacted): not a failure, the store is sound and that process compacts the study. 1 and 2 mean what they
+mean for studies (an error, bad input); 3 is a study stopped by SIGTERM."""
+
+EXIT_CODES = f"""exit codes:
+  0  every study compacted (or had nothing to compact)
+  1  an error stopped it (a traceback); what a compaction left is read correctly, the next one finishes it
+  2  bad input: no store there, an unknown --study, a negative --wait
+  {SKIPPED_EXIT_CODE}  a study was skipped: another process held its compaction lease for all of --wait
+     (the other studies were compacted)"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    from calib.cli import HelpFormatter
-
     parser = argparse.ArgumentParser(prog="python -m calib.store", description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("compact", formatter_class=HelpFormatter, help="compact a result store (all its studies)")
+    run = sub.add_parser("compact", formatter_class=HelpFormatter, help="compact a result store (all its studies)",
+                         description="Compact a result store (all its studies, or --study).", epilog=EXIT_CODES)
     run.add_argument("--store", default="results", help="result-store directory or s3:// URI")
     run.add_argument("--study", nargs="+", default=None, help="only these studies (default: every study)")
     run.add_argument("--full", action="store_true",
                      help="merge every part below the size limit, not only those of the new part's size tier")
     run.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
-                     help="how long to wait for another process's compaction of a study before skipping it")
+                     help="when another process is compacting a study (a study's driver, another compact), wait up "
+                          "to SECONDS for it to finish, then compact the study after it; still busy then: skip the "
+                          "study (exit code 4); 0: skip at once")
     return parser
 
 
@@ -51,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for report in reports:
         print(report.line())
-    return 1 if any(r.skipped for r in reports) else 0
+    return SKIPPED_EXIT_CODE if any(r.skipped for r in reports) else 0
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from calib.config import validate_study_name
 from calib.store.files import StoreFile, study_folder, table_location, trial_file
 from calib.store.scan import part_index, scan_files, scan_listed, winners
 from calib.store.schema import history_schema, trial_schema
-from calib.trial import TrialResult
+from calib.trial_result import TrialResult
 
 __all__ = [
     "StoreWarning",

@@ -94,7 +94,10 @@ RUN = [
     ("population_size", pa.int64(),
      "how many configs trained their Stage II together with this one in one process (1: alone)"),
     ("stage1_resumed_from_epoch", pa.int64(),
-     "when this trial trained Stage I after a retry: the checkpointed epoch it resumed from (null otherwise)"),
+     "when this trial continued an interrupted Stage-I training (a retry's checkpoint, or the handover state of a "
+     "claim it took over): the 0-based epoch, as in history, of the last epoch that training had completed; it "
+     "went on at the next one. The log's 'left at epoch N' counts completed epochs: N is this plus 1. Null when "
+     "Stage I started from its first epoch or another trial trained it"),
     ("stage1_cache_hit", pa.bool_(), "false exactly when this trial trained Stage I itself"),
     ("stage1_writer", pa.string(),
      "the one training of stage1_id this trial used: the writer id (<host>-<pid>-<hex>) of its record.json"),

@@ -128,22 +128,38 @@ def _excess_seconds(step_seconds: list[float]) -> float:
     return float(sum(max(0.0, t - typical) for t in step_seconds))
 
 
-def train_stage1(
-    cfg: TrialConfig,
-    data: DatasetSplits,
-    device: torch.device,
-    *,
-    on_epoch: Callable[[dict[str, Any]], None] | None = None,
-    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
-    resume: dict[str, Any] | None = None,
-) -> Stage1Training:
-    """Train ``cfg.arch`` on ``data.train`` with ``cfg.loss`` under ``cfg.stage1``; seeded by ``cfg.seed``.
+@dataclass
+class _Stage1Run:
+    """What one Stage-I training carries from epoch to epoch: the model, its loss, optimiser, schedule
+    and loss scaler, the generators of the data order and of Mixup, the batches, the (compiled) forward
+    pass, and the best-so-far and throughput counters that a checkpoint saves with them."""
 
-    ``on_checkpoint(state)`` receives, after every epoch, everything needed to continue the run
-    (weights, optimiser, schedule, scaler, loss state, the data-order, augmentation and Mixup
-    generators, history, best-so-far); ``resume=state`` continues from it and gives the same model as
-    an uninterrupted run.
-    """
+    cfg: TrialConfig
+    device: torch.device
+    model: CalibModel
+    loss_fn: nn.Module
+    params: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.MultiStepLR
+    generator: torch.Generator
+    mixup_rng: np.random.Generator
+    pipeline: str
+    batches: DeviceBatches | LoaderBatches
+    val_source: Dataset | TensorSplit
+    channels_last: bool
+    compile_mode: str
+    forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    cuda_graphs: bool
+    scaler: torch.amp.GradScaler
+    best_state: dict[str, torch.Tensor] | None = None
+    best_val: float = -1.0
+    step_seconds: float = 0.0
+    images: int = 0
+
+
+def _start_run(cfg: TrialConfig, data: DatasetSplits, device: torch.device) -> _Stage1Run:
+    """Seed everything and build the model, loss, optimiser, schedule, generators, batches and forward pass
+    (in this order: the model's initialisation draws from the seeded global generator)."""
     s1 = cfg.stage1
     seed_everything(cfg.seed)
     configure_backend(device)
@@ -172,134 +188,183 @@ def train_stage1(
     val_source = data.tensors.val if pipeline == "device" and data.tensors is not None else data.val
     compile_mode = resolve_compile_mode(s1.compile, cfg.arch, device)
     forward = _compiled_forward(model, compile_mode)
-    cuda_graphs = compile_mode in CUDA_GRAPH_MODES
     # fp16 needs loss scaling; bf16 has float32's range. A disabled scaler is a no-op (CPU, off, bf16).
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and s1.amp == "fp16")
-    result = Stage1Training(model=model, pipeline=pipeline, precision=precision_of(device, s1.amp),
-                            compile_mode=compile_mode)
-    best_state: dict[str, torch.Tensor] | None = None
-    best_val = -1.0
+    return _Stage1Run(cfg, device, model, loss_fn, params, optimizer, scheduler, generator, mixup_rng, pipeline,
+                      batches, val_source, channels_last, compile_mode, forward, compile_mode in CUDA_GRAPH_MODES,
+                      scaler)
+
+
+def _resume(run: _Stage1Run, resume: dict[str, Any], result: Stage1Training) -> int:
+    """Load a checkpoint's state (:func:`_checkpoint_state`) into ``run`` and ``result``; the epoch to go on at."""
+    run.model.load_state_dict(resume["model"])
+    run.loss_fn.load_state_dict(resume["loss_fn"])
+    run.optimizer.load_state_dict(resume["optimizer"])
+    run.scheduler.load_state_dict(resume["scheduler"])
+    run.scaler.load_state_dict(resume["scaler"])
+    run.generator.set_state(resume["generator"])
+    run.batches.load_state_dict(resume.get("batches", {}))
+    run.mixup_rng.bit_generator.state = resume["mixup_rng"]
+    torch.set_rng_state(resume["torch_rng"])
+    result.history = list(resume["history"])
+    run.best_state, run.best_val, result.best_epoch = resume["best_state"], resume["best_val"], resume["best_epoch"]
+    run.step_seconds, run.images = resume["step_seconds"], resume["images"]
+    return resume["epoch"] + 1
+
+
+def _checkpoint_state(run: _Stage1Run, epoch: int, result: Stage1Training) -> dict[str, Any]:
+    """Everything needed to continue after ``epoch``: what ``on_checkpoint`` receives and ``resume`` takes."""
+    return {
+        "epoch": epoch, "model": run.model.state_dict(), "loss_fn": run.loss_fn.state_dict(),
+        "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(), "generator": run.generator.get_state(),
+        "batches": run.batches.state_dict(),
+        "mixup_rng": run.mixup_rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+        "history": result.history, "best_state": run.best_state, "best_val": run.best_val,
+        "best_epoch": result.best_epoch, "step_seconds": run.step_seconds, "images": run.images,
+    }
+
+
+def _batch_loss(run: _Stage1Run, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss of one minibatch (under Mixup, MIT, or as it is) and the logits it is scored by."""
+    s1, device, forward = run.cfg.stage1, run.device, run.forward
+    if s1.mixup_alpha is not None:
+        lam = float(run.mixup_rng.beta(s1.mixup_alpha, s1.mixup_alpha))
+        perm = torch.randperm(x.shape[0], generator=run.generator).to(device)
+        with autocast(device, s1.amp):
+            features, logits = forward(mix(x, x[perm], lam))
+        features, logits = features.float(), logits.float()
+        return _weighted_pair(run.loss_fn, lam, (logits, y, features), (logits, y[perm], features)), logits
+    if s1.mit_alpha is not None:
+        lam1, lam2 = mit_coefficients(s1.mit_alpha, run.mixup_rng)
+        perm = torch.randperm(x.shape[0], generator=run.generator).to(device)
+        with autocast(device, s1.amp):
+            h1, z1 = forward(mix(x, x[perm], lam1))
+            if run.cuda_graphs:  # the second replay of the graph reuses the first one's output memory
+                h1, z1 = h1.clone(), z1.clone()
+            h2, z2 = forward(mix(x, x[perm], lam2))
+        logits, logits_b = mit_decouple(z1.float(), z2.float(), lam1, lam2)
+        features, features_b = mit_decouple(h1.float(), h2.float(), lam1, lam2)
+        return _weighted_pair(run.loss_fn, 0.5, (logits, y, features), (logits_b, y[perm], features_b)), logits
+    with autocast(device, s1.amp):
+        features, logits = forward(x)
+    features, logits = features.float(), logits.float()
+    return run.loss_fn(logits, y, features), logits
+
+
+def _train_epoch(run: _Stage1Run, timed_steps: list[float] | None) -> tuple[float, float, float, int]:
+    """One pass over the training batches, a step each: the sums of loss, correct and confidence, and the
+    images seen. ``timed_steps`` (a compiled run's first epoch) gets each step's seconds."""
+    s1, device = run.cfg.stage1, run.device
+    # Running sums stay on the device: one host sync per epoch instead of three per step.
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, confidence
+    seen = 0
+    for x, y in run.batches:
+        step_start = time.perf_counter()
+        if run.cuda_graphs:  # a new training step: earlier graph outputs may be overwritten from here on
+            torch.compiler.cudagraph_mark_step_begin()
+        loss, logits = _batch_loss(run, x, y)
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scaler.scale(loss).backward()
+        if s1.grad_clip is not None:
+            run.scaler.unscale_(run.optimizer)
+            nn.utils.clip_grad_norm_(run.params, s1.grad_clip)
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+        with torch.no_grad():
+            probs = logits.detach().softmax(dim=1)
+            batch = y.shape[0]
+            confidence, predicted = probs.max(1)
+            sums += torch.stack([
+                loss.detach().double() * (1 if s1.loss_reduction == "sum" else batch),
+                (predicted == y).sum().double(),  # against the unpermuted label, as BALCAL-R
+                confidence.sum().double(),
+            ])
+            seen += batch
+        if timed_steps is not None:
+            torch.cuda.synchronize(device)
+            timed_steps.append(time.perf_counter() - step_start)
+    total_loss, correct, confidence_sum = sums.tolist()  # waits for the device
+    return total_loss, correct, confidence_sum, seen
+
+
+def _validate(run: _Stage1Run, epoch: int) -> tuple[float, float]:
+    """Validation accuracy and ECE of the model after ``epoch``."""
+    cfg = run.cfg
+    _, val_logits, val_labels = predict(run.model, run.val_source, run.device, num_workers=cfg.num_workers,
+                                        amp=cfg.stage1.amp, channels_last=run.channels_last)
+    if not torch.isfinite(val_logits).all():
+        raise FloatingPointError(f"Stage-I validation logits became non-finite at epoch {epoch}.")
+    val_probs = softmax64(val_logits)
+    val_acc = float((val_probs.argmax(1) == val_labels.numpy()).mean())
+    return val_acc, expected_calibration_error(val_probs, val_labels.numpy(), num_bins=cfg.num_bins)
+
+
+def train_stage1(
+    cfg: TrialConfig,
+    data: DatasetSplits,
+    device: torch.device,
+    *,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    resume: dict[str, Any] | None = None,
+) -> Stage1Training:
+    """Train ``cfg.arch`` on ``data.train`` with ``cfg.loss`` under ``cfg.stage1``; seeded by ``cfg.seed``.
+
+    ``on_checkpoint(state)`` receives, after every epoch, everything needed to continue the run
+    (weights, optimiser, schedule, scaler, loss state, the data-order, augmentation and Mixup
+    generators, history, best-so-far); ``resume=state`` continues from it and gives the same model as
+    an uninterrupted run.
+    """
+    s1 = cfg.stage1
+    run = _start_run(cfg, data, device)
+    model = run.model
+    result = Stage1Training(model=model, pipeline=run.pipeline, precision=precision_of(device, s1.amp),
+                            compile_mode=run.compile_mode)
     start = time.perf_counter()
-    step_seconds, images, first_epoch = 0.0, 0, 0
-    if resume is not None:
-        model.load_state_dict(resume["model"])
-        loss_fn.load_state_dict(resume["loss_fn"])
-        optimizer.load_state_dict(resume["optimizer"])
-        scheduler.load_state_dict(resume["scheduler"])
-        scaler.load_state_dict(resume["scaler"])
-        generator.set_state(resume["generator"])
-        batches.load_state_dict(resume.get("batches", {}))
-        mixup_rng.bit_generator.state = resume["mixup_rng"]
-        torch.set_rng_state(resume["torch_rng"])
-        result.history = list(resume["history"])
-        best_state, best_val, result.best_epoch = resume["best_state"], resume["best_val"], resume["best_epoch"]
-        step_seconds, images, first_epoch = resume["step_seconds"], resume["images"], resume["epoch"] + 1
+    first_epoch = 0 if resume is None else _resume(run, resume, result)
     for epoch in range(first_epoch, s1.epochs):
         progress.record("stage1", epoch)
         if s1.scheduler_step == "epoch_start":  # FOCAL-R: at epoch e the schedule is already at e + 1
             with warnings.catch_warnings():  # stepping before the first optimizer step is the point here
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
-                scheduler.step()
+                run.scheduler.step()
         model.train()
-        loss_fn.train()
-        lr = optimizer.param_groups[0]["lr"]
-        # Running sums stay on the device: one host sync per epoch instead of three per step.
-        sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, confidence
-        seen = 0
+        run.loss_fn.train()
+        lr = run.optimizer.param_groups[0]["lr"]
         # The first epoch of a compiled run times each step (one sync per step) to tell compiling apart.
-        timed_steps: list[float] | None = [] if compile_mode != "off" and epoch == first_epoch else None
+        timed_steps: list[float] | None = [] if run.compile_mode != "off" and epoch == first_epoch else None
         epoch_start = time.perf_counter()
-        for x, y in batches:
-            step_start = time.perf_counter()
-            if cuda_graphs:  # a new training step: earlier graph outputs may be overwritten from here on
-                torch.compiler.cudagraph_mark_step_begin()
-            if s1.mixup_alpha is not None:
-                lam = float(mixup_rng.beta(s1.mixup_alpha, s1.mixup_alpha))
-                perm = torch.randperm(x.shape[0], generator=generator).to(device)
-                with autocast(device, s1.amp):
-                    features, logits = forward(mix(x, x[perm], lam))
-                features, logits = features.float(), logits.float()
-                loss = _weighted_pair(loss_fn, lam, (logits, y, features), (logits, y[perm], features))
-            elif s1.mit_alpha is not None:
-                lam1, lam2 = mit_coefficients(s1.mit_alpha, mixup_rng)
-                perm = torch.randperm(x.shape[0], generator=generator).to(device)
-                with autocast(device, s1.amp):
-                    h1, z1 = forward(mix(x, x[perm], lam1))
-                    if cuda_graphs:  # the second replay of the graph reuses the first one's output memory
-                        h1, z1 = h1.clone(), z1.clone()
-                    h2, z2 = forward(mix(x, x[perm], lam2))
-                logits, logits_b = mit_decouple(z1.float(), z2.float(), lam1, lam2)
-                features, features_b = mit_decouple(h1.float(), h2.float(), lam1, lam2)
-                loss = _weighted_pair(loss_fn, 0.5, (logits, y, features), (logits_b, y[perm], features_b))
-            else:
-                with autocast(device, s1.amp):
-                    features, logits = forward(x)
-                features, logits = features.float(), logits.float()
-                loss = loss_fn(logits, y, features)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if s1.grad_clip is not None:
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(params, s1.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            with torch.no_grad():
-                probs = logits.detach().softmax(dim=1)
-                batch = y.shape[0]
-                confidence, predicted = probs.max(1)
-                sums += torch.stack([
-                    loss.detach().double() * (1 if s1.loss_reduction == "sum" else batch),
-                    (predicted == y).sum().double(),  # against the unpermuted label, as BALCAL-R
-                    confidence.sum().double(),
-                ])
-                seen += batch
-            if timed_steps is not None:
-                torch.cuda.synchronize(device)
-                timed_steps.append(time.perf_counter() - step_start)
-        total_loss, correct, confidence_sum = sums.tolist()  # waits for the device
+        total_loss, correct, confidence_sum, seen = _train_epoch(run, timed_steps)
         if not np.isfinite(total_loss):
             raise FloatingPointError(f"Stage-I training loss became {total_loss / seen} at epoch {epoch}.")
         epoch_seconds = time.perf_counter() - epoch_start
         if timed_steps is not None:
             result.compile_seconds = _excess_seconds(timed_steps)
             epoch_seconds -= result.compile_seconds
-        step_seconds += epoch_seconds
-        images += seen
+        run.step_seconds += epoch_seconds
+        run.images += seen
         if s1.scheduler_step == "epoch_end":
-            scheduler.step()
-        _, val_logits, val_labels = predict(model, val_source, device, num_workers=cfg.num_workers, amp=s1.amp,
-                                            channels_last=channels_last)
-        if not torch.isfinite(val_logits).all():
-            raise FloatingPointError(f"Stage-I validation logits became non-finite at epoch {epoch}.")
-        val_probs = softmax64(val_logits)
-        val_acc = float((val_probs.argmax(1) == val_labels.numpy()).mean())
+            run.scheduler.step()
+        val_acc, val_ece = _validate(run, epoch)
         row = {
             "stage": "stage1", "epoch": epoch, "lr": lr,
             "train_loss": total_loss / seen, "train_accuracy": correct / seen,
-            "train_confidence": confidence_sum / seen, "val_accuracy": val_acc,
-            "val_ece": expected_calibration_error(val_probs, val_labels.numpy(), num_bins=cfg.num_bins),
+            "train_confidence": confidence_sum / seen, "val_accuracy": val_acc, "val_ece": val_ece,
         }
         result.history.append(row)
         if on_epoch is not None:
             on_epoch(row)
-        if s1.checkpoint == "best_val" and val_acc > best_val:
-            best_val, best_state, result.best_epoch = val_acc, copy.deepcopy(model.state_dict()), epoch
+        if s1.checkpoint == "best_val" and val_acc > run.best_val:
+            run.best_val, run.best_state, result.best_epoch = val_acc, copy.deepcopy(model.state_dict()), epoch
         if on_checkpoint is not None:
-            on_checkpoint({
-                "epoch": epoch, "model": model.state_dict(), "loss_fn": loss_fn.state_dict(),
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(), "generator": generator.get_state(),
-                "batches": batches.state_dict(),
-                "mixup_rng": mixup_rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-                "history": result.history, "best_state": best_state, "best_val": best_val,
-                "best_epoch": result.best_epoch, "step_seconds": step_seconds, "images": images,
-            })
+            on_checkpoint(_checkpoint_state(run, epoch, result))
     result.train_seconds = time.perf_counter() - start
-    result.images_per_second = images / step_seconds if step_seconds > 0 else 0.0
+    result.images_per_second = run.images / run.step_seconds if run.step_seconds > 0 else 0.0
     if device.type == "cuda":
         result.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
-    if best_state is not None:
-        model.load_state_dict(best_state)
+    if run.best_state is not None:
+        model.load_state_dict(run.best_state)
     else:
         result.best_epoch = s1.epochs - 1
     model.eval()

@@ -245,6 +245,59 @@ def test_the_lease(base: TrialResult, tmp_path: Path, monkeypatch: pytest.Monkey
     assert report.skipped is None and report.trials_moved == 1 and not lease.exists()
 
 
+def test_the_command_skips_a_study_another_process_compacts_with_its_own_exit_code(
+        base: TrialResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from calib.store.__main__ import SKIPPED_EXIT_CODE, main
+
+    write_result(tmp_path, copy_of(base, 0))
+    write_result(tmp_path, copy_of(base, 1))
+    write_result(tmp_path, copy_of(base, 2, study="second"))
+    held = compaction_module._take_lease(str(tmp_path), STUDY, 60.0)
+    assert held is not None
+    assert SKIPPED_EXIT_CODE == 4
+    assert main(["compact", "--store", str(tmp_path), "--wait", "0"]) == SKIPPED_EXIT_CODE
+    out = capsys.readouterr().out
+    assert f"[{STUDY}] compaction skipped: another process is compacting it" in out
+    assert "[second] compaction: 1 finished trials moved into parts" in out, "the other study is compacted all the same"
+    assert len(own_files(tmp_path)) == 2 and parts(tmp_path) == [], "the held study is left as it was"
+    held.release()
+    assert main(["compact", "--store", str(tmp_path), "--wait", "0"]) == 0
+    assert own_files(tmp_path) == [] and len(parts(tmp_path)) == 1
+
+
+def test_the_command_waits_for_another_compaction_then_compacts(base: TrialResult, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]):
+    """--wait: the lease is polled until the other process lets it go (here: during the command's second
+    wait), then the study is compacted; the clock is the test's, so nothing depends on timing."""
+    from calib.store.__main__ import main
+
+    write_result(tmp_path, copy_of(base, 0))
+    other = compaction_module._take_lease(str(tmp_path), STUDY, 60.0)
+    now = [1000.0]
+    waits = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+        if len(waits) == 2 and other is not None:
+            other.release()  # the other process finishes
+
+    monkeypatch.setattr(compaction_module.time, "sleep", sleep)
+    monkeypatch.setattr(compaction_module.time, "monotonic", lambda: now[0])
+    assert main(["compact", "--store", str(tmp_path), "--wait", "30"]) == 0
+    assert len(waits) == 2 and "1 finished trials moved into parts" in capsys.readouterr().out
+    assert own_files(tmp_path) == [] and len(parts(tmp_path)) == 1
+    # a lease held for all of --wait: polled about once a second, then skipped
+    held = compaction_module._take_lease(str(tmp_path), STUDY, 60.0)
+    assert held is not None
+    other, waits[:] = None, []
+    assert main(["compact", "--store", str(tmp_path), "--wait", "5"]) == 4
+    assert sum(waits) == pytest.approx(5.0) and max(waits) <= 1.0
+    assert "compaction skipped" in capsys.readouterr().out
+    held.release()
+
+
 def test_bad_lease_setting_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     from calib._config import ConfigError
 

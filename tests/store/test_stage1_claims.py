@@ -244,9 +244,12 @@ def test_a_trial_taking_over_continues_the_state_its_holder_left(make_config, tm
         get_or_train_stage1(cfg, cpu, on_checkpoint=dies_after_epoch_2)
     handover = Path(cfg.artifact_root) / "stage1" / f"{whole.stage1_id}.handover.pt"
     assert handover.exists()
+    trained_here = []
     with pytest.warns(UserWarning, match="continuing the training a previous holder left at epoch 3"):
-        resumed, hit = get_or_train_stage1(cfg, cpu)
+        resumed, hit = get_or_train_stage1(cfg, cpu, on_epoch=trained_here.append)
+    # stage1_resumed_from_epoch: the 0-based last epoch the state completed; the log's N counts epochs (N - 1)
     assert not hit and resumed.record["resumed_from_epoch"] == 2
+    assert [row["epoch"] for row in trained_here] == [3, 4], "the taker trains from the next epoch on"
     assert not handover.exists(), "the handover state goes once the artifact is in place"
     assert torch.equal(resumed.splits["test"].logits, whole.splits["test"].logits)
     assert [r["train_loss"] for r in resumed.record["history"]] == [r["train_loss"] for r in whole.record["history"]]
