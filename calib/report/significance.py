@@ -195,6 +195,7 @@ def rank_comparison(trials: pd.DataFrame, metric: str, order: Sequence[str], *, 
         notes.append("left out of the ranks (no value in every setup): " + "; ".join(
             f"{label} (none in {', '.join(where)})" for label, where in left_out.items()))
     if not ranked:
+        notes += [] if left_out else ["no value in any setup"]
         return RankComparison(metric, alpha, setups, pd.Series(dtype=float), left_out, notes=notes)
     ranks = average_ranks(values, higher_is_better=column_higher_is_better(metric))
     n, k = len(setups), len(ranked)

@@ -185,6 +185,13 @@ def test_a_method_missing_in_a_setup_is_left_out_and_named():
     assert comparison.friedman is not None
 
 
+def test_a_metric_without_values():
+    trials = pd.DataFrame([{"label": label, "dataset": s.split("/")[0], "arch": s.split("/")[1], "seed": 1,
+                            "test_ece": math.nan} for label in ["TS", "A", "B"] for s in SETUPS])
+    comparison = rank_comparison(trials, "test_ece", ["TS", "A", "B"], control="TS", alpha=0.05)
+    assert comparison.ranks.empty and comparison.friedman is None and comparison.notes == ["no value in any setup"]
+
+
 def test_too_few_setups_or_methods_give_no_friedman_test():
     one_setup = trials_of({(label, "d1/a"): [v, v] for label, v in [("TS", 0.02), ("A", 0.01), ("B", 0.03)]})
     comparison = rank_comparison(one_setup, "test_ece", ["TS", "A", "B"], control="TS", alpha=0.05)
