@@ -215,7 +215,7 @@ def rank_comparison(trials: pd.DataFrame, metric: str, order: Sequence[str], *, 
         holm = holm_against_control(ranks, n, control, alpha)
     elif control is not None:
         notes.append(f"no Holm test against {control}: it is not ranked "
-                     f"({'left out' if control in left_out else 'not a row of this study'})")
+                     f"({'left out' if control in left_out else 'no value of it'})")
     return RankComparison(metric, alpha, setups, ranks, left_out, friedman, q_alpha, cd,
                           not_different_groups(ranks, cd), control, holm, notes, all_equal)
 
