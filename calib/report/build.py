@@ -22,11 +22,14 @@ from calib.datasets import DATASETS
 from calib.metrics import clopper_pearson
 from calib.report import figures
 from calib.report.published import published_ece
+from calib.report.significance import CONTROL_CANDIDATES, RankComparison, default_control, rank_comparison
+from calib.report.significance_tables import LATEX_MARKS, MARKS, cell_markers, rank_latex, rank_markdown
 from calib.report.steps import report_step
 from calib.report.tables import (
     column_higher_is_better,
     format_mean_ci,
     is_fraction_metric,
+    latex_escape,
     mixed_trainings,
     summarize,
 )
@@ -117,10 +120,15 @@ def _best(table: pd.DataFrame, metric: str) -> int | None:
     return int(np.nanargmax(means) if column_higher_is_better(metric) else np.nanargmin(means))
 
 
-def _cells(table: pd.DataFrame, metrics: dict[str, str], spread: Spread) -> list[list[tuple[str, bool]]]:
-    best = {m: _best(table, m) for m in metrics}
-    return [[(format_mean_ci(row[f"{m}_mean"], row[f"{m}_{spread}"], percent=is_fraction_metric(m)), best[m] == i)
-             for m in metrics] for i, row in table.iterrows()]
+Markers = dict[tuple[str, str], str]
+"""(label, metric) -> "better" / "worse": the cells significantly better / worse than the control's."""
+
+
+def _cells(table: pd.DataFrame, metrics: dict[str, str], spread: Spread,
+           markers: Markers | None = None) -> list[list[tuple[str, bool, str]]]:
+    best, markers = {m: _best(table, m) for m in metrics}, markers or {}
+    return [[(format_mean_ci(row[f"{m}_mean"], row[f"{m}_{spread}"], percent=is_fraction_metric(m)), best[m] == i,
+              markers.get((str(row["label"]), m), "")) for m in metrics] for i, row in table.iterrows()]
 
 
 def _published_column(table: pd.DataFrame, dataset: str, archs: list[str]) -> list[str] | None:
@@ -134,32 +142,36 @@ def _published_column(table: pd.DataFrame, dataset: str, archs: list[str]) -> li
 
 
 def markdown_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread,
-                   published: list[str] | None = None) -> str:
+                   published: list[str] | None = None, markers: Markers | None = None) -> str:
+    """One row per label: mean ± spread per metric, the best in bold, ▲ / ▼ on the ``markers``' cells."""
     header = ["row", "n", *metrics.values()] + (["ECE (MaC-Cal Table 1)"] if published else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for i, ((_, row), cells) in enumerate(zip(table.iterrows(), _cells(table, metrics, spread), strict=True)):
-        shown = [f"**{text}**" if bold else text for text, bold in cells] + ([published[i]] if published else [])
+    for i, ((_, row), cells) in enumerate(zip(table.iterrows(), _cells(table, metrics, spread, markers),
+                                              strict=True)):
+        shown = [(f"**{text}**" if bold else text) + (f" {MARKS[mark]}" if mark else "") for text, bold, mark in cells]
+        shown += [published[i]] if published else []
         lines.append("| " + " | ".join([str(row["label"]), str(int(row["n"])), *shown]) + " |")
     return "\n".join(lines) + "\n"
 
 
 def latex_table(table: pd.DataFrame, metrics: dict[str, str], spread: Spread, caption: str,
-                published: list[str] | None = None) -> str:
-    def escape(text: str) -> str:
-        for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
-                           ("±", r"$\pm$")):
-            text = text.replace(char, repl)
-        return text
-
-    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{escape(caption)}}}",
+                published: list[str] | None = None, markers: Markers | None = None,
+                legend: list[str] | None = None) -> str:
+    """:func:`markdown_table` in LaTeX (booktabs; the markers need amssymb), the ``legend`` lines under it."""
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(caption)}}}",
              r"\begin{tabular}{l r " + "r " * (len(metrics) + bool(published)) + "}", r"\toprule",
-             " & ".join(["Method", "$n$", *(escape(v) for v in metrics.values())]
+             " & ".join(["Method", "$n$", *(latex_escape(v) for v in metrics.values())]
                         + (["ECE (paper)"] if published else [])) + r" \\", r"\midrule"]
-    for i, ((_, row), cells) in enumerate(zip(table.iterrows(), _cells(table, metrics, spread), strict=True)):
-        shown = [(rf"\textbf{{{t}}}" if bold else t).replace("±", r"$\pm$") for t, bold in cells]
+    for i, ((_, row), cells) in enumerate(zip(table.iterrows(), _cells(table, metrics, spread, markers),
+                                              strict=True)):
+        shown = [(rf"\textbf{{{t}}}" if bold else t).replace("±", r"$\pm$") + (LATEX_MARKS[mark] if mark else "")
+                 for t, bold, mark in cells]
         shown += [published[i].replace("–", "--")] if published else []
-        lines.append(" & ".join([escape(str(row["label"])), str(int(row["n"])), *shown]) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+        lines.append(" & ".join([latex_escape(str(row["label"])), str(int(row["n"])), *shown]) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if legend:
+        lines.append(r"\par\smallskip{\footnotesize " + " ".join(map(latex_escape, legend)) + "}")
+    lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"
 
 
@@ -252,9 +264,16 @@ def build_report(
     out: str | os.PathLike,
     *,
     spread: Spread = "ci",
+    control: str | None = None,
+    alpha: float = 0.05,
     log: Callable[[str], None] = print,
 ) -> list[Path]:
-    """Write every table and figure the store supports into ``out``; returns the files written."""
+    """Write every table and figure the store supports into ``out``; returns the files written.
+
+    ``control``: the row the significance markers and Holm's test compare against (default: each study's TS
+    row, :func:`~calib.report.significance.default_control`); ``alpha``: their level, and the Nemenyi CD's."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
     out = Path(out)
     trials = read_trials(store, filters=pads.field("status") == "ok")
     present = sorted(set(trials["study"].astype(str))) if not trials.empty else []
@@ -265,11 +284,13 @@ def build_report(
         if rows.empty:
             log(f"skipped {study}: not in the store (run: python {script} --store {store})")
             continue
+        rows = _labelled(rows)
+        study_control = _study_control(study, _row_order(rows), control, log)
         for (dataset, arch), group in rows.groupby(["dataset", "arch"], observed=True, sort=True):
-            group = _labelled(group)
             name = f"{study} · {dataset} · {arch}"
             with report_step(study, f"tables of {dataset} · {arch}", log=log):
-                written += _tables(study, str(dataset), str(arch), group, metrics, spread, out / "tables")
+                written += _tables(study, str(dataset), str(arch), group, metrics, spread, out / "tables",
+                                   control=study_control, alpha=alpha, log=log)
             if note := mixed_trainings(group):
                 log(f"{name}: {note}")
             with report_step(study, f"reliability diagram of {dataset} · {arch}", log=log):
@@ -281,13 +302,38 @@ def build_report(
             with report_step(study, f"figure of {dataset} · {arch}", log=log):
                 written += _study_figures(store, study, str(dataset), str(arch), group, out / "figures", log)
             log(f"{name}: {group['label'].nunique()} rows, {len(group)} trials")
+        with report_step(study, "rank table over setups", log=log):
+            written += _rank_outputs(study, rows, metrics, study_control, alpha, out, log)
     return written
 
 
+def _row_order(rows: pd.DataFrame) -> list[str]:
+    """The labels of a study's rows in its order (each label at its lowest ``label_rank``)."""
+    first = rows.groupby("label")["label_rank"].min().reset_index()
+    return list(first.sort_values(["label_rank", "label"], kind="stable")["label"])
+
+
+def _study_control(study: str, labels: list[str], control: str | None, log: Callable[[str], None]) -> str | None:
+    """The row the study's markers compare against: ``control`` if it is a row of the study, else (no
+    ``control``) its TS row; None, with one line saying so, when there is none."""
+    if control is None:
+        chosen = default_control(labels)
+        if chosen is None:
+            log(f"[{study}] no significance markers: no TS row ({', '.join(CONTROL_CANDIDATES)}) to compare "
+                "against; name one with --control LABEL")
+        return chosen
+    if control not in labels:
+        shown = ", ".join(labels[:8]) + (", ..." if len(labels) > 8 else "")
+        log(f"[{study}] no significance markers: the control {control!r} is not a row of this study (rows: {shown})")
+        return None
+    return control
+
+
 def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: dict[str, str], spread: Spread,
-            out: Path) -> list[Path]:
-    """The study's Markdown and LaTeX tables of one (dataset, architecture), and the cost table of the
-    method comparison."""
+            out: Path, *, control: str | None = None, alpha: float = 0.05,
+            log: Callable[[str], None] = print) -> list[Path]:
+    """The study's Markdown and LaTeX tables of one (dataset, architecture), with the markers of the cells
+    significantly better / worse than ``control`` over seeds, and the cost table of the method comparison."""
     written = []
     table = _ordered_summary(group, metrics)
     caption = (f"{study} · {dataset} · {arch} · test split · "
@@ -297,8 +343,15 @@ def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: d
     published = _published_column(table, dataset, [arch])
     note = mixed_trainings(group)
     caption += f" · {note}" if note else ""
-    for suffix, text in ((".md", f"{caption}\n\n" + markdown_table(table, metrics, spread, published)),
-                         (".tex", latex_table(table, metrics, spread, caption, published))):
+    markers, legend = None, []
+    if control is not None and (group["label"] == control).any():
+        markers, legend = cell_markers(group, metrics, control, alpha=alpha)
+    elif control is not None:
+        log(f"{study} · {dataset} · {arch}: no significance markers: the control {control} has no trial here")
+    markdown = markdown_table(table, metrics, spread, published, markers)
+    for suffix, text in ((".md", f"{caption}\n\n{markdown}" + "".join(f"\n{line}" for line in legend)
+                          + ("\n" if legend else "")),
+                         (".tex", latex_table(table, metrics, spread, caption, published, markers, legend))):
         path = base.with_suffix(suffix)
         path.write_text(text)
         written.append(path)
@@ -308,3 +361,51 @@ def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: d
         path.write_text(f"wall seconds per method, mean over seeds · hosts {hosts}\n\n{cost_table(group)}")
         written.append(path)
     return written
+
+
+def _rank_outputs(study: str, rows: pd.DataFrame, metrics: dict[str, str], control: str | None, alpha: float,
+                  out: Path, log: Callable[[str], None]) -> list[Path]:
+    """The study's rank table over its setups (``tables/<study>_ranks.{md,tex}``) and a critical-difference
+    diagram per metric with a Friedman test (``figures/<study>_<metric>_cd.png``); nothing, with one line
+    saying why, for a study of one setup."""
+    setups = [f"{d} · {a}" for d, a in rows[["dataset", "arch"]].drop_duplicates().itertuples(index=False)]
+    if len(setups) < 2:
+        log(f"[{study}] no rank table: 1 setup ({setups[0]}); average ranks and the Friedman test need >= 2 "
+            "setups (datasets × architectures)")
+        return []
+    order = _row_order(rows)
+    comparisons = {m: rank_comparison(rows, m, order, control=control, alpha=alpha) for m in metrics}
+    caption = (f"{study} · average rank over {len(setups)} setups ({', '.join(sorted(setups))}) · test split · "
+               f"each setup ranks the means over seeds · α = {alpha:g}")
+    base = out / "tables" / f"{study}_ranks"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    for suffix, text in ((".md", rank_markdown(caption, comparisons, metrics, order, alpha)),
+                         (".tex", rank_latex(caption, comparisons, metrics, order, alpha))):
+        path = base.with_suffix(suffix)
+        path.write_text(text)
+        written.append(path)
+    for metric, comparison in comparisons.items():
+        if comparison.friedman is None or comparison.all_equal:
+            continue
+        with report_step(study, f"critical-difference diagram of {metrics[metric]}", log=log):
+            written.append(_cd_figure(study, metrics[metric], comparison, out / "figures" / f"{study}_{metric}_cd.png"))
+    tested = [metrics[m] for m, c in comparisons.items() if c.friedman is not None and not c.all_equal]
+    diagrams = f"critical-difference diagrams of {', '.join(tested)}" if tested else "no Friedman test (see its notes)"
+    log(f"[{study}] ranks over {len(setups)} setups: {base.with_suffix('.md').name}, {diagrams}")
+    return written
+
+
+def _cd_figure(study: str, header: str, comparison: RankComparison, path: Path) -> Path:
+    friedman, holm, alpha = comparison.friedman, comparison.holm, comparison.alpha
+    verdicts = holm["verdict"] if holm is not None else pd.Series(dtype=str)
+    note = f"bars: average ranks within CD of each other (Nemenyi, α = {alpha:g})"
+    if holm is not None:
+        note += f" · ▲ / ▼: better / worse than {comparison.control} (Holm, α = {alpha:g})"
+    title = (f"{study} · {header} · {friedman.n} setups · Friedman $\\chi^2_F$ = {friedman.chi2:.2f} "
+             f"(p = {friedman.chi2_p:.3g}), $F_F$ = {friedman.f:.2f} (p = {friedman.f_p:.3g})")
+    return figures.plot_critical_difference(
+        comparison.ranks, comparison.cd, comparison.groups, path,
+        control=comparison.control if holm is not None else None,
+        better=tuple(verdicts.index[verdicts == "better"]), worse=tuple(verdicts.index[verdicts == "worse"]),
+        title=title, note=note)

@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-__all__ = ["plot_bars", "plot_gamma_sensitivity", "plot_metric_against", "plot_reliability", "plot_retention"]
+__all__ = ["plot_bars", "plot_critical_difference", "plot_gamma_sensitivity", "plot_metric_against", "plot_reliability",
+           "plot_retention"]
 
 
 def _save(fig: plt.Figure, path: Path, *, dpi: int) -> Path:
@@ -189,3 +190,65 @@ def plot_bars(summary: pd.DataFrame, label: str, metric: str, path: str | os.Pat
         ax.set_title(title)
     fig.tight_layout()
     return _save(fig, path, dpi=120)
+
+
+def plot_critical_difference(ranks: pd.Series, cd: float, groups: list[list[str]], path: str | os.PathLike, *,
+                             control: str | None = None, better: tuple[str, ...] = (), worse: tuple[str, ...] = (),
+                             title: str = "", note: str = "") -> Path:
+    """Demšar's critical-difference diagram: an axis of average ranks (1 = best, on the left) with CD drawn above
+    it, each method hanging off its rank (the better half to the left, the rest to the right), and a thick bar
+    under the axis joining each group of methods not significantly different (``groups``).
+
+    ``control`` is drawn in red and bold; the methods in ``better`` / ``worse`` (significantly better / worse
+    than the control) get ▲ / ▼ after their name. ``note`` goes under the diagram.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ordered = ranks.sort_values(kind="stable")
+    k = len(ordered)
+    low, high = 1.0, float(max(k, 2))
+    left = list(ordered.index[: (k + 1) // 2])
+    right = list(ordered.index[(k + 1) // 2:])[::-1]  # the worst closest to the axis, so no lines cross
+    step, bar_step = 0.32, 0.16
+    first_level = 0.35 + bar_step * len(groups)
+    depth = first_level + step * max(len(left), len(right))
+    fig, ax = plt.subplots(figsize=(8, 1.3 + 0.9 * depth))
+    span = high - low
+    ax.set_xlim(low - 0.75 * span, high + 0.75 * span)
+    ax.set_ylim(depth + (0.45 if note else 0.15), -1.0)
+    ax.axis("off")
+
+    ax.plot([low, high], [0, 0], color="k", lw=1.2)
+    for tick in np.arange(low, high + 0.25, 0.5):
+        major = float(tick).is_integer()
+        ax.plot([tick, tick], [0, -0.1 if major else -0.05], color="k", lw=1)
+        if major:
+            ax.text(tick, -0.17, f"{tick:g}", ha="center", va="bottom", fontsize=9)
+    ax.plot([low, low + cd], [-0.62, -0.62], color="k", lw=1.5)
+    for end in (low, low + cd):
+        ax.plot([end, end], [-0.68, -0.56], color="k", lw=1)
+    ax.text(low + cd / 2, -0.7, f"CD = {cd:.2f}", ha="center", va="bottom", fontsize=9)
+
+    for i, group in enumerate(groups):
+        y = 0.25 + bar_step * i
+        ax.plot([ordered[group[0]] - 0.03, ordered[group[-1]] + 0.03], [y, y], color="k", lw=3.5,
+                solid_capstyle="round")
+
+    def label(name: str) -> str:
+        mark = " ▲" if name in better else " ▼" if name in worse else ""
+        return f"{name}{mark} ({ordered[name]:.2f})"
+
+    for side, names, edge, align in (("left", left, low - 0.08 * span, "right"),
+                                     ("right", right, high + 0.08 * span, "left")):
+        for i, name in enumerate(names):
+            y, x = first_level + step * i, float(ordered[name])
+            colour = "C3" if name == control else "k"
+            ax.plot([x, x, edge], [0, y, y], color=colour, lw=1)
+            ax.text(edge + (-0.02 if side == "left" else 0.02) * span, y, label(name), ha=align, va="center",
+                    fontsize=9, color=colour, fontweight="bold" if name == control else "normal")
+    if note:
+        ax.text((low + high) / 2, depth + 0.3, note, ha="center", va="center", fontsize=7.5, color="0.3", wrap=True)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path, dpi=130)

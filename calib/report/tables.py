@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -10,8 +11,8 @@ from scipy import stats
 
 from calib.metrics import METRICS, higher_is_better
 
-__all__ = ["column_higher_is_better", "format_mean_ci", "is_fraction_metric", "mean_ci", "mixed_trainings", "summarize",
-           "to_markdown"]
+__all__ = ["column_higher_is_better", "format_mean_ci", "is_fraction_metric", "latex_escape", "mean_ci",
+           "mixed_trainings", "summarize", "to_markdown"]
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -94,3 +95,15 @@ def mixed_trainings(trials: pd.DataFrame) -> str | None:
     return (f"warning: this table mixes two or more trainings of the same Stage I for {len(mixed)} stage1_id"
             f"{'s' if len(mixed) > 1 else ''} ({', '.join(mixed[:4])}{', ...' if len(mixed) > 4 else ''}): "
             f"their rows name different stage1_writer values, so rows of one seed come from different weights")
+
+
+_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$", "{": r"\{",
+          "}": r"\}", "±": r"$\pm$", "–": "--", "∞": r"$\infty$", "≥": r"$\geq$", "α": r"$\alpha$",
+          "β": r"$\beta$", "γ": r"$\gamma$", "θ": r"$\theta$", "χ²_F": r"$\chi^2_F$", "F_F": r"$F_F$",
+          "▲": r"$^{\blacktriangle}$", "▼": r"$^{\blacktriangledown}$"}
+_LATEX_TOKEN = re.compile("|".join(re.escape(token) for token in sorted(_LATEX, key=len, reverse=True)))
+
+
+def latex_escape(text: str) -> str:
+    """``text`` for a LaTeX table: its special characters escaped, ±, α, γ, χ²_F, ▲/▼ (amssymb) … as math."""
+    return _LATEX_TOKEN.sub(lambda match: _LATEX[match.group(0)], text)

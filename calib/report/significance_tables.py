@@ -1,0 +1,155 @@
+"""Significance in the report's tables: the markers of the cells that beat (or lose to) the control over seeds,
+with their legend, and a study's rank table over setups (Markdown and LaTeX), from
+:mod:`calib.report.significance`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from calib.report.significance import RankComparison, paired_against_control
+from calib.report.tables import latex_escape
+
+__all__ = ["LATEX_MARKS", "MARKS", "cell_markers", "rank_latex", "rank_markdown"]
+
+MARKS = {"better": "▲", "worse": "▼"}
+"""The marker of a cell (or average rank) significantly better / worse than the control's."""
+LATEX_MARKS = {verdict: latex_escape(mark) for verdict, mark in MARKS.items()}
+"""The same markers in LaTeX (amssymb)."""
+
+
+def _named(names: list[str]) -> str:
+    return ", ".join(names)
+
+
+def cell_markers(group: pd.DataFrame, metrics: Mapping[str, str], control: str, *,
+                 alpha: float) -> tuple[dict[tuple[str, str], str], list[str]]:
+    """Each (label, metric) of one setup's ``group`` whose paired test against ``control`` over seeds rejects
+    (:func:`~calib.report.significance.paired_against_control`): its verdict, "better" or "worse"; and the
+    legend lines under the table (what the markers mean, the rows not tested and why)."""
+    verdicts: dict[tuple[str, str], str] = {}
+    untested: dict[str, list[str]] = {}
+    equal: dict[str, list[str]] = {}
+    first = group.groupby("label")["label_rank"].min().reset_index()
+    order = list(first.sort_values(["label_rank", "label"], kind="stable")["label"])
+    for metric, header in metrics.items():
+        tests = paired_against_control(group, metric, control, alpha=alpha)
+        for label, row in tests.loc[[label for label in order if label in tests.index]].iterrows():
+            if row["verdict"]:
+                verdicts[(str(label), metric)] = row["verdict"]
+            elif row["reason"] == "fewer than 2 common seeds":
+                untested.setdefault(str(label), []).append(header)
+            elif row["reason"] == "equal on every seed":
+                equal.setdefault(str(label), []).append(header)
+    others = [label for label in order if label != control]
+    legend = [f"{MARKS['better']} / {MARKS['worse']}: significantly better / worse than {control} over the seeds "
+              f"of this setup (paired t-test on seed, Holm over the rows of each column, α = {alpha:g})."]
+
+    def rows_with(columns: dict[str, list[str]]) -> str:
+        """"every row (Acc)" when every row has the same columns, else "A (Acc, ECE); B" (B in every column)."""
+        if set(columns) == set(others) and len({tuple(c) for c in columns.values()}) == 1:
+            shared = next(iter(columns.values()))
+            return "every row" + ("" if len(shared) == len(metrics) else f" ({', '.join(shared)})")
+        return "; ".join(label if len(c) == len(metrics) else f"{label} ({', '.join(c)})"
+                         for label, c in columns.items())
+
+    if untested:
+        legend.append(f"Not tested (fewer than 2 seeds in common with {control}): {rows_with(untested)}.")
+    if equal:
+        legend.append(f"Equal to {control} on every seed (p = 1): {rows_with(equal)}.")
+    return verdicts, legend
+
+
+def _fmt(value: float, digits: int = 2) -> str:
+    return "∞" if np.isinf(value) else f"{value:.{digits}f}"
+
+
+def _p(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.001 else "0" if p == 0 else f"{p:.1e}"
+
+
+def _rank_cells(comparisons: Mapping[str, RankComparison], order: list[str]
+                ) -> tuple[list[list[tuple[str, bool, str]]], list[tuple[str, list[str]]]]:
+    """Per label (``order``) and metric: (average rank text, best, verdict against the control); then the
+    statistics rows (name, one text per metric)."""
+    cells = []
+    for label in order:
+        row = []
+        for comparison in comparisons.values():
+            if label not in comparison.ranks.index:
+                row.append(("–", False, ""))
+                continue
+            rank = float(comparison.ranks[label])
+            holm = comparison.holm
+            verdict = str(holm.at[label, "verdict"]) if holm is not None and label in holm.index else ""
+            row.append((f"{rank:.2f}", bool(np.isclose(rank, comparison.ranks.min())), verdict))
+        cells.append(row)
+    stats_rows = [
+        ("setups N / methods k", [f"{len(c.setups)} / {len(c.ranks)}" for c in comparisons.values()]),
+        ("Friedman χ²_F (p)", [f"{_fmt(c.friedman.chi2)} ({_p(c.friedman.chi2_p)})" if c.friedman else "–"
+                               for c in comparisons.values()]),
+        ("Iman–Davenport F_F (p)", [f"{_fmt(c.friedman.f)} ({_p(c.friedman.f_p)})" if c.friedman else "–"
+                                    for c in comparisons.values()]),
+        ("Nemenyi CD", [f"{c.cd:.2f}" if c.cd is not None else "–" for c in comparisons.values()]),
+    ]
+    return cells, stats_rows
+
+
+def _notes(comparisons: Mapping[str, RankComparison], headers: Mapping[str, str]) -> list[str]:
+    """The comparisons' notes, each once, naming the columns it is about (or none when it is every column)."""
+    by_note: dict[str, list[str]] = {}
+    for metric, comparison in comparisons.items():
+        for note in comparison.notes:
+            by_note.setdefault(note, []).append(headers[metric])
+    return [note[0].upper() + note[1:] + "." if len(columns) == len(comparisons)
+            else f"{', '.join(columns)}: {note}." for note, columns in by_note.items()]
+
+
+def _legend(comparisons: Mapping[str, RankComparison], alpha: float) -> list[str]:
+    controls = {c.control for c in comparisons.values() if c.holm is not None}
+    lines = ["Rank 1 = best in a setup, ties share their average rank."]
+    if any(c.friedman is not None for c in comparisons.values()):
+        lines[0] += (f" Two average ranks differing by at least CD differ significantly (Nemenyi, α = {alpha:g}); "
+                     "F_F is the Iman–Davenport form of χ²_F.")
+    if controls:
+        (control,) = controls
+        lines.append(f"{MARKS['better']} / {MARKS['worse']}: average rank significantly better / worse than "
+                     f"{control}'s (z from average ranks, Holm over the other methods, α = {alpha:g}).")
+    return lines
+
+
+def rank_markdown(caption: str, comparisons: Mapping[str, RankComparison], headers: Mapping[str, str],
+                  order: list[str], alpha: float) -> str:
+    """A study's rank table: a row per method (average rank per metric column, the best in bold, ▲/▼ against the
+    control), then N and k, χ²_F, F_F (with p) and CD; the legend and the notes under it."""
+    cells, stats_rows = _rank_cells(comparisons, order)
+    columns = [headers[m] for m in comparisons]
+    lines = [caption, "", "| row | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
+    for label, row in zip(order, cells, strict=True):
+        shown = [(f"**{text}**" if best else text) + (f" {MARKS[v]}" if v else "") for text, best, v in row]
+        lines.append("| " + " | ".join([label, *shown]) + " |")
+    for name, texts in stats_rows:
+        lines.append("| " + " | ".join([name, *texts]) + " |")
+    return "\n".join([*lines, "", *_legend(comparisons, alpha), *_notes(comparisons, headers)]) + "\n"
+
+
+def rank_latex(caption: str, comparisons: Mapping[str, RankComparison], headers: Mapping[str, str],
+               order: list[str], alpha: float) -> str:
+    """:func:`rank_markdown` as a LaTeX table (booktabs; the markers need amssymb)."""
+    cells, stats_rows = _rank_cells(comparisons, order)
+    columns = [latex_escape(headers[m]) for m in comparisons]
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(caption)}}}",
+             r"\begin{tabular}{l " + "r " * len(columns) + "}", r"\toprule",
+             " & ".join(["Method", *columns]) + r" \\", r"\midrule"]
+    for label, row in zip(order, cells, strict=True):
+        shown = [(rf"\textbf{{{text}}}" if best else latex_escape(text)) + (LATEX_MARKS[v] if v else "")
+                 for text, best, v in row]
+        lines.append(" & ".join([latex_escape(label), *shown]) + r" \\")
+    lines.append(r"\midrule")
+    for name, texts in stats_rows:
+        lines.append(" & ".join(latex_escape(text) for text in [name, *texts]) + r" \\")
+    notes = " ".join(latex_escape(line) for line in [*_legend(comparisons, alpha), *_notes(comparisons, headers)])
+    lines += [r"\bottomrule", r"\end{tabular}", r"\par\smallskip{\footnotesize " + notes + "}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
