@@ -18,9 +18,9 @@ def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     out = run_script("posthoc.py", "--store", str(store), "--methods", "TS", "HB", "--sizes", "50", "120", "all",
                      "--draws", "2", "--param", "histogram_binning.num_bins=5", *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "| method | calibration set | n | ECE | smECE | NLL | Acc |" in out.stdout
-    assert "| TS | n=50 | 2 |" in out.stdout and "| HB | all | 1 |" in out.stdout
-    assert "| Uncalibrated | – | 1 |" in out.stdout
+    assert "| method | calibration set | degenerate | n | ECE | smECE | NLL | Acc |" in out.stdout
+    assert "| TS | n=50 | 0 | 2 |" in out.stdout and "| HB | all | 0 | 1 |" in out.stdout
+    assert "| Uncalibrated | – | 0 | 1 |" in out.stdout
     df = pd.read_parquet(store / "trials")
     assert len(df) == 1 + 2 * (2 * 2 + 1) and (df["status"] == "ok").all() and df["trial_id"].is_unique
     assert df["stage1_id"].nunique() == 1 and (~df["stage1_cache_hit"]).sum() == 1, "one Stage I for every fit"
@@ -51,6 +51,9 @@ def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     (["--methods", "TS", "Platt"], "invalid choice: 'Platt'"),
     (["--param", "histogram_binning.num_bins=0"], "`method.num_bins` must be an integer >= 1, got method.num_bins=0"),
     (["--methods", "TS", "--param", "histogram_binning.num_bins=5"], "names method 'histogram_binning'"),
+    (["--synthetic-classes", "1"], "`--synthetic-classes` must be an integer >= 2, got --synthetic-classes 1"),
+    (["--synthetic-seed", "3"], "`--synthetic-seed` draws the data of --synthetic-classes; without it it does not "
+                                "apply, got --synthetic-seed 3"),
 ])
 def test_bad_input_is_one_error_before_any_trial(tmp_path, capsys, args, message):
     store = tmp_path / "results"
@@ -61,6 +64,28 @@ def test_bad_input_is_one_error_before_any_trial(tmp_path, capsys, args, message
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("error") == 1, err
     assert trial_files(store, "posthoc") == [] and not (store / "trials").exists()
+
+
+def test_synthetic_classes_write_the_data_once_and_calibrate_it_as_a_features_file(tmp_path, capsys):
+    from calib.artifacts.features_file import read_features_file
+
+    store = tmp_path / "results"
+    args = ["--store", str(store), "--synthetic-classes", "7", "--synthetic-seed", "2", "--check-only"]
+    assert study_module("posthoc.py").main(args) == 0
+    out = capsys.readouterr().out
+    path = store / "synthetic" / "synthetic-logits-7-seed2.npz"
+    features = read_features_file(path)
+    assert features.num_classes == 7 and [len(features.splits[s].labels) for s in ("train", "val", "test")] == [
+        1000, 5000, 10000]
+    assert "Stage I from the features file" in out and "synthetic-logits-7-seed2" in out
+    written = path.stat().st_mtime_ns
+    assert study_module("posthoc.py").main(args) == 0 and path.stat().st_mtime_ns == written  # written once
+    capsys.readouterr()
+    try:
+        code = study_module("posthoc.py").main([*args, "--datasets", "digits"])
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2 and "`--datasets` does not apply with it" in capsys.readouterr().err
 
 
 def test_a_draw_nests_its_subsets_and_draws_differ():
