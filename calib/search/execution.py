@@ -163,17 +163,19 @@ def _worker_threads() -> str | None:
 def _artifact_notes(notes: list[str]) -> Iterator[None]:
     """Collect the ``ArtifactWarning`` messages raised inside into ``notes``: a healed artifact is news
     for the user at the driver, which workers' output does not reach. Other warnings go where they
-    would have gone (the worker's log)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ArtifactWarning)
-        try:
+    would have gone (the worker's log), once the recording has ended: shown while it records, a warning
+    would be appended to the very list being read, without end."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ArtifactWarning)
             yield
-        finally:
-            for w in caught:
-                if issubclass(w.category, ArtifactWarning):
-                    notes.append(str(w.message))
-                else:
-                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    finally:
+        for w in caught:
+            if issubclass(w.category, ArtifactWarning):
+                notes.append(str(w.message))
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 def _store(store: str, result: TrialResult, options: ExecutionOptions, node_id: str | None, **kwargs: Any) -> None:
