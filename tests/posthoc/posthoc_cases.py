@@ -22,6 +22,15 @@ def overconfident_logits(num_samples: int, num_classes: int, *, seed: int = 0, s
     return z, labels
 
 
+def synthetic_logits(num_samples: int, num_classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The issue-39 over-confident logits (calib.datasets.synthetic_logits: Dirichlet(0.3) probabilities, logits
+    2.5·log p + N(0, 0.5²) noise, labels drawn from p) as float64 and int64 tensors."""
+    from calib.datasets.synthetic_logits import overconfident_logits
+
+    logits, labels = overconfident_logits(num_samples, num_classes, seed)
+    return torch.from_numpy(logits), torch.from_numpy(labels)
+
+
 def edge_case_data() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """(name, logits, labels) for the edge cases every method must survive: a class absent from the calibration
     set, ties in confidence, 50 samples of 10 classes, and a constant logit column."""

@@ -6,10 +6,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from posthoc_cases import synthetic_logits as synthetic
 from sklearn.model_selection import KFold
 from test_posthoc_vector_scaling import scipy_matrix_scaling
 
-from calib.datasets.synthetic_logits import overconfident_logits
 from calib.methods import METHODS
 from calib.posthoc import DegenerateFitWarning
 from calib.posthoc.dirichlet import DirichletCalibration
@@ -17,11 +17,6 @@ from calib.posthoc.odir_cv import odir_grid, select_odir_weights
 from calib.posthoc.vector_scaling import MatrixScaling, fit_odir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def synthetic(num_samples, num_classes, seed):
-    logits, labels = overconfident_logits(num_samples, num_classes, seed)
-    return torch.from_numpy(logits), torch.from_numpy(labels)
 
 
 def test_the_grid_is_the_papers_in_calibs_normalisation():

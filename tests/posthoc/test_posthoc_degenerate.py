@@ -9,8 +9,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from posthoc_cases import synthetic_logits as synthetic
 
-from calib.datasets.synthetic_logits import overconfident_logits
 from calib.methods import METHODS
 from calib.metrics import negative_log_likelihood
 from calib.metrics.nll import NLL_MAX
@@ -21,11 +21,6 @@ from calib.posthoc.temperature_scaling import TEMPERATURE_RANGE
 from calib.search.display import DEGENERATE_LINES, ProgressDisplay
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def synthetic(num_samples, num_classes, seed):
-    logits, labels = overconfident_logits(num_samples, num_classes, seed)
-    return torch.from_numpy(logits), torch.from_numpy(labels)
 
 
 def fit_quietly(calibrator, logits, labels):
