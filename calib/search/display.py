@@ -1,9 +1,12 @@
-"""What a study run prints while its trials run: one progress line, and one line per failed trial.
+"""What a study run prints while its trials run: one progress line, and one line per failed trial and
+per Stage-I wait, takeover or handover.
 
 On a terminal the progress is a single line rewritten in place (done / running / failed / pruned of
-the total, the best objective so far, elapsed time and ETA). Anywhere else (CI, ``ray submit``, a
-log file) every start, finish and failure prints its own line, so a log keeps the whole story.
-The display knows nothing of Ray; :mod:`calib.search.tuner` feeds it Tune's trial events.
+the total, trials waiting on another trial's Stage I and for how long, the best objective so far,
+elapsed time and ETA). Anywhere else (CI, ``ray submit``, a log file) every start, finish and failure
+prints its own line, and the progress line is repeated every minute while a trial waits, so a log
+keeps the whole story. The display knows nothing of Ray; :mod:`calib.search.tuner` feeds it Tune's
+trial events and the trials' Stage-I events (:mod:`calib.search.events`).
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from calib.artifacts.waits import WAITED, WAITING
 from calib.metrics import METRICS, higher_is_better
 
-__all__ = ["ProgressDisplay", "format_duration"]
+__all__ = ["WAIT_REPORT_SECONDS", "ProgressDisplay", "format_duration"]
+
+WAIT_REPORT_SECONDS = 60.0
+"""In a log, how often the progress line is repeated while some trial waits on another trial's Stage I."""
 
 
 def format_duration(seconds: float) -> str:
@@ -57,6 +64,9 @@ class ProgressDisplay:
         self.started_at = clock()
         self.done = self.failed = self.pruned = 0
         self.running: dict[str, int] = {}
+        self.waiting: dict[str, float] = {}
+        """Tune trials waiting on another trial's Stage I, and since when (``clock``)."""
+        self._last_printed = clock()
         self.best: tuple[float, str] | None = None
         self._last_draw = -math.inf
         self._line_open = False
@@ -75,6 +85,7 @@ class ProgressDisplay:
             self.running[key] -= 1
             if self.running[key] <= 0:
                 del self.running[key]
+                self.waiting.pop(key, None)
 
     def trial_finished(self, key: str, calib_id: str, value: float | None) -> None:
         """A trial stored its row; ``value`` is its objective (None if it has none)."""
@@ -106,14 +117,31 @@ class ProgressDisplay:
         """A failed trial is started again (``--max-failures``)."""
         self._message(f"[{self.study}] trial {calib_id} failed: {error}; retry {attempt} of {max_failures}")
 
+    def stage1_event(self, key: str, kind: str, label: str, message: str) -> None:
+        """What Tune trial ``key`` (its configs: ``label``) said of a Stage I (:mod:`calib.artifacts.waits`):
+        a wait began (counted, with its duration, in the progress line until it ends), a wait ended, or a
+        note; a non-empty ``message`` is a line of its own."""
+        if message:
+            self._message(f"[{self.study}] {label}: {message}")
+        if kind == WAITING and key in self.running:
+            self.waiting[key] = self.clock()
+        elif kind == WAITED:
+            self.waiting.pop(key, None)
+        else:
+            return
+        self._update()
+
     def note(self, text: str) -> None:
         """Something the user must know about a trial (an artifact that was moved aside and rebuilt)."""
         self._message(f"[{self.study}] {text}")
 
     def tick(self) -> None:
-        """Refresh the elapsed time and ETA of the interactive line, at most once a second."""
+        """Refresh the elapsed time, waits and ETA of the interactive line, at most once a second; in a log,
+        repeat the progress line every :data:`WAIT_REPORT_SECONDS` while a trial waits."""
         if self.interactive and self.clock() - self._last_draw >= 1.0:
             self._draw()
+        elif not self.interactive and self.waiting and self.clock() - self._last_printed >= WAIT_REPORT_SECONDS:
+            self._update()
 
     def close(self) -> None:
         """End the interactive line so that what follows starts on a line of its own."""
@@ -125,8 +153,12 @@ class ProgressDisplay:
     # rendering ----------------------------------------------------------------------------------
     def line(self) -> str:
         """The progress line: counts, best objective so far, elapsed time and ETA."""
-        parts = [f"[{self.study}] {self.done}/{self.total} done", f"{sum(self.running.values())} running",
-                 f"{self.failed} failed"]
+        parts = [f"[{self.study}] {self.done}/{self.total} done", f"{sum(self.running.values())} running"]
+        if self.waiting:
+            longest = self.clock() - min(self.waiting.values())
+            waiting = sum(self.running.get(key, 1) for key in self.waiting)  # configs, as "running" counts them
+            parts.append(f"{waiting} waiting for another trial's Stage I ({format_duration(longest)})")
+        parts.append(f"{self.failed} failed")
         if self.pruned:
             parts.append(f"{self.pruned} pruned")
         if self.best is not None:
@@ -144,6 +176,7 @@ class ProgressDisplay:
             self._draw()
         else:
             print(self.line(), file=self.stream, flush=True)
+            self._last_printed = self.clock()
 
     def _draw(self) -> None:
         self.stream.write("\r\033[K" + self.line())
