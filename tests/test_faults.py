@@ -123,6 +123,12 @@ def test_a_killed_trial_is_retried_from_its_last_stage1_checkpoint(tmp_path):
     assert len(trials) == 2 and (trials["status"] == "ok").all() and trials["trial_id"].is_unique
     trainer = trials[~trials["stage1_cache_hit"]].iloc[0]
     assert 0 <= trainer["stage1_resumed_from_epoch"] < 29, "the retry resumed from a checkpoint, not from scratch"
+    # The retry took the dead trial's Stage-I claim over, and the study's own output said so as it happened.
+    (takeover,) = [line for line in out.splitlines() if "takes it over" in line]
+    assert takeover.startswith(f"[sensitivity_gamma] trial {trainer['trial_id']}: Stage I {trainer['stage1_id']}: "
+                               f"its holder "), out[-3000:]
+    assert takeover.endswith(f"is a process of this host that is gone; this trial ({trainer['stage1_writer']}) "
+                             f"takes it over")
     history = pd.read_parquet(store / "history")
     stage1 = history[(history["trial_id"] == trainer["trial_id"]) & (history["stage"] == "stage1")]
     assert sorted(stage1["epoch"]) == list(range(30)), "every epoch once, none repeated by the retry"

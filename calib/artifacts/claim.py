@@ -33,6 +33,7 @@ from typing import Any
 
 from calib import storage
 from calib._holders import holder_identity, holder_is_dead
+from calib.artifacts.waits import NOTE, WAITED, WAITING, Stage1Event, tell
 
 __all__ = ["LEASE_ENV", "WAIT_ENV", "Claim", "ClaimSettings", "Stage1WaitTimeout", "acquire", "claim_location",
            "new_writer_id"]
@@ -91,13 +92,16 @@ class Claim:
     first-writer-wins keeps the artifact whole."""
 
     def __init__(self, location: str, token: str, stage1_id: str, holder: str, settings: ClaimSettings,
-                 took_over: str | None = None, say: Callable[[str], None] = print) -> None:
+                 took_over: str | None = None, tell: Callable[[Stage1Event], None] = tell) -> None:
         self.location, self.stage1_id, self.holder, self.took_over = location, stage1_id, holder, took_over
         self.lost = threading.Event()
-        self._token, self._settings, self._renewals, self._say = token, settings, 0, say
+        self._token, self._settings, self._renewals, self._tell = token, settings, 0, tell
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_loop, name=f"claim-{stage1_id}", daemon=True)
         self._thread.start()
+
+    def _say(self, message: str) -> None:
+        self._tell(Stage1Event(NOTE, self.stage1_id, message))
 
     def _renew_loop(self) -> None:
         renewed = time.monotonic()
@@ -158,21 +162,30 @@ def _parse(data: bytes) -> dict[str, Any]:
 
 
 def acquire(artifact_root: str, stage1_id: str, published: Callable[[], bool], holder: str,
-            settings: ClaimSettings, say: Callable[[str], None]) -> Claim | None:
+            settings: ClaimSettings, tell: Callable[[Stage1Event], None] = tell) -> Claim | None:
     """The claim on ``stage1_id`` for ``holder``, or None once ``published()`` says the artifact exists.
 
-    Waits while another live holder renews its claim (``say`` tells what it waits for, once), takes a
-    claim over whose lease ran out, and raises :class:`Stage1WaitTimeout` after ``wait_seconds``.
+    Waits while another live holder renews its claim, takes a claim over whose lease ran out, and raises
+    :class:`Stage1WaitTimeout` after ``wait_seconds``. ``tell`` hears that the wait started (once) and how
+    it ended (:mod:`calib.artifacts.waits`), and the claim's own news (:class:`Claim`).
     """
     location = claim_location(artifact_root, stage1_id)
     start = time.monotonic()
     seen_token, seen_since, announced = None, start, False
     while True:
         if published():
+            if announced:
+                waited = time.monotonic() - start
+                tell(Stage1Event(WAITED, stage1_id, f"Stage I {stage1_id} was published after this trial waited "
+                                                    f"{waited:.0f} s; it uses it", waited))
             return None
         token = storage.create_exclusive(location, _body(stage1_id, holder, settings, 0, None))
         if token is not None:
-            return Claim(location, token, stage1_id, holder, settings, say=say)
+            if announced:  # released without a publication (its trial failed): this trial trains it
+                waited = time.monotonic() - start
+                tell(Stage1Event(WAITED, stage1_id, f"Stage I {stage1_id}: its holder gave it up after this trial "
+                                                    f"waited {waited:.0f} s; this trial ({holder}) trains it", waited))
+            return Claim(location, token, stage1_id, holder, settings, tell=tell)
         current = storage.read_versioned(location)
         now = time.monotonic()
         if current is None:  # released or taken over between the two calls: look again
@@ -188,15 +201,19 @@ def acquire(artifact_root: str, stage1_id: str, published: Callable[[], bool], h
                    else f"stopped renewing its claim {lease:g} s ago")
             token = storage.replace_if(location, _body(stage1_id, holder, settings, 0, other_holder), token)
             if token is not None:
-                say(f"Stage I {stage1_id}: its holder {other_holder} {why}; this trial ({holder}) takes it over")
-                return Claim(location, token, stage1_id, holder, settings, took_over=other_holder, say=say)
+                waited = f" after waiting {now - start:.0f} s" if announced else ""
+                tell(Stage1Event(WAITED, stage1_id, f"Stage I {stage1_id}: its holder {other_holder} {why}; this "
+                                                    f"trial ({holder}) takes it over{waited}", now - start))
+                return Claim(location, token, stage1_id, holder, settings, took_over=other_holder, tell=tell)
             continue
         if not announced:
-            say(f"Stage I {stage1_id} is being trained by {other_holder} (claim renewed at "
-                f"{other.get('renewed_at', '?')}); waiting for it to be published, at most "
-                f"{settings.wait_seconds:g} s ({WAIT_ENV})")
+            tell(Stage1Event(WAITING, stage1_id, f"Stage I {stage1_id} is being trained by {other_holder} (claim "
+                                                 f"renewed at {other.get('renewed_at', '?')}); waiting for it to "
+                                                 f"be published, at most {settings.wait_seconds:g} s ({WAIT_ENV}); "
+                                                 f"taken over if its claim is not renewed for {lease:g} s"))
             announced = True
         if now - start >= settings.wait_seconds:
+            tell(Stage1Event(WAITED, stage1_id, "", now - start))  # the trial fails with the error below
             raise Stage1WaitTimeout(
                 f"gave up after {settings.wait_seconds:g} s waiting for Stage I {stage1_id}, claimed by "
                 f"{other_holder} (claim {location}, last renewed at {other.get('renewed_at', '?')}): raise "

@@ -16,12 +16,12 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from calib import storage
 from calib.artifacts.artifact import (
@@ -32,11 +32,12 @@ from calib.artifacts.artifact import (
     remote_dir,
     stage1_dir,
 )
-from calib.artifacts.checks import CorruptArtifactError, file_checksum, parse_record, record_writer, say
+from calib.artifacts.checks import CorruptArtifactError, file_checksum, parse_record, record_writer
 from calib.artifacts.claim import ClaimSettings, acquire, new_writer_id
 from calib.artifacts.handover import Handover
 from calib.artifacts.publish import fetch_checked, publish
 from calib.artifacts.sources import checkpoint_model, features_of
+from calib.artifacts.waits import NOTE, WAITED, WAITING, Stage1Event, tell
 from calib.config import TrialConfig, config_hash, stage1_identity
 from calib.datasets import load_dataset
 from calib.datasets.subsets import TrainingSubset, restrict_training
@@ -115,13 +116,13 @@ def get_or_train_stage1(
             if remote is None or artifact.record.get("writer") == _published_writer(remote):
                 return artifact, True
     writer = new_writer_id()
-    with FileLock(str(final) + ".lock"):  # absent, bad or not the published one: look again under the lock
+    with _node_lock(final, stage1_id):  # absent, bad or not the published one: look again under the lock
         while True:
             artifact = _find(final, stage1_id, remote)
             if artifact is not None:
                 return artifact, True
             claim = acquire(cfg.artifact_root, stage1_id, lambda: _published(final, remote), writer,
-                            claims or ClaimSettings.from_env(), say)
+                            claims or ClaimSettings.from_env(), tell)
             if claim is not None:
                 break  # else it was published meanwhile: load it (or, if it fails its checks, claim it)
         with claim:
@@ -131,13 +132,15 @@ def get_or_train_stage1(
             handover = Handover(cfg.artifact_root, stage1_id, final.parent)
             orphan = load_local(final, stage1_id, remote) if remote is not None else None
             if orphan is not None:  # trained here by a trial that died before publishing it
-                say(f"Stage I {stage1_id}: publishing the copy {orphan.record.get('writer')} trained on this node "
-                    f"before its trial ended")
+                tell(Stage1Event(NOTE, stage1_id, f"Stage I {stage1_id}: publishing the copy "
+                                                  f"{orphan.record.get('writer')} trained on this node before its "
+                                                  f"trial ended"))
                 first = True
             else:
                 if resume is None and (resume := handover.latest()) is not None:
-                    say(f"Stage I {stage1_id}: continuing the training {claim.took_over or 'a previous holder'} "
-                        f"left at epoch {int(resume['epoch']) + 1}")
+                    tell(Stage1Event(NOTE, stage1_id, f"Stage I {stage1_id}: continuing the training "
+                                                      f"{claim.took_over or 'a previous holder'} left at epoch "
+                                                      f"{int(resume['epoch']) + 1}"))
                 first = _train_and_write(cfg, identity, final, device, on_epoch, handover.keeping(on_checkpoint),
                                          resume, writer)
             other = None if first else "another node"
@@ -147,14 +150,41 @@ def get_or_train_stage1(
                     shutil.rmtree(final)
             handover.discard()
             if other is not None:
-                say(f"Stage I {stage1_id} was published by {other} while this trial ({writer}) trained it too; "
-                    f"discarded this copy and adopted the published one")
+                tell(Stage1Event(NOTE, stage1_id, f"Stage I {stage1_id} was published by {other} while this trial "
+                                                  f"({writer}) trained it too; discarded this copy and adopted the "
+                                                  f"published one"))
                 artifact = _find(final, stage1_id, remote)
                 if artifact is None:
                     raise CorruptArtifactError(f"Stage I {stage1_id}: the artifact published by {other} "
                                                f"failed its checks")
                 return artifact, True
     return load_artifact(final, stage1_id, remote), False
+
+
+NODE_LOCK_QUIET_SECONDS = 2.0
+"""How long a trial waits for the node's lock on a Stage I before it says so: under the lock other trials of
+the node only look at the artifact, unless one of them trains it."""
+
+
+@contextlib.contextmanager
+def _node_lock(final: Path, stage1_id: str) -> Iterator[None]:
+    """The lock the trials of this node take on ``stage1_id``; a wait for it longer than
+    :data:`NODE_LOCK_QUIET_SECONDS` (another trial of the node trains it) is told as a wait."""
+    lock = FileLock(str(final) + ".lock")
+    start = time.monotonic()
+    try:
+        lock.acquire(timeout=NODE_LOCK_QUIET_SECONDS)
+    except Timeout:
+        tell(Stage1Event(WAITING, stage1_id, f"Stage I {stage1_id} is being trained by another trial on this "
+                                             f"node; waiting for it"))
+        lock.acquire()
+        waited = time.monotonic() - start
+        tell(Stage1Event(WAITED, stage1_id, f"Stage I {stage1_id}: the other trial on this node let it go after "
+                                            f"this trial waited {waited:.0f} s", waited))
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _cache_splits(model: Any, sources: Any, cfg: TrialConfig, device: torch.device

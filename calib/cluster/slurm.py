@@ -182,12 +182,25 @@ def render_script(settings: SlurmSettings, command: list[str], *, name: str | No
     """The sbatch script that runs ``command`` (a study command line, run from the run directory)."""
     run_dir = Path(settings.run_dir).expanduser().resolve()
     name = name or settings.job_name or "calib"
-    log_dir = run_dir / "slurm"
-    store = _object_store_bytes(settings.mem_per_node)
-    head_options = f" --object-store-memory={store}" if store else ""
-    setup = "\n".join(settings.setup) if settings.setup else "# (no setup lines: python and ray from the PATH)"
     study = " ".join(shlex.quote(token) for token in command)
-    lines = ["#!/bin/bash", *_sbatch_lines(settings, name, log_dir), f"""#
+    return "\n".join([
+        "#!/bin/bash", *_sbatch_lines(settings, name, run_dir / "slurm"),
+        _header(settings, name, run_dir, study),
+        _signal_traps(),
+        _setup_lines(settings, run_dir),
+        _ray_settings(settings),
+        _ray_stop(),
+        _ray_start(settings),
+        _run_study(study),
+        _last_line(),
+    ])
+
+
+def _header(settings: SlurmSettings, name: str, run_dir: Path, study: str) -> str:
+    """What wrote the script and how to submit, follow and cancel it; the job's start line, and no start
+    beyond ``max_requeues``."""
+    log_dir = run_dir / "slurm"
+    return f"""#
 # Written by `python -m calib.cluster slurm` for the study command:
 #   {study}
 # Submit: sbatch {log_dir / (name + ".sbatch")}    Follow: tail -f {log_dir}/{name}-<job id>.out
@@ -205,28 +218,60 @@ if (( RESTARTS > MAX_REQUEUES )); then
   say "not run: started more often than the $MAX_REQUEUES requeues allowed; the study is not finished:" \\
     "submit this script again to continue it"
   exit $INTERRUPTED
-fi
-# Slurm's warning before the time limit (USR1) and SIGTERM (preemption, scontrol requeue, scancel; Slurm kills
-# everything KillWait seconds later): the study stops cleanly. Until the study starts, only remembered.
+fi"""
+
+
+def _signal_traps() -> str:
+    """Slurm's warning (USR1) and SIGTERM remembered, passed on to the study once it runs, and why Slurm
+    sent SIGTERM, from its record of the job."""
+    return """# Slurm's warning before the time limit (USR1): the study stops cleanly, the job requeues itself.
+# SIGTERM (scontrol requeue, a preemption, scancel, the time limit): Slurm is ending the job and kills whatever
+# is left KillWait seconds later. Until the study starts, only remembered.
 SIGNALLED=""
+ENDING=""
 DRIVER=""
-on_signal() {{
+# Why Slurm sent SIGTERM, from its record of the job: a requeue counts one more restart, the time limit is the
+# reason; a job still running was only signalled (scancel --signal=TERM); any other was cancelled.
+why_sigterm() {
+  local record
+  record=$(timeout 2 scontrol show job "$SLURM_JOB_ID" 2>/dev/null) || { echo unknown; return; }
+  if [[ $record =~ Restarts=([0-9]+) ]] && (( BASH_REMATCH[1] > RESTARTS )); then echo requeued
+  elif [[ $record == *Reason=TimeLimit* ]]; then echo time-limit
+  elif [[ $record == *JobState=RUNNING* ]]; then echo signalled
+  else echo cancelled; fi
+}
+on_signal() {
   SIGNALLED=$1
-  if [[ $1 == TERM ]]; then
-    say "interrupted by SIGTERM (preemption, scontrol requeue or scancel): the study is not finished;" \
-      "a requeued job continues it"
-  else
-    say "$1: stopping the study cleanly"
-  fi
   [[ -n $DRIVER ]] && kill -TERM "$DRIVER" 2>/dev/null
-}}
+  if [[ $1 == USR1 ]]; then
+    say "USR1: stopping the study cleanly"
+    return
+  fi
+  ENDING=$(why_sigterm)
+  case $ENDING in
+    requeued) say "SIGTERM: Slurm requeued the job (scontrol requeue or a preemption); stopping the study" ;;
+    time-limit) say "SIGTERM: the job reached its time limit; stopping the study" ;;
+    cancelled) say "SIGTERM: Slurm cancelled the job (scancel, or a preemption that cancels); stopping the study" ;;
+    *) say "SIGTERM: stopping the study" ;;
+  esac
+}
 trap 'on_signal USR1' USR1
 trap 'on_signal TERM' TERM
+"""
 
-{setup}
+
+def _setup_lines(settings: SlurmSettings, run_dir: Path) -> str:
+    """The user's setup lines (``module load``, a virtual environment), then into the run directory."""
+    setup = "\n".join(settings.setup) if settings.setup else "# (no setup lines: python and ray from the PATH)"
+    return f"""{setup}
 cd "$RUN_DIR" || {{ say "the run directory $RUN_DIR is not reachable on $(hostname)"; exit 1; }}
+"""
 
-# Node addresses from Slurm: `hostname --ip-address` gives 127.0.0.1 on many nodes.
+
+def _ray_settings(settings: SlurmSettings) -> str:
+    """Each node's address from Slurm, Ray's ports and folder from the job id, token authentication, the
+    handover period, and the CPUs and GPUs Slurm gave each node."""
+    return f"""# Node addresses from Slurm: `hostname --ip-address` gives 127.0.0.1 on many nodes.
 mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 node_addr() {{ scontrol show node "$1" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p'; }}
 HEAD_IP=$(node_addr "${{NODES[0]}}")
@@ -245,53 +290,74 @@ python -c 'import grpc' 2>/dev/null && CLIENT="--ray-client-server-port=$((BASE 
 
 # Token authentication, explicit and the same on every node and the driver.
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$LOG_DIR/.ray-token-$SLURM_JOB_ID" RAY_USAGE_STATS_ENABLED=0
+# Ray stops at once on SIGTERM: its drain (up to 30 s, for Ray Serve) would outlast a short KillWait.
+export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
 (umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH")
 export CALIB_STAGE1_HANDOVER_SECONDS=${{CALIB_STAGE1_HANDOVER_SECONDS:-{settings.handover_seconds}}}
 CPUS=${{SLURM_CPUS_PER_TASK:-${{SLURM_CPUS_ON_NODE:-1}}}}
 GPUS=${{SLURM_GPUS_ON_NODE:-0}}
+"""
 
-STEPS=()
+
+def _ray_stop() -> str:
+    """How this job's Ray stops: each node's Ray step removes its folder when Ray ends, and ``stop_ray``
+    stops it on every node, unless Slurm's SIGTERM (the job is ending) already did."""
+    return """STEPS=()
 # This job's Ray only: its processes name $RAY_TMP ("[/]": the pattern does not match a command line holding it).
-export RAY_TMP RAY_PATTERN="[${{RAY_TMP:0:1}}]${{RAY_TMP:1}}"
+# The steps that run them take it from the environment: stopping Ray never kills srun (bash would log it).
+export RAY_TMP RAY_PATTERN="[${RAY_TMP:0:1}]${RAY_TMP:1}"
 # Ray's folder goes after its processes; a worker process still writing its last log can outlast them a moment.
 REMOVE_TMP='for _ in $(seq 10); do rm -rf -- "$RAY_TMP" 2>/dev/null; [[ -e $RAY_TMP ]] || break; sleep 0.5; done'
 STOP_NODE='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 20); do pgrep -f -- "$RAY_PATTERN" >/dev/null || break
   sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; '"$REMOVE_TMP"
 # Each node's Ray runs in a step that removes the folder when Ray ends, also when Slurm ends the step (preemption,
 # requeue: the batch script can start no step then, so only the node itself can clean up).
-export NODE_RAY='trap : TERM; "$@"; rc=$?; '"$REMOVE_TMP"'; exit $rc'
-stop_ray() {{
-  if [[ $SIGNALLED == TERM ]]; then  # Slurm is ending the job: it starts no step now, and stops the others' itself
-    bash -c "$STOP_NODE" >/dev/null 2>&1
-  else
-    srun --overlap --nodes=${{#NODES[@]}} --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c "$STOP_NODE" >/dev/null 2>&1
+export NODE_RAY='trap : TERM; "$@" --temp-dir="$RAY_TMP"; rc=$?; '"$REMOVE_TMP"'; exit $rc'
+stop_ray() {
+  # After Slurm's SIGTERM every Ray process of the job has it too and stops at once (no drain), and Slurm
+  # ends the steps: nothing to wait for. Otherwise SIGTERM to the steps (srun passes it to every process of
+  # its step, Ray's agents included, which would outlive a raylet stopped alone), then Ray stopped and its
+  # folder removed on every node.
+  if [[ $SIGNALLED != TERM || $ENDING == signalled ]]; then
+    kill "${STEPS[@]}" 2>/dev/null
+    srun --overlap --nodes=${#NODES[@]} --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c "$STOP_NODE" >/dev/null 2>&1
+    wait "${STEPS[@]}" 2>/dev/null
   fi
-  kill "${{STEPS[@]}}" 2>/dev/null
-  wait "${{STEPS[@]}}" 2>/dev/null
   rm -f -- "$RAY_AUTH_TOKEN_PATH"
-}}
+}
+"""
 
-say "Ray head on ${{NODES[0]}} ($HEAD_IP:$BASE), $((${{#NODES[@]}} - 1)) worker node(s);" \\
-  "logs $LOG_DIR/$SLURM_JOB_ID-ray-*.log"
+
+def _ray_start(settings: SlurmSettings) -> str:
+    """Ray's head on the first node, a worker on every other, each in an ``srun --overlap`` step with its
+    log; then wait until every node has joined."""
+    store = _object_store_bytes(settings.mem_per_node)
+    head_options = f" --object-store-memory={store}" if store else ""
+    return f"""RAY_LOGS="$LOG_DIR/$SLURM_JOB_ID-start$((RESTARTS + 1))-ray"  # one log per node and start
+say "Ray head on ${{NODES[0]}} ($HEAD_IP:$BASE), $((${{#NODES[@]}} - 1)) worker node(s); logs $RAY_LOGS-*.log"
 srun --overlap --nodes=1 --ntasks=1 -w "${{NODES[0]}}" bash -c "$NODE_RAY" ray \\
-  ray start --head --block --node-ip-address="$HEAD_IP" --port=$BASE $PORTS $CLIENT --temp-dir="$RAY_TMP" \\
+  ray start --head --block --node-ip-address="$HEAD_IP" --port=$BASE $PORTS $CLIENT \\
   --num-cpus="$CPUS" --num-gpus="$GPUS" --include-dashboard=false \\
-  --disable-usage-stats{head_options} >"$LOG_DIR/$SLURM_JOB_ID-ray-${{NODES[0]}}.log" 2>&1 &
+  --disable-usage-stats{head_options} >"$RAY_LOGS-${{NODES[0]}}.log" 2>&1 &
 STEPS+=($!)
 for _ in $(seq 120); do (exec 3<>"/dev/tcp/$HEAD_IP/$BASE") 2>/dev/null && break; sleep 1; done
 for node in "${{NODES[@]:1}}"; do
   srun --overlap --nodes=1 --ntasks=1 -w "$node" bash -c "$NODE_RAY" ray ray start --block --address="$HEAD_IP:$BASE" \\
-    --node-ip-address="$(node_addr "$node")" $PORTS --temp-dir="$RAY_TMP" --num-cpus="$CPUS" --num-gpus="$GPUS" \\
-    --disable-usage-stats{head_options} >"$LOG_DIR/$SLURM_JOB_ID-ray-$node.log" 2>&1 &
+    --node-ip-address="$(node_addr "$node")" $PORTS --num-cpus="$CPUS" --num-gpus="$GPUS" \\
+    --disable-usage-stats{head_options} >"$RAY_LOGS-$node.log" 2>&1 &
   STEPS+=($!)
 done
 if ! python -m calib.cluster wait --nodes ${{#NODES[@]}} --address "$HEAD_IP:$BASE" --timeout 300; then
-  say "Ray did not start on every node: see $LOG_DIR/$SLURM_JOB_ID-ray-*.log"
+  say "Ray did not start on every node: see $RAY_LOGS-*.log"
   stop_ray
   exit 1
 fi
+"""
 
-RC=$INTERRUPTED
+
+def _run_study(study: str) -> str:
+    """The study with ``--address`` of the head, unless a signal came first; its exit code in ``RC``."""
+    return f"""RC=$INTERRUPTED
 if [[ -z $SIGNALLED ]]; then
   say "study: {study} --address $HEAD_IP:$BASE"
   {study} --address "$HEAD_IP:$BASE" &
@@ -304,14 +370,18 @@ if [[ -z $SIGNALLED ]]; then
 fi
 trap '' USR1
 stop_ray
+"""
 
-if (( RC == 0 )); then
+
+def _last_line() -> str:
+    """The log's last line and the exit code: how the study ended, and what continues it."""
+    return """if (( RC == 0 )); then
   say "the study finished"
   exit 0
 elif (( RC == INTERRUPTED )) && [[ $SIGNALLED == USR1 ]]; then
   if (( RESTARTS < MAX_REQUEUES )); then
     say "interrupted before the time limit: the study is not finished; requeued, start $((RESTARTS + 2)) continues it"
-    trap - TERM  # the requeue's own SIGTERM ends this script
+    trap 'exit $INTERRUPTED' TERM  # the requeue's own SIGTERM ends this script, with the same exit code
     scontrol requeue "$SLURM_JOB_ID"
   else
     say "interrupted before the time limit, after $((RESTARTS + 1)) starts (no requeue left): the study is not" \\
@@ -319,13 +389,22 @@ elif (( RC == INTERRUPTED )) && [[ $SIGNALLED == USR1 ]]; then
   fi
   exit $INTERRUPTED
 elif [[ $SIGNALLED == TERM ]]; then
-  say "the study stopped after SIGTERM; a requeued job continues it"
+  case $ENDING in
+    requeued) say "the study stopped after SIGTERM: the job was requeued; start $((RESTARTS + 2)) continues it" ;;
+    time-limit) say "the study stopped at the time limit, before Slurm's warning could stop it: the job is not" \\
+      "requeued; submit this script again, or run the same study command, to continue it" ;;
+    cancelled) say "the study stopped after SIGTERM: the job was cancelled; submit this script again, or run the" \\
+      "same study command, to continue it" ;;
+    signalled) say "the study stopped after a SIGTERM sent to the job (not a requeue): submit this script again," \\
+      "or run the same study command, to continue it" ;;
+    *) say "the study stopped after SIGTERM (Slurm did not say why): a requeued job continues it; otherwise submit" \\
+      "this script again, or run the same study command" ;;
+  esac
   exit $INTERRUPTED
 fi
 say "the study exited with $RC"
 exit $RC
-"""]
-    return "\n".join(lines)
+"""
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
-"""What a study run prints while its trials run: one progress line, one line per failed trial, and a warning
-line per degenerate post-hoc fit (the first :data:`DEGENERATE_LINES`).
+"""What a study run prints while its trials run: one progress line, one line per failed trial and per
+Stage-I wait, takeover or handover, and a warning line per degenerate post-hoc fit (the first
+:data:`DEGENERATE_LINES`).
 
 On a terminal the progress is a single line rewritten in place (done / running / failed / pruned of
-the total, the best objective so far, elapsed time and ETA). Anywhere else (CI, ``ray submit``, a
-log file) every start, finish and failure prints its own line, so a log keeps the whole story.
-The display knows nothing of Ray; :mod:`calib.search.tuner` feeds it Tune's trial events.
+the total, trials waiting on another trial's Stage I and for how long, the best objective so far,
+elapsed time and ETA). Anywhere else (CI, ``ray submit``, a log file) every start, finish and failure
+prints its own line, and the progress line is repeated every minute while a trial waits, so a log
+keeps the whole story. The display knows nothing of Ray; :mod:`calib.search.tuner` feeds it Tune's
+trial events and the trials' Stage-I events (:mod:`calib.search.events`).
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from calib.artifacts.waits import WAITED, WAITING
 from calib.metrics import METRICS, higher_is_better
 
-__all__ = ["DEGENERATE_LINES", "ProgressDisplay", "format_duration"]
+__all__ = ["DEGENERATE_LINES", "WAIT_REPORT_SECONDS", "ProgressDisplay", "format_duration"]
 
 DEGENERATE_LINES = 20
 """A run prints a warning line for each of its first this-many degenerate fits, then only counts them."""
+
+WAIT_REPORT_SECONDS = 60.0
+"""In a log, how often the progress line is repeated while some trial waits on another trial's Stage I."""
 
 
 def format_duration(seconds: float) -> str:
@@ -61,6 +68,9 @@ class ProgressDisplay:
         self.started_at = clock()
         self.done = self.failed = self.pruned = self.degenerate = 0
         self.running: dict[str, int] = {}
+        self.waiting: dict[str, float] = {}
+        """Tune trials waiting on another trial's Stage I, and since when (``clock``)."""
+        self._last_printed = clock()
         self.best: tuple[float, str] | None = None
         self._last_draw = -math.inf
         self._line_open = False
@@ -79,6 +89,7 @@ class ProgressDisplay:
             self.running[key] -= 1
             if self.running[key] <= 0:
                 del self.running[key]
+                self.waiting.pop(key, None)
 
     def trial_finished(self, key: str, calib_id: str, value: float | None) -> None:
         """A trial stored its row; ``value`` is its objective (None if it has none)."""
@@ -120,14 +131,31 @@ class ProgressDisplay:
             self._message(f"[{self.study}] warning: more degenerate fits; the progress line counts them and the "
                           f"store's fit_degenerate_reason column says why for each")
 
+    def stage1_event(self, key: str, kind: str, label: str, message: str) -> None:
+        """What Tune trial ``key`` (its configs: ``label``) said of a Stage I (:mod:`calib.artifacts.waits`):
+        a wait began (counted, with its duration, in the progress line until it ends), a wait ended, or a
+        note; a non-empty ``message`` is a line of its own."""
+        if message:
+            self._message(f"[{self.study}] {label}: {message}")
+        if kind == WAITING and key in self.running:
+            self.waiting[key] = self.clock()
+        elif kind == WAITED:
+            self.waiting.pop(key, None)
+        else:
+            return
+        self._update()
+
     def note(self, text: str) -> None:
         """Something the user must know about a trial (an artifact that was moved aside and rebuilt)."""
         self._message(f"[{self.study}] {text}")
 
     def tick(self) -> None:
-        """Refresh the elapsed time and ETA of the interactive line, at most once a second."""
+        """Refresh the elapsed time, waits and ETA of the interactive line, at most once a second; in a log,
+        repeat the progress line every :data:`WAIT_REPORT_SECONDS` while a trial waits."""
         if self.interactive and self.clock() - self._last_draw >= 1.0:
             self._draw()
+        elif not self.interactive and self.waiting and self.clock() - self._last_printed >= WAIT_REPORT_SECONDS:
+            self._update()
 
     def close(self) -> None:
         """End the interactive line so that what follows starts on a line of its own."""
@@ -139,8 +167,12 @@ class ProgressDisplay:
     # rendering ----------------------------------------------------------------------------------
     def line(self) -> str:
         """The progress line: counts, best objective so far, elapsed time and ETA."""
-        parts = [f"[{self.study}] {self.done}/{self.total} done", f"{sum(self.running.values())} running",
-                 f"{self.failed} failed"]
+        parts = [f"[{self.study}] {self.done}/{self.total} done", f"{sum(self.running.values())} running"]
+        if self.waiting:
+            longest = self.clock() - min(self.waiting.values())
+            waiting = sum(self.running.get(key, 1) for key in self.waiting)  # configs, as "running" counts them
+            parts.append(f"{waiting} waiting for another trial's Stage I ({format_duration(longest)})")
+        parts.append(f"{self.failed} failed")
         if self.pruned:
             parts.append(f"{self.pruned} pruned")
         if self.degenerate:
@@ -160,6 +192,7 @@ class ProgressDisplay:
             self._draw()
         else:
             print(self.line(), file=self.stream, flush=True)
+            self._last_printed = self.clock()
 
     def _draw(self) -> None:
         self.stream.write("\r\033[K" + self.line())

@@ -2,7 +2,7 @@
 
 Each Tune trial calls :func:`calib.trial.run_trial`, or :func:`calib.trial.run_trials` for a
 population of configs, and writes each result into the store from the worker, so a finished trial
-survives the driver.
+survives the driver. What it waits for on the way (another trial's Stage I) reaches the driver at once.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pyarrow.dataset as pads
 
 from calib.artifacts import ArtifactWarning
 from calib.config import parse_trial_config
+from calib.search.events import forwarding, trials_label
 from calib.store import write_result
 from calib.trial import TrialResult, run_trial, trial_id
 
@@ -258,9 +259,12 @@ def execute_population(configs: Sequence[dict[str, Any]], store: str, options: E
 
 def run_configs(configs: list[dict[str, Any]], store: str, options: ExecutionOptions,
                  report_epochs: bool = False) -> dict[str, Any]:
-    if len(configs) == 1:
-        return execute(configs[0], store, options, report_epochs)
-    return execute_population(configs, store, options)
+    """A Tune trial's configs: :func:`execute` for one, :func:`execute_population` for several; their
+    Stage-I waits and takeovers go to the driver as they happen (:func:`calib.search.events.forwarding`)."""
+    with forwarding(trials_label([trial_id(c) for c in configs])):
+        if len(configs) == 1:
+            return execute(configs[0], store, options, report_epochs)
+        return execute_population(configs, store, options)
 
 
 def placement(resources: dict[str, float]) -> Any:

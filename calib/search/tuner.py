@@ -21,6 +21,7 @@ import pyarrow.dataset as pads
 from calib import storage
 from calib.config import parse_trial_config
 from calib.search.display import ProgressDisplay
+from calib.search.events import EventFeed
 from calib.search.execution import ExecutionOptions
 from calib.store import completed_trial_ids, write_result
 from calib.trial import TrialResult, trial_id
@@ -81,7 +82,9 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
 
 
 RAY_HEAD_CHECKS = 3
-"""Failed connections to Ray's head, a second apart, after which a stopping driver gives up on it."""
+"""Failed connections to Ray's head, :data:`RAY_HEAD_CHECK_SECONDS` apart, after which a stopping driver gives
+up on it: about 1.5 s after the head ended, well inside a scheduler's ``KillWait`` (often 10 to 30 s)."""
+RAY_HEAD_CHECK_SECONDS = 0.5
 
 
 def _exit_when_ray_is_gone(study: str, signal_name: str, ended: threading.Event) -> None:
@@ -97,7 +100,7 @@ def _exit_when_ray_is_gone(study: str, signal_name: str, ended: threading.Event)
         return
     failures = 0
     while failures < RAY_HEAD_CHECKS:
-        if ended.wait(1.0):
+        if ended.wait(RAY_HEAD_CHECK_SECONDS):
             return
         try:
             socket.create_connection((host, int(port)), timeout=2.0).close()
@@ -154,6 +157,29 @@ def _failure_line(store: str, study: str, calib_id: str, trial: Any) -> str:
     return f"{type(cause).__name__}: {cause}".strip().splitlines()[0]
 
 
+WORKER_DEATH_GRACE_SECONDS = 1.0
+"""How long the driver waits before it reports a trial whose worker process died: a SIGTERM that ends a
+whole job (a preemption, a requeue, scancel) kills the workers a moment before it reaches the driver, and
+their trials are then stopped, not failed."""
+
+
+def _worker_died(trial: Any) -> bool:
+    """Whether ``trial`` ended because its worker process died (Ray's actor error), not of its own error."""
+    from ray.exceptions import RayActorError
+
+    path = getattr(trial, "pickled_error_file", None)
+    if not path or not os.path.exists(path):
+        return False
+    import cloudpickle
+
+    try:
+        with open(path, "rb") as f:
+            error = cloudpickle.load(f)
+    except Exception:
+        return False
+    return isinstance(getattr(error, "cause", None) or error, RayActorError)
+
+
 def _store_pruned(store: str, config: dict[str, Any], result: dict[str, Any]) -> str:
     """Store a trial that a scheduler stopped during Stage I as a ``pruned`` row; returns its id."""
     cfg = parse_trial_config(config)
@@ -171,9 +197,10 @@ def _store_pruned(store: str, config: dict[str, Any], result: dict[str, Any]) ->
 
 def progress_callback(display: ProgressDisplay | None, configs_of: Callable[[dict[str, Any]], list[dict[str, Any]]],
                        store: str, study: str, max_failures: int) -> Any:
-    """A Tune callback that stores the trials a scheduler pruned and feeds Tune's trial events to
-    ``display`` (None: store only); ``configs_of(trial.config)`` are the trial configs a Tune trial
-    runs, whose rows in ``store`` say what a failed one died of."""
+    """A Tune callback that stores the trials a scheduler pruned and feeds Tune's trial events, and the
+    trials' Stage-I waits and takeovers (:mod:`calib.search.events`), to ``display`` (None: store only);
+    ``configs_of(trial.config)`` are the trial configs a Tune trial runs, whose rows in ``store`` say what
+    a failed one died of."""
     from ray import tune
 
     def failed(trial: Any, config: dict[str, Any]) -> tuple[str, str]:
@@ -181,6 +208,20 @@ def progress_callback(display: ProgressDisplay | None, configs_of: Callable[[dic
         return calib_id, _failure_line(store, study, calib_id, trial)
 
     class ProgressCallback(tune.Callback):
+        feed: EventFeed | None = None
+
+        def setup(self, **info: Any) -> None:
+            if display:
+                try:
+                    self.feed = EventFeed()
+                except Exception as err:  # the run goes on; waits are then reported when their trial ends
+                    display.note(f"Stage-I waits will show when their trial ends: no mailbox for them "
+                                 f"({type(err).__name__}: {err})")
+
+        def _show(self, events: list[dict[str, Any]]) -> None:
+            for event in events:
+                display.stage1_event(event["trial"], event["kind"], event["label"], event["message"])
+
         def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             if display:
                 display.trial_started(trial.trial_id, len(configs_of(trial.config)))
@@ -205,9 +246,14 @@ def progress_callback(display: ProgressDisplay | None, configs_of: Callable[[dic
                 else:
                     display.trial_failed(trial.trial_id, *failed(trial, config))
 
+        def _grace(self, trial: Any) -> None:
+            if display.interrupted is None and _worker_died(trial):
+                time.sleep(WORKER_DEATH_GRACE_SECONDS)  # the signal handler runs meanwhile, if one is coming
+
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             if not display:
                 return
+            self._grace(trial)
             configs = configs_of(trial.config)
             done = completed_trial_ids(store, study, trial_ids=[trial_id(c) for c in configs])
             for config in configs:
@@ -218,15 +264,22 @@ def progress_callback(display: ProgressDisplay | None, configs_of: Callable[[dic
 
         def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             if display:
+                self._grace(trial)
+                if display.interrupted:  # no retry comes: the run is stopping
+                    return
                 calib_id, line = failed(trial, configs_of(trial.config)[0])
                 display.trial_retrying(trial.trial_id, calib_id, trial.run_metadata.num_failures, max_failures, line)
 
         def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
             if display:
+                if self.feed is not None:
+                    self._show(self.feed.poll())
                 display.tick()
 
         def on_experiment_end(self, trials: list, **info: Any) -> None:
             if display:
+                if self.feed is not None:  # the last events; briefly when a signal is stopping the run
+                    self._show(self.feed.drain(timeout=0.5 if display.interrupted else 5.0))
                 display.close()
 
     return ProgressCallback()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -76,19 +77,21 @@ class SlurmLab:
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=check, **kwargs)
 
     @classmethod
-    def create(cls, nodes: int = 2, cpus: int = 2) -> SlurmLab:
+    def create(cls, nodes: int = 2, cpus: int = 2, kill_wait: int = 60) -> SlurmLab:
+        """A lab of ``nodes`` nodes with ``cpus`` CPUs each; Slurm kills a job's processes ``kill_wait``
+        seconds after its SIGTERM (``KillWait``: sites set 5 to 120 s)."""
         tag = secrets.token_hex(3)
         root = Path(tempfile.mkdtemp(prefix=f"sl{tag}", dir="/var/tmp"))
         subnet = free_subnet()
         lab = cls(root=root, tag=tag, gateway=f"{subnet}.1", nodes=[], conf=root / "slurm.conf")
         try:
-            lab._build(nodes, cpus, subnet)
+            lab._build(nodes, cpus, subnet, kill_wait)
         except BaseException:
             lab.close()
             raise
         return lab
 
-    def _build(self, count: int, cpus: int, subnet: str) -> None:
+    def _build(self, count: int, cpus: int, subnet: str, kill_wait: int) -> None:
         bridge = add_bridge(self.tag, self.gateway, self._links)
         for i in range(count):
             node = SlurmNode(name=f"n{self.tag}{i + 1}", ip=f"{subnet}.{i + 2}", netns=f"slurm-{self.tag}-{i}",
@@ -111,7 +114,8 @@ class SlurmLab:
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none", "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none", "SwitchType=switch/none", "ReturnToService=2",
-            "KillWait=60", "MinJobAge=60",
+            f"KillWait={kill_wait}", "MinJobAge=60",
+            "SlurmdDebug=verbose",  # the slurmd log then says how each batch script ended (batch_exit_codes)
             *(f"NodeName={n.name} NodeHostname={host} NodeAddr={n.ip} CPUs={cpus} RealMemory=2000 State=UNKNOWN"
               for n in self.nodes),
             f"PartitionName={self.partition} Nodes={','.join(n.name for n in self.nodes)} Default=YES "
@@ -177,6 +181,16 @@ class SlurmLab:
             time.sleep(1.0)
         if state not in ("RUNNING", "CONFIGURING", "COMPLETED"):
             raise RuntimeError(f"job {job} is {state} after its start; see {self.root / 'log'}")
+
+    def batch_exit_codes(self, job: str) -> list[str]:
+        """How each start of ``job``'s batch script ended, in order, as its ``slurmstepd`` logged it (``job_rc``,
+        a wait status): ``"exit N"`` or ``"signal N"``."""
+        found = []
+        for log in (self.root / "log").glob("slurmd-*.log"):
+            found += re.findall(rf"^\[(\S+)\] \[{job}\.batch\] job {job} completed with slurm_rc = -?\d+, "
+                                rf"job_rc = (\d+)$", log.read_text(errors="replace"), flags=re.MULTILINE)
+        statuses = [int(status) for _, status in sorted(found)]
+        return [f"exit {s >> 8}" if s & 0x7F == 0 else f"signal {s & 0x7F}" for s in statuses]
 
     def processes(self) -> list[int]:
         """PIDs of every process left in the nodes' network namespaces."""

@@ -1,11 +1,13 @@
 """Studies through `python -m calib.cluster slurm` on a real Slurm (Debian's slurm-wlm 22.05, two slurmd nodes).
 
-One lab serves every test of this file. A two-node γ study is interrupted in the middle of Stage I twice, by
-the warning Slurm sends before the time limit (``scancel --batch --signal=USR1``: the signal
-``--signal=B:USR1@<s>`` delivers) and by ``scontrol requeue`` (what a preemption does), and finishes on its
-third start with every row once and every Stage I trained once; meanwhile a second job runs and ends on its
-head node without touching its Ray (ports, temporary folder, stop). Bad input exits 2 before anything is
-submitted.
+One lab serves every test of this file, with ``KillWait=10`` (Slurm kills a job's processes 10 s after its
+SIGTERM). A two-node γ study is interrupted in the middle of Stage I twice, by the warning Slurm sends before
+the time limit (``scancel --batch --signal=USR1``: the signal ``--signal=B:USR1@<s>`` delivers) and by
+``scontrol requeue`` (what a preemption does: the study's line, the script's last line and exit 3 within 5 s),
+and finishes on its third start with every row once and every Stage I trained once, its takeovers of the
+earlier starts' Stage-I claims in its own output and one Ray log per node and start. Meanwhile a second job runs
+and ends on its head node without touching its Ray (ports, temporary folder, stop), and a third is cancelled
+with ``scancel`` and says so. Bad input exits 2 before anything is submitted.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.skipif(missing_slurm() is not None,
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = SlurmLab.create(nodes=2, cpus=2)
+    lab = SlurmLab.create(nodes=2, cpus=2, kill_wait=10)
     try:
         yield lab
     finally:
@@ -87,10 +89,23 @@ def left_running(lab: SlurmLab) -> list[str]:
     return out
 
 
-def test_a_two_node_study_survives_the_warning_a_requeue_and_another_job_on_its_head_node(lab: SlurmLab):
+def slurm_lines(text: str, study: str = "sensitivity_gamma") -> list[str]:
+    """The job script's lines (``[calib-slurm HH:MM:SS] ...``) and the study's (``[<study>] ...``)."""
+    return [line for line in text.splitlines() if line.startswith(("[calib-slurm", f"[{study}] "))]
+
+
+def seconds_between(first: str, last: str) -> int:
+    """Seconds from the timestamp of the script's line ``first`` to that of ``last`` (across midnight too)."""
+    def clock(line: str) -> int:
+        hours, minutes, seconds = map(int, re.match(r"\[calib-slurm (\d\d):(\d\d):(\d\d)\]", line).groups())
+        return hours * 3600 + minutes * 60 + seconds
+    return (clock(last) - clock(first)) % 86400
+
+
+def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_head_node(lab: SlurmLab):
     """Job A: a two-node γ study, interrupted inside Stage I by the time-limit warning, then requeued by
     ``scontrol requeue``, finished on its third start. Job B: a short study on A's head node at the same
-    time, whose Ray start and stop leave A's alone."""
+    time, whose Ray start and stop leave A's alone. Job C: a study on a node of A's, cancelled."""
     from calib.store import read_trials
 
     run_dir, store = lab.root / "run-a", lab.root / "shared" / "store-a"
@@ -107,6 +122,13 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_another_job_on_its_
                                              "--data-root", str(lab.root / "data"), "--seeds", "1", "--gammas", "0.9",
                                              "--epochs", "2", "--stage2-epochs", "2"]))
     short_log = lab.root / "run-b" / "slurm" / f"calib-gamma-short-{short}.out"
+    cancelled_store = lab.root / "shared" / "store-c"  # C starts once B has left a CPU of the head node
+    cancelled = job_of(launch(
+        lab, lab.root / "run-c", "--cpus-per-node", "1", "--handover-seconds", "0",
+        f"--sbatch-option=--nodelist={head.name}", "--submit",
+        study=["--study", "gamma-cancelled", "--store", str(cancelled_store), "--data-root", str(lab.root / "data"),
+               "--seeds", "1", "--gammas", "0.9", "--epochs", "250", "--stage2-epochs", "2"]))
+    cancelled_log = lab.root / "run-c" / "slurm" / f"calib-gamma-cancelled-{cancelled}.out"
 
     # B runs on A's head node while A trains, and ends: its Ray is stopped, A's is not
     wait_for("both jobs running", lambda: lab.job_state(job) == lab.job_state(short) == "RUNNING", log)
@@ -124,26 +146,56 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_another_job_on_its_
     first = max(handover_epochs(store / "artifacts"))
     assert first < 250, "Stage I ended before the warning: the test needs more epochs"
     lab.start_now(job)
+    # C, on A's head node while A starts again: cancelled while it trains
+    wait_for("C's Stage I training", lambda: handover_epochs(cancelled_store / "artifacts"), cancelled_log,
+             timeout=180, lab=lab)
+    lab.run("scancel", cancelled)
+    assert lab.wait_job(cancelled, timeout=60) == "CANCELLED"
+    wait_for("C's script to end", lambda: lab.batch_exit_codes(cancelled), cancelled_log, timeout=20)
+    said = slurm_lines(cancelled_log.read_text(), "gamma-cancelled")
+    assert said[-3].endswith("SIGTERM: Slurm cancelled the job (scancel, or a preemption that cancels); stopping "
+                             "the study"), "\n".join(said)
+    assert said[-2].startswith("[gamma-cancelled] interrupted by SIGTERM"), "\n".join(said)
+    assert said[-1].endswith("the study stopped after SIGTERM: the job was cancelled; submit this script again, or "
+                             "run the same study command, to continue it"), "\n".join(said)
+    assert seconds_between(said[-3], said[-1]) <= 5 and lab.batch_exit_codes(cancelled) == ["exit 3"], "\n".join(said)
+
     # 2nd start: requeued by the administrator (what preemption does), again inside Stage I
     wait_for("Stage I to go on from its handover", lambda: max(handover_epochs(store / "artifacts") or [0])
              >= first + 5, log, timeout=180, lab=lab)
     lab.run("scontrol", "requeue", job)
     wait_for("the requeue", lambda: lab.job_state(job) == "PENDING", log, lab=lab)
     lab.start_now(job)
-    assert lab.wait_job(job, timeout=300) == "COMPLETED", log.read_text()[-3000:]
 
+    assert lab.wait_job(job, timeout=300) == "COMPLETED", log.read_text()[-3000:]
     text = log.read_text()
-    said = [line for line in text.splitlines() if line.startswith(("[calib-slurm", "[sensitivity_gamma] "))]
+    said = slurm_lines(text)
     for expected in (
         "USR1: stopping the study cleanly",
         "[sensitivity_gamma] interrupted by SIGTERM: 0 of the 4 trials of this run are in the store",  # its own
         "interrupted before the time limit: the study is not finished; requeued, start 2 continues it",
-        "interrupted by SIGTERM (preemption, scontrol requeue or scancel): the study is not finished",
-        "the study stopped after SIGTERM; a requeued job continues it",
         "start 3 of at most 3",
     ):
         assert expected in text, f"{expected!r} is not in the job's log:\n" + "\n".join(said)
     assert said[-1].endswith("the study finished") and text.count("the study finished") == 1, "\n".join(said)
+    # The requeue with KillWait=10: the study's line and the script's last line within 5 s of the SIGTERM.
+    term = next(i for i, line in enumerate(said) if line.endswith(
+        "SIGTERM: Slurm requeued the job (scontrol requeue or a preemption); stopping the study"))
+    last = next(i for i in range(term + 1, len(said)) if said[i].startswith("[calib-slurm"))
+    assert said[last].endswith("the study stopped after SIGTERM: the job was requeued; start 3 continues it")
+    assert said[last - 1].startswith("[sensitivity_gamma] interrupted by SIGTERM"), "\n".join(said)
+    assert seconds_between(said[term], said[last]) <= 5, "\n".join(said)
+    assert lab.batch_exit_codes(job) == ["exit 3", "exit 3", "exit 0"]  # the warning, the requeue, the end
+    assert not re.search(r"line \d+: .*(Killed|Terminated)", text), "bash reported a killed step:\n" + text[-3000:]
+    # The later starts took over the earlier starts' Stage-I claims, and the study's output said so.
+    takeovers = [line for line in said if line.startswith("[sensitivity_gamma] trial ") and "takes it over" in line]
+    continued = [line for line in said if line.startswith("[sensitivity_gamma] trial ") and "continuing the training"
+                 in line]
+    assert takeovers and len(continued) >= 2, "\n".join(said)
+    # One Ray log per node and start, none overwritten.
+    ray_logs = sorted(p.name for p in (run_dir / "slurm").glob(f"{job}-*.log"))
+    assert ray_logs == sorted(f"{job}-start{start}-ray-{node.name}.log" for start in (1, 2, 3) for node in lab.nodes)
+    assert all("Ray runtime started" in (run_dir / "slurm" / name).read_text() for name in ray_logs), ray_logs
 
     rows = read_trials(store)
     assert len(rows) == 4 and rows["trial_id"].is_unique and (rows["status"] == "ok").all()
@@ -152,7 +204,8 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_another_job_on_its_
     assert trainers.to_dict() == dict.fromkeys(rows["stage1_id"].unique(), 1)  # each Stage I trained once
     assert (rows.groupby("stage1_id")["stage1_writer"].nunique() == 1).all()
     assert rows["stage1_resumed_from_epoch"].notna().sum() == 2  # both trainings continued a handover
-    assert not left_running(lab) and not list((run_dir / "slurm").glob(".ray-token-*"))
+    assert not left_running(lab), left_running(lab)
+    assert not list((run_dir / "slurm").glob(".ray-token-*"))
     left = [str(p) for node in lab.nodes for p in node.tmp.glob("calib-*/*")]
     assert not [p for node in lab.nodes for p in node.tmp.glob("calib-*")], left  # every job's Ray folder removed
 

@@ -122,3 +122,25 @@ def test_the_job_is_named_after_the_study_the_command_runs():
         "search_mac_cal_head")  # search.py's own default
     assert _study_name(["python", "studies/ablation.py", "--study=ladder-a"]) == "ladder-a"
     assert _study_name(["python", "studies/compare_methods.py", "--preset", "paper"]) == "compare_methods"
+
+
+@pytest.mark.parametrize(("record", "ending"), [
+    ("JobState=COMPLETING Reason=None Dependency=(null)\n   Requeue=1 Restarts=2 BatchFlag=1", "requeued"),
+    ("JobState=COMPLETING Reason=TimeLimit Dependency=(null)\n   Requeue=1 Restarts=1 BatchFlag=1", "time-limit"),
+    ("JobState=COMPLETING Reason=None Dependency=(null)\n   Requeue=1 Restarts=1 BatchFlag=1", "cancelled"),
+    ("JobState=RUNNING Reason=None Dependency=(null)\n   Requeue=1 Restarts=1 BatchFlag=1", "signalled"),
+    (None, "unknown"),
+], ids=["scontrol requeue", "time limit", "scancel", "scancel --signal=TERM", "slurmctld unreachable"])
+def test_the_script_tells_why_slurm_sent_sigterm_from_its_record_of_the_job(tmp_path: Path, record: str | None,
+                                                                             ending: str):
+    """``why_sigterm`` of the script on the second start (``SLURM_RESTART_COUNT=1``), against the records
+    ``scontrol show job`` gave in the Slurm lab while each kind of SIGTERM was being delivered."""
+    script = render_script(GPU_SETTINGS, GPU_COMMAND, name="calib-compare_methods")
+    function = script[script.index("why_sigterm() {"):script.index("\n}\n", script.index("why_sigterm() {")) + 3]
+    scontrol = tmp_path / "scontrol"
+    answer = f"cat <<'END'\nJobId=7 JobName=x\n   {record}\nEND\n" if record else "exit 1\n"
+    scontrol.write_text(f"#!/bin/sh\n{answer}")
+    scontrol.chmod(0o755)
+    proc = subprocess.run(["bash", "-c", f"RESTARTS=1 SLURM_JOB_ID=7\n{function}why_sigterm"], capture_output=True,
+                          text=True, env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert proc.stdout == f"{ending}\n", proc.stderr

@@ -5,7 +5,8 @@ on a moto S3 server both reach. Two γ studies sharing their Stage Is start at o
 host; each has more trials on a stored Stage I than the cluster has slots. While the Stage Is train,
 the process of one claim holder is killed (its trial is retried, ``--max-failures 2``; whichever trial
 takes the claim over continues the training state the holder left). Both studies
-must finish with every row ok, and for every ``stage1_id`` exactly one row that trained it
+must finish with every row ok, the takeover in the output of the study that made it, and for every
+``stage1_id`` exactly one row that trained it
 (``stage1_cache_hit`` false), one ``stage1_writer`` over all rows, the writer of its ``record.json``.
 Each driver compacts its study every 2 finished trials while the workers of both hosts write: at the
 end every row is in a part, and a plain pyarrow read of the store sees each trial once.
@@ -101,6 +102,11 @@ def test_each_stage1_is_trained_once_across_nodes_drivers_and_a_killed_holder(
         transcript += [line for out in outputs.values() for line in out.splitlines()
                        if "trials:" in line or "takes it over" in line or "waiting for it" in line
                        or "continuing the training" in line]
+        # Whoever took the killed holder's claim over said so in its study's own output, as it happened.
+        takeovers = [line for name, out in outputs.items() for line in out.splitlines()
+                     if line.startswith(f"[{name}] trial ") and f"Stage I {victim['stage1_id']}: its holder "
+                     f"{victim['holder']} " in line and "takes it over" in line]
+        assert len(takeovers) == 1, "\n".join(transcript)
 
         rows = read_trials(store)
         assert rows.groupby("study", observed=True).size().to_dict() == {"gamma-a": 6, "gamma-b": 4}

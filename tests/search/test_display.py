@@ -113,3 +113,50 @@ def test_trials_that_end_after_a_stop_signal_are_stopped_not_failed():
     assert lines[1] == ("[demo] trial id-a stopped by SIGTERM (ActorDiedError: The actor died unexpectedly before "
                         "finishing this task.); the next run of the command runs it")
     assert lines[2] == "[demo] 0/2 done · 0 running · 0 failed · 0s elapsed"
+
+
+def test_a_wait_on_another_trials_stage1_shows_when_it_starts_how_long_it_lasts_and_how_it_ends_in_a_log():
+    from calib.artifacts.waits import NOTE, WAITED, WAITING
+
+    progress, out, clock = display(interactive=False)
+    progress.trial_started("a")
+    progress.trial_started("b")
+    progress.stage1_event("a", WAITING, "trial id-a", "Stage I s1 is being trained by h-1 (claim renewed at t)")
+    clock.now += 59
+    progress.tick()  # in a log the progress line comes back once a minute while a trial waits
+    clock.now += 16
+    progress.tick()
+    progress.stage1_event("a", WAITED, "trial id-a", "Stage I s1: its holder h-1 stopped renewing its claim 60 s "
+                                                     "ago; this trial (h-2) takes it over after waiting 75 s")
+    progress.stage1_event("a", NOTE, "trial id-a", "Stage I s1: continuing the training h-1 left at epoch 112")
+    clock.now += 120
+    progress.tick()  # nobody waits: nothing to repeat
+    assert out.getvalue().splitlines()[2:] == [
+        "[demo] trial id-a: Stage I s1 is being trained by h-1 (claim renewed at t)",
+        "[demo] 0/4 done · 2 running · 1 waiting for another trial's Stage I (0s) · 0 failed · 0s elapsed",
+        "[demo] 0/4 done · 2 running · 1 waiting for another trial's Stage I (1m15s) · 0 failed · 1m15s elapsed",
+        "[demo] trial id-a: Stage I s1: its holder h-1 stopped renewing its claim 60 s ago; this trial (h-2) takes "
+        "it over after waiting 75 s",
+        "[demo] 0/4 done · 2 running · 0 failed · 1m15s elapsed",
+        "[demo] trial id-a: Stage I s1: continuing the training h-1 left at epoch 112",
+    ]
+
+
+def test_on_a_terminal_the_line_counts_the_waiting_configs_and_the_longest_wait_and_a_trial_that_ends_stops_waiting():
+    from calib.artifacts.waits import WAITED, WAITING
+
+    progress, out, clock = display(interactive=True)
+    progress.trial_started("p", 3)  # a population of 3 configs sharing one Stage I
+    progress.trial_started("q")
+    progress.stage1_event("p", WAITING, "3 trials (id-1, ...)", "Stage I s1 is being trained by h-1")
+    clock.now += 5
+    progress.stage1_event("q", WAITING, "trial id-q", "")  # a wait with nothing to print
+    clock.now += 2
+    progress.tick()
+    assert out.getvalue().rsplit("\r\033[K", 1)[1] == (
+        "[demo] 0/4 done · 4 running · 4 waiting for another trial's Stage I (7s) · 0 failed · 7s elapsed")
+    assert "[demo] 3 trials (id-1, ...): Stage I s1 is being trained by h-1\n" in out.getvalue()
+    progress.stage1_event("p", WAITED, "3 trials (id-1, ...)", "")
+    progress.trial_failed("q", "id-q", "Stage1WaitTimeout: gave up after 5 s")
+    progress.stage1_event("q", WAITING, "trial id-q", "")  # arrived after its trial ended: not counted
+    assert progress.waiting == {} and "waiting" not in out.getvalue().rsplit("\r\033[K", 1)[1]

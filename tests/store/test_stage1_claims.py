@@ -20,6 +20,7 @@ from calib.artifacts import Stage1WaitTimeout, get_or_train_stage1
 from calib.artifacts import stage1 as stage1_module
 from calib.artifacts.claim import ClaimSettings, acquire, claim_location
 from calib.artifacts.publish import publish
+from calib.artifacts.waits import WAITED, WAITING, Stage1Event
 from calib.config import config_hash, parse_trial_config, stage1_identity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def never_published() -> bool:
 
 
 def test_a_claim_is_renewed_and_released(root):
-    said: list[str] = []
+    said: list[Stage1Event] = []
     claim = acquire(root, "abc", never_published, "node-a-1", FAST, said.append)
     assert claim is not None and said == []
     body, _ = storage.read_versioned(claim_location(root, "abc"))
@@ -68,14 +69,16 @@ def test_a_holder_that_stops_renewing_loses_its_claim_after_the_lease(root):
     holder = acquire(root, "abc", never_published, "node-a-1", FAST, print)
     holder._stop.set()  # the holder hangs: no more renewals
     holder._thread.join()
-    said: list[str] = []
+    said: list[Stage1Event] = []
     start = time.monotonic()
     taker = acquire(root, "abc", never_published, "node-b-2", FAST, said.append)
     waited = time.monotonic() - start
     assert taker is not None and taker.took_over == "node-a-1"
     assert waited >= FAST.lease_seconds  # by the waiter's own clock: a whole lease without a change
-    assert "is being trained by node-a-1" in said[0]
-    assert "node-a-1 stopped renewing its claim" in said[-1] and "node-b-2" in said[-1]
+    assert [e.kind for e in said] == [WAITING, WAITED]  # one line when the wait starts, one when it ends
+    assert "is being trained by node-a-1" in said[0].message and "not renewed for 0.6 s" in said[0].message
+    assert "node-a-1 stopped renewing its claim" in said[-1].message and "node-b-2" in said[-1].message
+    assert FAST.lease_seconds <= said[-1].seconds <= waited and "takes it over after waiting" in said[-1].message
     assert not holder.renew() and holder.lost.is_set()  # the old holder learns it lost the claim
     holder.release()  # ...and leaves the new holder's claim alone
     assert json.loads(storage.read_versioned(claim_location(root, "abc"))[0])["holder"] == "node-b-2"
@@ -84,11 +87,13 @@ def test_a_holder_that_stops_renewing_loses_its_claim_after_the_lease(root):
 
 def test_a_waiting_trial_times_out_naming_the_stage1_and_its_holder(root):
     holder = acquire(root, "abc", never_published, "node-a-1", FAST, print)  # alive: renews all along
-    said: list[str] = []
+    said: list[Stage1Event] = []
     patient = ClaimSettings(lease_seconds=FAST.lease_seconds, wait_seconds=1.5, poll_seconds=0.05)
     with pytest.raises(Stage1WaitTimeout, match=r"gave up after 1.5 s waiting for Stage I abc, claimed by node-a-1"):
         acquire(root, "abc", never_published, "node-b-2", patient, said.append)
-    assert len(said) == 1 and "waiting for it to be published, at most 1.5 s (CALIB_STAGE1_WAIT_SECONDS)" in said[0]
+    assert "waiting for it to be published, at most 1.5 s (CALIB_STAGE1_WAIT_SECONDS)" in said[0].message
+    assert [e.kind for e in said] == [WAITING, WAITED] and said[1].message == ""  # the error says the rest
+    assert said[1].seconds >= 1.5
     holder.release()
 
 
@@ -102,8 +107,10 @@ def test_a_waiter_returns_once_the_holder_publishes(root):
 
     timer = threading.Timer(0.3, publish_and_release)
     timer.start()
-    assert acquire(root, "abc", published.is_set, "node-b-2", FAST, print) is None
+    said: list[Stage1Event] = []
+    assert acquire(root, "abc", published.is_set, "node-b-2", FAST, said.append) is None
     timer.join()
+    assert [e.kind for e in said] == [WAITING, WAITED] and "was published after this trial waited" in said[1].message
 
 
 def test_a_claim_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
@@ -113,11 +120,13 @@ def test_a_claim_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
             "pid_namespace": os.stat("/proc/self/ns/pid").st_ino}
     storage.create_exclusive(claim_location(root, "abc"), json.dumps(body).encode())
     start = time.monotonic()
-    said: list[str] = []
+    said: list[Stage1Event] = []
     patient = ClaimSettings(lease_seconds=600, wait_seconds=5, poll_seconds=0.05)  # a wait shorter than a lease
     claim = acquire(root, "abc", never_published, "me", patient, said.append)
     assert claim is not None and time.monotonic() - start < 600
-    assert "is a process of this host that is gone" in said[-1]
+    assert [e.kind for e in said] == [WAITED]  # taken over at once: no wait was announced
+    assert said[0].message == "Stage I abc: its holder gone is a process of this host that is gone; this trial (me) " \
+                              "takes it over"
     claim.release()
 
 
@@ -353,3 +362,33 @@ def test_the_grid_searcher_starts_dependents_after_their_trainer():
     published.add("b")
     searcher.on_trial_complete("5", {})
     assert suggest("6") == Searcher.FINISHED
+
+
+def test_a_trial_waiting_for_another_trial_of_its_node_says_when_the_wait_starts_and_ends(tmp_path, monkeypatch):
+    from filelock import FileLock
+
+    from calib.artifacts.waits import listening
+
+    monkeypatch.setattr(stage1_module, "NODE_LOCK_QUIET_SECONDS", 0.1)
+    final = tmp_path / "stage1" / "abc"
+    final.parent.mkdir()
+    taken, said = threading.Event(), []
+
+    def other_trial() -> None:  # holds the node's lock on the Stage I for 0.6 s, as a trial training it would
+        with FileLock(str(final) + ".lock"):
+            taken.set()
+            time.sleep(0.6)
+
+    thread = threading.Thread(target=other_trial)
+    thread.start()
+    taken.wait()
+    with listening(said.append), stage1_module._node_lock(final, "abc"):
+        pass
+    thread.join()
+    assert [e.kind for e in said] == [WAITING, WAITED]
+    assert said[0].message == "Stage I abc is being trained by another trial on this node; waiting for it"
+    assert said[1].message.startswith("Stage I abc: the other trial on this node let it go after this trial waited")
+    assert 0.3 <= said[1].seconds <= 5
+    with listening(said.append), stage1_module._node_lock(final, "abc"):  # free at once: nothing to say
+        pass
+    assert len(said) == 2
