@@ -2,8 +2,8 @@
 the official code where it fixes a convention) in this file's own numpy/scipy code; none of it is copied from, or
 calls, calib or the published code. docs/how-to/reference-checks.md lists each with its tolerance.
 
-The objectives come with their gradients by hand, minimised by scipy; the non-parametric fits are written as loops
-over bins and samples in the papers' terms.
+The objectives come with their gradients by hand, minimised by scipy; the non-parametric fits bin, pool and average
+in the papers' terms in plain numpy (a pool-adjacent-violators loop, a loop over BBQ's models).
 """
 
 from __future__ import annotations
@@ -177,10 +177,10 @@ def ensemble_ts(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarr
 def piecewise_linear(knots: np.ndarray, values: np.ndarray, x: np.ndarray) -> np.ndarray:
     """The function through (knots_j, values_j) (knots ascending, distinct), linear in between and constant beyond
     the ends: at x in [k_{j−1}, k_j], ((k_j − x)·v_{j−1} + (x − k_{j−1})·v_j) / (k_j − k_{j−1})."""
-    x = np.clip(x, knots[0], knots[-1])
-    upper = np.clip(np.searchsorted(knots, x, side="left"), 1, len(knots) - 1) if len(knots) > 1 else None
-    if upper is None:
+    if len(knots) == 1:
         return np.full(x.shape, values[0], dtype=np.float64)
+    x = np.clip(x, knots[0], knots[-1])
+    upper = np.clip(np.searchsorted(knots, x, side="left"), 1, len(knots) - 1)
     lower = upper - 1
     span = knots[upper] - knots[lower]
     return ((knots[upper] - x) * values[lower] + (x - knots[lower]) * values[upper]) / span
