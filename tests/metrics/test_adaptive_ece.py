@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
+from metric_references import reference_aece
 
 from calib.metrics import adaptive_calibration_error
-
-
-def reference_aece(probs: np.ndarray, labels: np.ndarray, num_bins: int) -> float:
-    """Independent AECE in the FOCAL-R loop style: edges via np.histogram, `gt(lower) & le(upper)`."""
-    confidences = probs.max(axis=1)
-    correct = probs.argmax(axis=1) == labels
-    n = len(confidences)
-    positions = np.linspace(0, n, num_bins + 1)
-    _, boundaries = np.histogram(confidences, np.interp(positions, np.arange(n), np.sort(confidences)))
-    total = 0.0
-    for lower, upper in itertools.pairwise(boundaries):
-        in_bin = (confidences > lower) & (confidences <= upper)
-        if in_bin.any():
-            total += in_bin.mean() * abs(correct[in_bin].mean() - confidences[in_bin].mean())
-    return total
 
 
 class TestAdaptiveCalibrationError:

@@ -6,27 +6,10 @@ import itertools
 
 import numpy as np
 import pytest
+from metric_references import reference_areas
 
 from calib.metrics import area_under_generalized_risk_coverage as augrc
 from calib.metrics import area_under_risk_coverage as aurc
-
-
-def reference_areas(probs: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
-    """Independent (AURC, AUGRC): for each coverage k, threshold at the k-th largest confidence t and
-    count the errors strictly above t plus the tied group's share (k − #above)·errors(= t)/#(= t)."""
-    confidences = probs.max(axis=1)
-    wrong = probs.argmax(axis=1) != labels
-    n = len(labels)
-    thresholds = sorted(confidences.tolist(), reverse=True)
-    risk_sum = generalized_sum = 0.0
-    for k in range(1, n + 1):
-        t = thresholds[k - 1]
-        above = confidences > t
-        tied = confidences == t
-        errors = wrong[above].sum() + (k - above.sum()) * wrong[tied].sum() / tied.sum()
-        risk_sum += errors / k
-        generalized_sum += errors / n
-    return risk_sum / n, generalized_sum / n
 
 
 def naive_areas(confidences: list[float], wrong: list[int]) -> tuple[float, float]:

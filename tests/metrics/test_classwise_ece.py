@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
+from metric_references import reference_cwece
 
 from calib.metrics import classwise_ece
-
-
-def reference_cwece(probs: np.ndarray, labels: np.ndarray, num_bins: int) -> float:
-    """Independent classwise ECE: FOCAL-R loop over classes and bins, `gt(lower) & le(upper)`."""
-    edges = np.linspace(0.0, 1.0, num_bins + 1)
-    per_class = []
-    for k in range(probs.shape[1]):
-        p_k, is_k = probs[:, k], labels == k
-        total = 0.0
-        for lower, upper in itertools.pairwise(edges):
-            in_bin = (p_k > lower) & (p_k <= upper)
-            if lower == 0.0:
-                in_bin |= p_k == 0.0
-            if in_bin.any():
-                total += in_bin.mean() * abs(is_k[in_bin].mean() - p_k[in_bin].mean())
-        per_class.append(total)
-    return float(np.mean(per_class))
 
 
 class TestClasswiseEce:

@@ -4,25 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from metric_references import reference_ece
 
 from calib.metrics import expected_calibration_error
-
-
-def reference_ece(probs: np.ndarray, labels: np.ndarray, num_bins: int) -> float:
-    """Independent ECE: an explicit loop over bins with the FOCAL-R `gt(lower) & le(upper)` test."""
-    confidences = probs.max(axis=1)
-    correct = probs.argmax(axis=1) == labels
-    edges = np.linspace(0.0, 1.0, num_bins + 1)
-    total = 0.0
-    for b in range(num_bins):
-        in_bin = (confidences > edges[b]) & (confidences <= edges[b + 1])
-        if b == 0:
-            in_bin |= confidences == 0.0
-        if in_bin.sum() == 0:
-            continue
-        proportion = in_bin.sum() / len(confidences)
-        total += proportion * abs(correct[in_bin].mean() - confidences[in_bin].mean())
-    return total
 
 
 class TestExpectedCalibrationError:

@@ -7,43 +7,10 @@ import time
 import numpy as np
 import pytest
 from metric_cases import binary, overconfident_probs
+from metric_references import reference_ece_sweep
 
 from calib.metrics import ece_sweep
 from calib.metrics.ece_sweep import _sweep_bin_indices, _sweep_num_bins
-
-
-def reference_ece_sweep(probs: np.ndarray, labels: np.ndarray, p: float = 1.0) -> tuple[float, int]:
-    """(ECE-sweep, B*) in the loop style of google-research caltrain ``em_monotonic_sweep`` and
-    ``_calc_ece_postbin`` (bin masks, np.mean per bin), with the integer bin rule r·B // N and a stable sort."""
-    confidences = probs.max(axis=1)
-    correct = (probs.argmax(axis=1) == labels).astype(float)
-    n = len(confidences)
-    order = np.argsort(confidences, kind="stable")
-
-    def bins_for(num_bins: int) -> np.ndarray:
-        bins = np.zeros(n, dtype=int)
-        bins[order] = np.minimum(num_bins - 1, np.arange(n) * num_bins // n)
-        return bins
-
-    def ece_and_monotone(num_bins: int, bins: np.ndarray) -> tuple[float, bool]:
-        total, monotone, last_accuracy = 0.0, True, -1000.0
-        for b in range(num_bins):
-            in_bin = bins == b
-            if in_bin.any():
-                accuracy = np.mean(correct[in_bin])
-                monotone &= bool(accuracy >= last_accuracy)
-                last_accuracy = accuracy
-                total += in_bin.sum() * abs(accuracy - np.mean(confidences[in_bin])) ** p
-        return (total / n) ** (1.0 / p), monotone
-
-    chosen = np.zeros(n, dtype=int)
-    for num_bins in range(2, n):
-        bins = bins_for(num_bins)
-        if not ece_and_monotone(num_bins, bins)[1]:
-            break
-        chosen = bins
-    num_bins = int(chosen.max()) + 1
-    return ece_and_monotone(num_bins, chosen)[0], num_bins
 
 
 class TestEceSweep:

@@ -4,19 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from metric_references import reference_mce
 
 from calib.metrics import maximum_calibration_error
-
-
-def reference_mce(probs: np.ndarray, labels: np.ndarray, num_bins: int) -> float:
-    """Independent MCE: group samples by ceil(conf * M) - 1 in a dict, then take the largest gap."""
-    groups: dict[int, list[tuple[float, bool]]] = {}
-    for row, label in zip(probs, labels, strict=True):
-        conf = float(row.max())
-        b = min(max(int(np.ceil(conf * num_bins)) - 1, 0), num_bins - 1)
-        groups.setdefault(b, []).append((conf, int(row.argmax()) == int(label)))
-    gaps = [abs(np.mean([c for c, _ in g]) - np.mean([ok for _, ok in g])) for g in groups.values()]
-    return max(gaps)
 
 
 class TestMaximumCalibrationError:
