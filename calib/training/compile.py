@@ -1,6 +1,6 @@
 """``torch.compile`` for the Stage-I training step: which mode, and where its caches live.
 
-Compiling a paper architecture costs about 90 s per process; the compiler's on-disk caches (Inductor's
+Compiling a paper architecture costs one to two minutes per process; the compiler's on-disk caches (Inductor's
 FX-graph and autograd caches, Triton kernels) make a later process on the same node compile the same
 model in a fraction of that. They are kept in a node-local directory, ``$CALIB_COMPILE_CACHE``
 (default ``~/.cache/calib/compile``), shared by every trial of the node.
@@ -17,17 +17,25 @@ __all__ = ["COMPILE_MODES", "CUDA_GRAPH_MODES", "DEFAULT_MODE", "compile_cache_d
            "resolve_compile_mode"]
 
 COMPILE_MODES: dict[str, str] = {
-    # Measured on an H100 (bf16, channels_last, batch 128): ResNet-110's small kernels leave the GPU
-    # idle between launches; CUDA graphs ("reduce-overhead") gave 7,473 img/s against 2,558 eager.
-    "resnet110": "reduce-overhead",
+    # Measured on an NVIDIA H200 (torch 2.11, bf16, channels_last, batch 128, CIFAR-sized inputs; calib's own
+    # loop, steady-state images/s per mode off / default / reduce-overhead; docs/how-to/benchmarks.md).
+    # Small kernels leave the GPU idle between launches: CUDA graphs ("reduce-overhead") win.
+    "resnet20": "reduce-overhead",  # 11,177 / 13,814 / 33,784
+    "resnet50": "reduce-overhead",  # 5,609 / 5,027 / 9,912
+    "resnet110": "reduce-overhead",  # 2,641 / 4,301 / 5,648
+    # Wide convolutions keep the GPU busy: compiling gains nothing and costs a minute per process.
+    "wrn26_10": "off",  # 8,833 / 7,188 / 8,247
+    # Neither compiled mode finished compiling in 190 s (one process alone on 16 cores).
+    "densenet121": "off",  # 3,125 / – / –
 }
 """Architecture → the ``torch.compile`` mode that ``stage1.compile: auto`` uses. Architectures not
-listed get :data:`DEFAULT_MODE`; ``benchmarks/gpu_throughput.py --compile-modes`` measures every mode
-per architecture on the GPU at hand, to fill this table."""
+listed get :data:`DEFAULT_MODE`; ``python benchmarks/gpu_throughput.py`` measures every mode per
+architecture on the GPU at hand, to fill this table."""
 
-DEFAULT_MODE = "default"
-"""``auto``'s mode for an architecture not in :data:`COMPILE_MODES`: Inductor's fused kernels, without
-CUDA graphs (which pay off only where launches dominate) or autotuning (minutes of compiling)."""
+DEFAULT_MODE = "off"
+"""``auto``'s mode for an architecture not in :data:`COMPILE_MODES`: eager. Of the five measured, Inductor's
+``default`` mode lost to eager on two and CUDA graphs won where compiling paid at all; an unmeasured
+architecture does not pay a minute or more of compiling per process on a guess."""
 
 
 CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})

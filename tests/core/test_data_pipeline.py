@@ -13,10 +13,11 @@ from trial_fixtures import tiny_config
 
 from calib.config import config_hash, parse_trial_config, stage1_identity, trial_identity
 from calib.datasets import Augmentation, DatasetSplits, TensorData, TensorSplit, load_dataset
+from calib.models import create_model
 from calib.training import train_stage1
 from calib.training.batches import DeviceBatches, LoaderBatches, resolve_pipeline
 from calib.training.compile import COMPILE_MODES, DEFAULT_MODE, resolve_compile_mode
-from calib.training.stage1 import _excess_seconds, precision_of, predict
+from calib.training.stage1 import _compiled_forward, _excess_seconds, precision_of, predict
 from calib.trial import run_trial
 
 CPU = torch.device("cpu")
@@ -109,7 +110,8 @@ def test_compile_mode_and_precision_resolution():
     cuda = torch.device("cuda")
     assert resolve_compile_mode("auto", "resnet110", CPU) == "off"  # never on the CPU
     assert resolve_compile_mode("auto", "resnet110", cuda) == COMPILE_MODES["resnet110"] == "reduce-overhead"
-    assert resolve_compile_mode("auto", "wrn26_10", cuda) == DEFAULT_MODE
+    assert resolve_compile_mode("auto", "wrn26_10", cuda) == COMPILE_MODES["wrn26_10"] == "off"
+    assert resolve_compile_mode("auto", "my_own_net", cuda) == DEFAULT_MODE == "off"
     assert resolve_compile_mode("max-autotune", "wrn26_10", cuda) == "max-autotune"
     assert resolve_compile_mode("off", "resnet110", cuda) == "off"
     assert precision_of(CPU, "bf16") == "fp32" and precision_of(cuda, "bf16") == "bf16"
@@ -120,6 +122,33 @@ def test_compile_seconds_are_the_steps_excess_over_the_median():
     assert _excess_seconds([40.0, 0.1, 0.1, 0.12, 0.1, 3.0]) == pytest.approx((40.0 - 0.11) + (3.0 - 0.11)
                                                                                + (0.12 - 0.11))
     assert _excess_seconds([]) == 0.0
+
+
+def test_only_full_batches_run_the_compiled_graph(monkeypatch):
+    """An epoch's last, shorter batch runs eagerly instead of compiling a second graph (what it cost on a GPU:
+    docs/how-to/benchmarks.md); the results are the eager forward's either way."""
+    seen_by_graph: list[int] = []
+
+    def fake_compile(fn, mode):
+        assert mode == "reduce-overhead"
+
+        def graph(x):
+            seen_by_graph.append(x.shape[0])
+            return fn(x)
+        return graph
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr("calib.training.stage1.enable_compile_caches", lambda: None)  # no cache environment
+    torch.manual_seed(0)
+    model = create_model("small_cnn", num_classes=10, in_channels=1).eval()
+    forward = _compiled_forward(model, "reduce-overhead", batch_size=4)
+    x = torch.randn(7, 1, 8, 8)
+    for batch in (x[:4], x[4:]):
+        features, logits = forward(batch)
+        assert torch.equal(logits, model.head(model.features(batch)))
+        assert torch.equal(features, model.features(batch))
+    assert seen_by_graph == [4]  # the batch of 3 never reached the graph
+    assert _compiled_forward(model, "off", batch_size=4)(x[4:])[1].shape == (3, 10)
 
 
 def test_execution_settings_change_no_identity(tmp_path):

@@ -2,6 +2,7 @@
 its --smoke mode on the CPU, so a change that breaks the GPU-only benchmark fails here first."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,25 @@ def test_without_cuda_it_says_so_and_exits_0(capsys):
                                        "nothing measured.\n")
 
 
-def test_smoke_run_on_the_cpu(capsys):
+def test_smoke_run_on_the_cpu(capsys, tmp_path):
     module = benchmark()
-    assert module.main(["--smoke", "--archs", "small_cnn", "--dataset", "digits-noisy", "--epochs", "1",
-                        "--device", "cpu", "--packing"]) == 0
+    out = tmp_path / "gpu.json"
+    assert module.main(["--smoke", "--archs", "small_cnn", "--dataset", "digits-noisy", "--device", "cpu",
+                        "--train-images", "200", "--modes", "off", "--full-step-mode", "off", "--packing", "2",
+                        "--packing-archs", "small_cnn", "--round-seconds", "0.5", "--mps", "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].startswith("| arch | calib today | calib defaults |")
-    assert lines[3].startswith("| small_cnn | ") and "(loader, fp32, off)" in lines[3]
+    assert lines[1].startswith("| arch | mode | calib loop img/s | 128 / median step | hand loop, same compile |")
+    assert lines[3].startswith("| small_cnn | off | ")
+    record = json.loads(out.read_text())
+    calib_row = next(r for r in record["modes"] if r["kind"] == "calib")
+    # 200 images in batches of 128: one full batch and a last one of 72, whose step is timed apart
+    assert calib_row["event"] == "measured" and calib_row["graphs"] == 0
+    assert [(r["trials"], len(r["per_trial"])) for r in record["packing"] if not r["mps"]] == [(2, 2)]
+    assert next(r for r in record["modes"] if r["kind"] == "full")["event"] == "measured"
+    # no MPS on this machine: the benchmark says why instead of measuring
+    assert [r["error"] for r in record["packing"] if r["mps"]] == [
+        "MPS not started: nvidia-cuda-mps-control is not on PATH"]
+    assert record["chosen"] == {"small_cnn": "off"}
 
 
 def test_paper_grid_gpu_hours_counts_every_stage1_training():
