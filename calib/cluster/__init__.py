@@ -5,6 +5,7 @@
 for your own machines, sharing cluster.yaml's launcher sections (:mod:`calib.cluster.onprem`).
 ``python -m calib.cluster wait --nodes N``: on the head, until N nodes are up; ``python -m calib.cluster
 stop-workers``: on an on-prem head, ``ray stop`` on every worker before ``ray down`` (:mod:`calib.cluster.nodes`).
+``python -m calib.cluster.mps start|run|stop``: NVIDIA MPS on a node, run by the launchers (:mod:`calib.cluster.mps`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="run the hosts' commands in this virtual environment, e.g. ~/venv (default: the "
                              "login shell's Python)")
     onprem.add_argument("--cluster-name", default="calib-onprem", help="Ray's cluster_name")
+    onprem.add_argument("--mps", action=argparse.BooleanOptionalAction, default=True,
+                        help="start NVIDIA MPS on every node with GPUs before Ray, so trials sharing a GPU run at "
+                             "once; --no-mps where the site runs MPS itself or must not share GPUs")
     onprem.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
 
     wait = sub.add_parser("wait", formatter_class=HelpFormatter,
@@ -102,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     slurm.add_argument("--job-name", default=None, help="job name (default calib-<study>)")
     slurm.add_argument("--sbatch-option", action="append", default=None, dest="sbatch_options", metavar="OPTION",
                        help="another #SBATCH option, as given (repeatable), e.g. --sbatch-option=--constraint=a100")
+    slurm.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
+                       help="start NVIDIA MPS on every node of a GPU job before Ray, so trials sharing a GPU run at "
+                            "once (default: on); --no-mps where the site runs MPS itself or must not share GPUs")
     slurm.add_argument("-o", "--output", default=None,
                        help="the script to write (default <run dir>/slurm/<job name>.sbatch)")
     slurm.add_argument("--submit", action="store_true", help="also submit it with sbatch and say how to follow it")
@@ -119,7 +126,8 @@ def _parser() -> argparse.ArgumentParser:
 def _onprem(args: argparse.Namespace, argv: list[str]) -> int:
     source = load_cluster_yaml(args.source)
     config = render_onprem(source, head_ip=args.head_ip, worker_ips=args.worker_ips, ssh_user=args.ssh_user,
-                           ssh_key=args.ssh_key, store=args.store, venv=args.venv, cluster_name=args.cluster_name)
+                           ssh_key=args.ssh_key, store=args.store, venv=args.venv, cluster_name=args.cluster_name,
+                           mps=args.mps)
     text = onprem_text(config, Path(args.source).name, argv[1:])
     if args.output is None:
         sys.stdout.write(text)
@@ -143,7 +151,7 @@ def _slurm(args: argparse.Namespace) -> int:
     base = SlurmSettings.from_file(args.settings) if args.settings else SlurmSettings()
     given = {name: getattr(args, name) for name in ("partition", "account", "qos", "nodes", "gpus_per_node",
                                                     "cpus_per_node", "mem_per_node", "time", "signal_seconds",
-                                                    "max_requeues", "handover_seconds", "run_dir", "job_name")}
+                                                    "max_requeues", "handover_seconds", "run_dir", "job_name", "mps")}
     given.update({name: tuple(getattr(args, name)) for name in ("setup", "sbatch_options") if getattr(args, name)})
     settings = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     settings.check()

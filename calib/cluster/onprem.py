@@ -6,7 +6,8 @@
 (:data:`SHARED_KEYS`: file mounts, rsync filters, setup commands with the Ray pin, and
 ``metadata.calib``'s cluster-wide settings). cluster.yaml stays the one place these are written;
 regenerate the on-prem file after editing it. The head starts Ray with the v1 autoscaler
-(:data:`HEAD_START_RAY_COMMANDS`).
+(:data:`HEAD_START_RAY_COMMANDS`); every host starts it under NVIDIA MPS unless ``--no-mps``
+(:data:`MPS_HEAD_START_RAY_COMMANDS`, :data:`MPS_WORKER_START_RAY_COMMANDS`).
 
 ``--venv DIR`` makes every command on the hosts run in that virtual environment (first setup command:
 activate it from ``~/.bashrc``, which Ray's command runner sources), for machines where the project's
@@ -26,8 +27,8 @@ import yaml
 
 from calib._config import ConfigError
 
-__all__ = ["HEAD_START_RAY_COMMANDS", "SHARED_CALIB_KEYS", "SHARED_KEYS", "onprem_text", "render_onprem",
-           "venv_command"]
+__all__ = ["HEAD_START_RAY_COMMANDS", "MPS_HEAD_START_RAY_COMMANDS", "MPS_WORKER_START_RAY_COMMANDS",
+           "SHARED_CALIB_KEYS", "SHARED_KEYS", "onprem_text", "render_onprem", "venv_command"]
 
 # Launcher sections every provider runs the same way: what is copied to the nodes and what is installed.
 SHARED_KEYS = ("file_mounts", "rsync_filter", "rsync_exclude", "initialization_commands", "setup_commands",
@@ -40,6 +41,15 @@ HEAD_START_RAY_COMMANDS = [
     "ulimit -c unlimited; RAY_enable_autoscaler_v2=0 ray start --head --port=6379 "
     "--autoscaling-config=~/ray_bootstrap_config.yaml",
 ]
+# With NVIDIA MPS (--mps, the default): Ray starts under `calib.cluster.mps start` on every host, which starts the
+# daemon on a host with GPUs (its Ray's workers inherit CUDA_MPS_PIPE_DIRECTORY) and stops it when Ray stops.
+MPS_START = "python -m calib.cluster.mps start -- "
+MPS_HEAD_START_RAY_COMMANDS = [
+    "ray stop",
+    "ulimit -c unlimited; RAY_enable_autoscaler_v2=0 " + MPS_START + "ray start --head --port=6379 "
+    "--autoscaling-config=~/ray_bootstrap_config.yaml",
+]
+MPS_WORKER_START_RAY_COMMANDS = ["ray stop", MPS_START + "ray start --address=$RAY_HEAD_IP:6379"]
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9-]{1,63})*$")
 
 
@@ -62,8 +72,9 @@ def venv_command(venv: str) -> str:
 
 def render_onprem(source: dict[str, Any], *, head_ip: str, worker_ips: list[str], ssh_user: str, ssh_key: str,
                   store: str | None = None, venv: str | None = None, cluster_name: str = "calib-onprem",
-                  ) -> dict[str, Any]:
-    """The on-prem launcher config for these hosts, with ``source``'s (cluster.yaml's) shared sections.
+                  mps: bool = True) -> dict[str, Any]:
+    """The on-prem launcher config for these hosts, with ``source``'s (cluster.yaml's) shared sections, and
+    Ray started under NVIDIA MPS on every host with GPUs when ``mps`` (:mod:`calib.cluster.mps`).
 
     Raises ConfigError for a bad address, a repeated host, an empty user, or a key file that does not exist.
     """
@@ -94,7 +105,13 @@ def render_onprem(source: dict[str, Any], *, head_ip: str, worker_ips: list[str]
             raise ConfigError(f"--venv {venv!r}: give the virtual environment's directory on the hosts "
                               "(e.g. ~/venv), without quotes or shell characters.")
         config["setup_commands"] = [venv_command(venv), *config.get("setup_commands", [])]
-    config["head_start_ray_commands"] = list(HEAD_START_RAY_COMMANDS)
+    if not isinstance(mps, bool):
+        raise ConfigError(f"--mps must be true or false, got {mps!r}.")
+    if mps:
+        config["head_start_ray_commands"] = list(MPS_HEAD_START_RAY_COMMANDS)
+        config["worker_start_ray_commands"] = list(MPS_WORKER_START_RAY_COMMANDS)
+    else:
+        config["head_start_ray_commands"] = list(HEAD_START_RAY_COMMANDS)
     shared = ((source.get("metadata") or {}).get("calib") or {})
     calib = {k: copy.deepcopy(shared[k]) for k in SHARED_CALIB_KEYS if k in shared}
     calib["store"] = store if store is not None else shared.get("store")

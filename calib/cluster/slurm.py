@@ -98,6 +98,8 @@ class SlurmSettings:
     """Further ``#SBATCH`` options, as given (``--constraint=a100``, ``--exclusive``)."""
     ray_tmp: str = "/tmp"
     """Where each node keeps Ray's files, ``<ray_tmp>/calib-<job id>``: short and node-local."""
+    mps: bool = True
+    """NVIDIA MPS on each node of a GPU job, for its Ray (:mod:`calib.cluster.mps`); no effect without GPUs."""
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> SlurmSettings:
@@ -132,6 +134,8 @@ class SlurmSettings:
         whole("signal_seconds", self.signal_seconds, 1)
         whole("max_requeues", self.max_requeues, 0)
         whole("handover_seconds", self.handover_seconds, 0)
+        if not isinstance(self.mps, bool):
+            raise ConfigError(f"--mps must be true or false (on or off in a settings file), got {self.mps!r}.")
         if self.cpus_per_node is not None:
             whole("cpus_per_node", self.cpus_per_node, 1)
         if self.mem_per_node is not None and not _MEM.fullmatch(str(self.mem_per_node)):
@@ -189,7 +193,7 @@ def render_script(settings: SlurmSettings, command: list[str], *, name: str | No
         _signal_traps(),
         _setup_lines(settings, run_dir),
         _ray_settings(settings),
-        _ray_stop(),
+        _ray_stop(settings),
         _ray_start(settings),
         _run_study(study),
         _last_line(),
@@ -299,20 +303,25 @@ GPUS=${{SLURM_GPUS_ON_NODE:-0}}
 """
 
 
-def _ray_stop() -> str:
+def _ray_stop(settings: SlurmSettings) -> str:
     """How this job's Ray stops: each node's Ray step removes its folder when Ray ends, and ``stop_ray``
-    stops it on every node, unless Slurm's SIGTERM (the job is ending) already did."""
+    stops it on every node, unless Slurm's SIGTERM (the job is ending) already did. A GPU job's Ray runs
+    under NVIDIA MPS (:func:`_mps_lines`), stopped with it."""
+    mps = settings.mps and settings.gpus_per_node > 0
+    run_ray = 'python -m calib.cluster.mps run --dir "$RAY_TMP/mps" -- "$@"' if mps else '"$@"'
+    stop_mps = 'python -m calib.cluster.mps stop --dir "$RAY_TMP/mps"; ' if mps else ""
     return """STEPS=()
 # This job's Ray only: its processes name $RAY_TMP ("[/]": the pattern does not match a command line holding it).
 # The steps that run them take it from the environment: stopping Ray never kills srun (bash would log it).
 export RAY_TMP RAY_PATTERN="[${RAY_TMP:0:1}]${RAY_TMP:1}"
 # Ray's folder goes after its processes; a worker process still writing its last log can outlast them a moment.
 REMOVE_TMP='for _ in $(seq 10); do rm -rf -- "$RAY_TMP" 2>/dev/null; [[ -e $RAY_TMP ]] || break; sleep 0.5; done'
+""" + (_mps_lines() if mps else "") + """\
 STOP_NODE='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 20); do pgrep -f -- "$RAY_PATTERN" >/dev/null || break
-  sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; '"$REMOVE_TMP"
+  sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; """ + stop_mps + """'"$REMOVE_TMP"
 # Each node's Ray runs in a step that removes the folder when Ray ends, also when Slurm ends the step (preemption,
 # requeue: the batch script can start no step then, so only the node itself can clean up).
-export NODE_RAY='trap : TERM; "$@" --temp-dir="$RAY_TMP"; rc=$?; '"$REMOVE_TMP"'; exit $rc'
+export NODE_RAY='trap : TERM; """ + run_ray + """ --temp-dir="$RAY_TMP"; rc=$?; '"$REMOVE_TMP"'; exit $rc'
 stop_ray() {
   # After Slurm's SIGTERM every Ray process of the job has it too and stops at once (no drain), and Slurm
   # ends the steps: nothing to wait for. Otherwise SIGTERM to the steps (srun passes it to every process of
@@ -325,6 +334,16 @@ stop_ray() {
   fi
   rm -f -- "$RAY_AUTH_TOKEN_PATH"
 }
+"""
+
+
+def _mps_lines() -> str:
+    """Why each node's Ray runs under ``mps run``, and ``STOP_NODE`` stops MPS too."""
+    return """\
+# NVIDIA MPS on each node, so trials sharing a GPU run at once: `mps run` starts its daemon, then the node's Ray
+# (whose workers inherit CUDA_MPS_PIPE_DIRECTORY), and stops it when Ray ends, SIGTERM too; STOP_NODE stops one a
+# killed step left. Pipes and logs in this job's $RAY_TMP/mps. A node without nvidia-cuda-mps-control or a GPU
+# says so in its Ray log and runs Ray alone. Written without it by --no-mps.
 """
 
 

@@ -12,7 +12,12 @@ import yaml
 
 from calib.cluster import SHARED_KEYS, load_cluster_yaml, main, render_onprem
 from calib.cluster.nodes import stop_workers
-from calib.cluster.onprem import HEAD_START_RAY_COMMANDS, venv_command
+from calib.cluster.onprem import (
+    HEAD_START_RAY_COMMANDS,
+    MPS_HEAD_START_RAY_COMMANDS,
+    MPS_WORKER_START_RAY_COMMANDS,
+    venv_command,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "cluster.yaml"
@@ -45,8 +50,18 @@ def test_the_onprem_file_shares_cluster_yaml_launcher_sections(key: Path) -> Non
     assert any('"ray[default,tune]==2.60.0"' in c for c in config["setup_commands"])
     assert config["metadata"]["calib"] == {"gpus_per_trial": shipped["metadata"]["calib"]["gpus_per_trial"],
                                            "store": "s3://lab-bucket/calib"}
-    assert config["head_start_ray_commands"] == HEAD_START_RAY_COMMANDS
+    # NVIDIA MPS by default: Ray starts under `mps start` on the head and on every worker.
+    assert config["head_start_ray_commands"] == MPS_HEAD_START_RAY_COMMANDS
+    assert config["worker_start_ray_commands"] == MPS_WORKER_START_RAY_COMMANDS
+    assert MPS_HEAD_START_RAY_COMMANDS[1] == (
+        "ulimit -c unlimited; RAY_enable_autoscaler_v2=0 python -m calib.cluster.mps start -- ray start --head "
+        "--port=6379 --autoscaling-config=~/ray_bootstrap_config.yaml")
+    assert MPS_WORKER_START_RAY_COMMANDS == [
+        "ray stop", "python -m calib.cluster.mps start -- ray start --address=$RAY_HEAD_IP:6379"]
     assert "RAY_enable_autoscaler_v2=0 ray start --head" in HEAD_START_RAY_COMMANDS[1]
+    # --no-mps: the head's commands without it, and Ray's own default worker commands.
+    off = rendered(key, mps=False)
+    assert off["head_start_ray_commands"] == HEAD_START_RAY_COMMANDS and "worker_start_ray_commands" not in off
     assert "available_node_types" not in config and "head_node_type" not in config
     # Without --store or --venv: the source's store, its setup commands unchanged.
     plain = render_onprem(shipped, head_ip="gpu-01", worker_ips=[], ssh_user="lab", ssh_key=str(key))
@@ -68,6 +83,7 @@ def test_the_rendered_file_passes_ray_and_calib_checks(tmp_path: Path, key: Path
     assert "python -m calib.cluster onprem" in text.splitlines()[3]
     prepared = prepare_config(copy.deepcopy(yaml.safe_load(text)))
     validate_config(prepared)
+    assert "mps start -- ray start --address=$RAY_HEAD_IP:6379" in prepared["worker_start_ray_commands"][1]
     assert prepared["available_node_types"]["local.cluster.node"]["max_workers"] == 2
     capsys.readouterr()
     assert main(["validate", str(out)]) == 0

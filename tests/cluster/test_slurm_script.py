@@ -61,6 +61,7 @@ def test_slurm_time_limits_in_every_format(text: str, seconds: int):
     (SlurmSettings(max_requeues=True), "--max-requeues must be an integer >= 0, got True"),
     (SlurmSettings(mem_per_node="64GB"), "--mem-per-node must be a size such as 64G"),
     (SlurmSettings(partition="gpu a100"), "--partition 'gpu a100' has characters Slurm names do not use"),
+    (SlurmSettings(mps="yes"), "--mps must be true or false (on or off in a settings file), got 'yes'"),
 ])
 def test_bad_settings_name_the_value_and_what_is_allowed(settings: SlurmSettings, message: str):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
