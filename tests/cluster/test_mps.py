@@ -109,7 +109,10 @@ def test_mps_start_leaves_the_daemon_to_this_nodes_ray_and_stops_it_when_ray_sto
         monkeypatch.setenv(name, env[name])
     raylet = tmp_path / "raylet"  # `ray start`: starts a process named raylet, as Ray's, and returns
     shutil.copy("/bin/sleep", raylet)
-    (tmp_path / "ray-start").write_text(f"#!/bin/sh\n{raylet} 60 > /dev/null 2>&1 &\necho $! > {tmp_path}/raylet.pid\n")
+    # ... and returns once it runs, as Ray's does (before its exec the child is still named sh)
+    (tmp_path / "ray-start").write_text(
+        f"#!/bin/sh\n{raylet} 60 > /dev/null 2>&1 &\necho $! > {tmp_path}/raylet.pid\n"
+        'while [ "$(cat /proc/$!/comm 2>/dev/null)" != raylet ]; do sleep 0.01; done\n')
     (tmp_path / "ray-start").chmod(0o755)
     where = tmp_path / "node"
     try:
