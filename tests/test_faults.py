@@ -174,7 +174,7 @@ def test_killed_driver_resumes_without_duplicates(tmp_path):
     assert not list(store.rglob(".*.tmp")), "no temporary file is left visible"
 
 
-def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_interruption(monkeypatch):
+def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_interruption(monkeypatch, capfd):
     """``stoppable`` around ``tuner.fit()``: end to end (a study stopped by SIGTERM, exit 3, continued by
     its next run) in tests/cluster/test_slurm.py, where the job script sends it."""
     import io
@@ -207,6 +207,10 @@ def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_i
     finally:
         signal.signal(signal.SIGUSR1, previous_usr1)
     assert stop == {"signal": "SIGTERM"} and len(tune_stops) == 1 and display.interrupted == "SIGTERM"
+    # said at once, once: Ray may end the process before the run's own last line (tests/cluster/test_slurm.py)
+    assert capfd.readouterr().out.splitlines() == [
+        "[s] interrupted by SIGTERM: stopping the running trials (each keeps its Stage-I handover state); run the "
+        "same command again to continue"]
     assert signal.getsignal(signal.SIGTERM) is before
     (study, signal_name, ended), = watchers
     assert (study, signal_name) == ("s", "SIGTERM") and ended.is_set()  # the run ended: its watcher stops

@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -66,6 +67,10 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
         if display is not None:
             display.interrupted = state["signal"]
         if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's handler: it stops the run and returns
+            # Said now: where Slurm's SIGTERM also ended this node's raylet, Ray's core worker may end this
+            # process without a word at its next object-store access, before the run's own last line. A raw
+            # write: a handler that print()s while the main thread prints raises a reentrant-call error.
+            _write_now(stopping_message(study, state["signal"]))
             os.kill(os.getpid(), signal.SIGUSR1)
             threading.Thread(target=_exit_when_ray_is_gone, args=(study, state["signal"], ended), daemon=True,
                              name="ray-head-watch").start()
@@ -114,6 +119,21 @@ def _exit_when_ray_is_gone(study: str, signal_name: str, ended: threading.Event)
           f"again to continue (finished trials are skipped, a Stage I being trained continues from its last "
           f"handover state)", flush=True)
     os._exit(INTERRUPTED_EXIT_CODE)
+
+
+def _write_now(line: str) -> None:
+    """``line`` on standard output from a signal handler: straight to its file descriptor where it has one (the
+    progress lines before it are flushed as they are written)."""
+    try:
+        os.write(sys.stdout.fileno(), f"{line}\n".encode())
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (a test's capture)
+        print(line, flush=True)
+
+
+def stopping_message(study: str, signal_name: str) -> str:
+    """The line a driver writes the moment a stop signal reaches it during a run."""
+    return (f"[{study}] interrupted by {signal_name}: stopping the running trials (each keeps its Stage-I "
+            f"handover state); run the same command again to continue")
 
 
 def interrupted_message(study: str, signal_name: str, stored: int, pending: int) -> str:

@@ -102,6 +102,16 @@ def seconds_between(first: str, last: str) -> int:
     return (clock(last) - clock(first)) % 86400
 
 
+def sigterm_ending(said: list[str], study: str, script_says: str, last_says: str) -> tuple[int, int]:
+    """Where the script's SIGTERM line and its last line are; between them (or just before the first: Slurm
+    signals the script and the study at once) the study's own "interrupted by SIGTERM" line."""
+    term = next(i for i, line in enumerate(said) if line.endswith(script_says))
+    last = next(i for i in range(term + 1, len(said)) if said[i].startswith("[calib-slurm"))
+    assert said[last].endswith(last_says), "\n".join(said)
+    assert any(line.startswith(f"[{study}] interrupted by SIGTERM") for line in said[term - 1:last]), "\n".join(said)
+    return term, last
+
+
 def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_head_node(lab: SlurmLab):
     """Job A: a two-node γ study, interrupted inside Stage I by the time-limit warning, then requeued by
     ``scontrol requeue``, finished on its third start. Job B: a short study on A's head node at the same
@@ -153,12 +163,12 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
     assert lab.wait_job(cancelled, timeout=60) == "CANCELLED"
     wait_for("C's script to end", lambda: lab.batch_exit_codes(cancelled), cancelled_log, timeout=20)
     said = slurm_lines(cancelled_log.read_text(), "gamma-cancelled")
-    assert said[-3].endswith("SIGTERM: Slurm cancelled the job (scancel, or a preemption that cancels); stopping "
-                             "the study"), "\n".join(said)
-    assert said[-2].startswith("[gamma-cancelled] interrupted by SIGTERM"), "\n".join(said)
-    assert said[-1].endswith("the study stopped after SIGTERM: the job was cancelled; submit this script again, or "
-                             "run the same study command, to continue it"), "\n".join(said)
-    assert seconds_between(said[-3], said[-1]) <= 5 and lab.batch_exit_codes(cancelled) == ["exit 3"], "\n".join(said)
+    term, last = sigterm_ending(
+        said, "gamma-cancelled", "SIGTERM: Slurm cancelled the job (scancel, or a preemption that cancels); stopping "
+        "the study", "the study stopped after SIGTERM: the job was cancelled; submit this script again, or run the "
+        "same study command, to continue it")
+    assert last == len(said) - 1 and seconds_between(said[term], said[last]) <= 5, "\n".join(said)
+    assert lab.batch_exit_codes(cancelled) == ["exit 3"], "\n".join(said)
 
     # 2nd start: requeued by the administrator (what preemption does), again inside Stage I
     wait_for("Stage I to go on from its handover", lambda: max(handover_epochs(store / "artifacts") or [0])
@@ -179,11 +189,9 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
         assert expected in text, f"{expected!r} is not in the job's log:\n" + "\n".join(said)
     assert said[-1].endswith("the study finished") and text.count("the study finished") == 1, "\n".join(said)
     # The requeue with KillWait=10: the study's line and the script's last line within 5 s of the SIGTERM.
-    term = next(i for i, line in enumerate(said) if line.endswith(
-        "SIGTERM: Slurm requeued the job (scontrol requeue or a preemption); stopping the study"))
-    last = next(i for i in range(term + 1, len(said)) if said[i].startswith("[calib-slurm"))
-    assert said[last].endswith("the study stopped after SIGTERM: the job was requeued; start 3 continues it")
-    assert said[last - 1].startswith("[sensitivity_gamma] interrupted by SIGTERM"), "\n".join(said)
+    term, last = sigterm_ending(
+        said, "sensitivity_gamma", "SIGTERM: Slurm requeued the job (scontrol requeue or a preemption); stopping the "
+        "study", "the study stopped after SIGTERM: the job was requeued; start 3 continues it")
     assert seconds_between(said[term], said[last]) <= 5, "\n".join(said)
     assert lab.batch_exit_codes(job) == ["exit 3", "exit 3", "exit 0"]  # the warning, the requeue, the end
     assert not re.search(r"line \d+: .*(Killed|Terminated)", text), "bash reported a killed step:\n" + text[-3000:]
