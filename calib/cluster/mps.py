@@ -112,6 +112,14 @@ def start(directory: Path) -> dict[str, str] | None:
     return None
 
 
+def _start_if(enabled: bool, directory: Path) -> dict[str, str] | None:
+    """:func:`start` where ``--mps`` is on; else the one line saying it is off."""
+    if enabled:
+        return start(directory)
+    _say("MPS not started: --mps off")
+    return None
+
+
 def stop(directory: Path, *, quiet: bool = False) -> bool:
     """Stop the control daemon of ``directory`` (``quit``), if one runs there; whether one was stopped."""
     variables = _pipes(directory)
@@ -131,9 +139,7 @@ def stop(directory: Path, *, quiet: bool = False) -> bool:
 
 def run(command: list[str], *, enabled: bool, directory: Path) -> int:
     """``command`` under MPS for as long as it runs (a SIGTERM or SIGINT is passed on to it); its exit code."""
-    variables = start(directory) if enabled else None
-    if not enabled:
-        _say("MPS not started: --mps off")
+    variables = _start_if(enabled, directory)
     child = subprocess.Popen(command, env={**os.environ, **(variables or {})})
     passed_on = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s)) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -149,9 +155,7 @@ def run(command: list[str], *, enabled: bool, directory: Path) -> int:
 def start_for_ray(command: list[str], *, enabled: bool, directory: Path, poll: float = 2.0) -> int:
     """MPS, then ``command`` (``ray start``) with its variables; MPS stays for the node's Ray it starts and is
     stopped by a detached watcher once that Ray's ``raylet`` is gone (or at once if ``command`` fails)."""
-    variables = start(directory) if enabled else None
-    if not enabled:
-        _say("MPS not started: --mps off")
+    variables = _start_if(enabled, directory)
     before = set(_raylets())
     code = subprocess.run(command, env={**os.environ, **(variables or {})}).returncode
     started = sorted(set(_raylets()) - before)
