@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -214,6 +215,33 @@ def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_i
     assert signal.getsignal(signal.SIGTERM) is before
     (study, signal_name, ended), = watchers
     assert (study, signal_name) == ("s", "SIGTERM") and ended.is_set()  # the run ended: its watcher stops
+
+
+def test_the_stopping_line_is_out_while_the_main_thread_is_in_c_code_and_before_the_process_is_killed():
+    """Slurm's SIGTERM reaches Ray's processes too: Ray's core worker may end the driver while its main thread
+    waits inside Ray's C code, before Python runs the handler there. The line must be out by then. Here the main
+    thread blocks SIGTERM and sleeps in libc (as inside Ray), and the process is killed 5 s after the signal."""
+    code = ("import ctypes, signal\n"
+            "from calib.search.tuner import stoppable\n"
+            "signal.signal(signal.SIGUSR1, lambda *_: None)\n"  # Tune's handler: the run is listening
+            "with stoppable('s', 3):\n"
+            "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+            "    print('waiting in C', flush=True)\n"
+            "    ctypes.CDLL(None).sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout.readline() == "waiting in C\n"
+        proc.send_signal(signal.SIGTERM)
+        said = []
+        threading.Thread(target=lambda: said.append(proc.stdout.readline()), daemon=True).start()
+        deadline = time.monotonic() + 5
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert said == ["[s] interrupted by SIGTERM: stopping the running trials (each keeps its Stage-I handover "
+                    "state); run the same command again to continue\n"]
 
 
 def test_a_stopping_driver_whose_ray_head_is_gone_says_so_and_exits_3():

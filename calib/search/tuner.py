@@ -59,6 +59,11 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
         yield state
         return
     ended = threading.Event()
+    said = threading.Lock()  # held once the stopping line is out: by the first of the handler and the listener
+
+    def say_stopping(signal_name: str) -> None:
+        if said.acquire(blocking=False):
+            _write_now(stopping_message(study, signal_name))
 
     def on_sigterm(signum: int, frame: Any) -> None:
         if "signal" in state:  # already stopping (a scheduler and the job script may both send it)
@@ -67,10 +72,7 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
         if display is not None:
             display.interrupted = state["signal"]
         if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's handler: it stops the run and returns
-            # Said now: where Slurm's SIGTERM also ended this node's raylet, Ray's core worker may end this
-            # process without a word at its next object-store access, before the run's own last line. A raw
-            # write: a handler that print()s while the main thread prints raises a reentrant-call error.
-            _write_now(stopping_message(study, state["signal"]))
+            say_stopping(state["signal"])
             os.kill(os.getpid(), signal.SIGUSR1)
             threading.Thread(target=_exit_when_ray_is_gone, args=(study, state["signal"], ended), daemon=True,
                              name="ray-head-watch").start()
@@ -79,11 +81,51 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
                                    f"started; run the same command again to run them")
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    listening = _listen_for_sigterm(say_stopping)
     try:
         yield state
     finally:
         ended.set()  # the run ended on its own: the watcher stops
+        listening()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _listen_for_sigterm(say_stopping: Callable[[str], None]) -> Callable[[], None]:
+    """The stopping line written from a thread the moment SIGTERM arrives; the returned function stops it.
+
+    Python runs a signal handler only in the main thread, and only once that thread is back in the interpreter:
+    inside Ray's blocking calls that is up to a second later. By then Slurm's SIGTERM to the job's every process
+    may have ended this node's raylet, and Ray's core worker ends this process without a word. CPython's C-level
+    handler writes each signal's number to the wakeup file descriptor at once, in any thread's state; a thread
+    reading it says the line. Where something else already owns the wakeup descriptor, only the handler says it."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread of the main interpreter
+        previous = None
+    if previous != -1:
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
+        return lambda: None
+
+    def listen() -> None:
+        with open(read_end, "rb", buffering=0) as wakeups:
+            while received := wakeups.read(64):
+                if signal.SIGTERM in received and callable(signal.getsignal(signal.SIGUSR1)):  # Tune listens
+                    say_stopping(signal.SIGTERM.name)
+
+    thread = threading.Thread(target=listen, daemon=True, name="sigterm-listener")
+    thread.start()
+
+    def stop() -> None:
+        signal.set_wakeup_fd(-1)
+        os.close(write_end)  # the listener reads the end of the pipe and returns
+        thread.join(timeout=5)
+
+    return stop
 
 
 RAY_HEAD_CHECKS = 3

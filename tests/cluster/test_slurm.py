@@ -103,12 +103,14 @@ def seconds_between(first: str, last: str) -> int:
 
 
 def sigterm_ending(said: list[str], study: str, script_says: str, last_says: str) -> tuple[int, int]:
-    """Where the script's SIGTERM line and its last line are; between them (or just before the first: Slurm
-    signals the script and the study at once) the study's own "interrupted by SIGTERM" line."""
+    """Where the script's SIGTERM line and its last line are. The study's own "interrupted by SIGTERM" line is in
+    the same start, after the script's ``study:`` line and before its last: Slurm signals the script and the study
+    at once, so the study's line (and its progress lines) may come before or after the script's SIGTERM line."""
     term = next(i for i, line in enumerate(said) if line.endswith(script_says))
     last = next(i for i in range(term + 1, len(said)) if said[i].startswith("[calib-slurm"))
     assert said[last].endswith(last_says), "\n".join(said)
-    assert any(line.startswith(f"[{study}] interrupted by SIGTERM") for line in said[term - 1:last]), "\n".join(said)
+    began = max(i for i in range(term) if said[i].startswith("[calib-slurm") and "] study: " in said[i])
+    assert any(line.startswith(f"[{study}] interrupted by SIGTERM") for line in said[began:last]), "\n".join(said)
     return term, last
 
 
@@ -231,7 +233,8 @@ def test_bad_input_exits_2_before_anything_is_submitted(lab: SlurmLab, tmp_path:
     """In process (``calib.cluster.main``, the command's own entry point), against the lab's Slurm."""
     from calib.cluster import main
 
-    before = lab.run("squeue", "--noheader", "--all").stdout
+    jobs = ("squeue", "--noheader", "--all", "--format=%i")  # the job ids: a running job's elapsed time changes
+    before = lab.run(*jobs).stdout
     monkeypatch.setenv("SLURM_CONF", lab.env["SLURM_CONF"])
     monkeypatch.chdir(ROOT)
     code = main(["slurm", "--run-dir", str(tmp_path), "--setup", f"export PATH={Path(sys.executable).parent}:$PATH",
@@ -239,4 +242,4 @@ def test_bad_input_exits_2_before_anything_is_submitted(lab: SlurmLab, tmp_path:
     stderr = capsys.readouterr().err
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and message in errors[0], stderr
-    assert lab.run("squeue", "--noheader", "--all").stdout == before and not (tmp_path / "slurm").exists()
+    assert lab.run(*jobs).stdout == before and not (tmp_path / "slurm").exists()
