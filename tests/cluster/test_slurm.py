@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,9 @@ from slurm_lab import SlurmLab, missing_slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = str(ROOT / "studies" / "sensitivity_gamma.py")
+EPOCHS = 170
+"""Stage I of jobs A and C: long enough that both interruptions of A fall inside it (here A reached epoch 70 of
+the first start while B ran, and 75 at the requeue), short enough that A's third start does not train for minutes."""
 
 pytestmark = [pytest.mark.ray, pytest.mark.skipif(missing_slurm() is not None,
                                                   reason=f"Slurm test: {missing_slurm()}")]
@@ -122,7 +126,7 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
 
     run_dir, store = lab.root / "run-a", lab.root / "shared" / "store-a"
     study = ["--store", str(store), "--data-root", str(lab.root / "data"), "--seeds", "1", "2", "--gammas", "0.9",
-             "--epochs", "250", "--stage2-epochs", "2", "--configs-per-trial", "1", "--cpus-per-trial", "1"]
+             "--epochs", str(EPOCHS), "--stage2-epochs", "2", "--configs-per-trial", "1", "--cpus-per-trial", "1"]
     submitted = launch(lab, run_dir, "--nodes", "2", "--cpus-per-node", "1", "--time", "0:30:00", "--signal-seconds",
                        "60", "--handover-seconds", "0", "--max-requeues", "2", "--submit", study=study)
     job = job_of(submitted)
@@ -135,12 +139,14 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
                                              "--epochs", "2", "--stage2-epochs", "2"]))
     short_log = lab.root / "run-b" / "slurm" / f"calib-gamma-short-{short}.out"
     cancelled_store = lab.root / "shared" / "store-c"  # C starts once B has left a CPU of the head node
-    cancelled = job_of(launch(
-        lab, lab.root / "run-c", "--cpus-per-node", "1", "--handover-seconds", "0",
+    # C's command checks its study (~20 s) while B and A run: it is submitted after B, which is all C needs
+    launching_c = ThreadPoolExecutor(1)
+    c_submitted = launching_c.submit(
+        launch, lab, lab.root / "run-c", "--cpus-per-node", "1", "--handover-seconds", "0",
         f"--sbatch-option=--nodelist={head.name}", "--submit",
         study=["--study", "gamma-cancelled", "--store", str(cancelled_store), "--data-root", str(lab.root / "data"),
-               "--seeds", "1", "--gammas", "0.9", "--epochs", "250", "--stage2-epochs", "2"]))
-    cancelled_log = lab.root / "run-c" / "slurm" / f"calib-gamma-cancelled-{cancelled}.out"
+               "--seeds", "1", "--gammas", "0.9", "--epochs", str(EPOCHS), "--stage2-epochs", "2"])
+    launching_c.shutdown(wait=False)
 
     # B runs on A's head node while A trains, and ends: its Ray is stopped, A's is not
     wait_for("both jobs running", lambda: lab.job_state(job) == lab.job_state(short) == "RUNNING", log)
@@ -156,9 +162,11 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
     lab.run("scancel", "--batch", "--signal=USR1", job)
     wait_for("the job to requeue itself", lambda: lab.job_state(job) == "PENDING", log, lab=lab)
     first = max(handover_epochs(store / "artifacts"))
-    assert first < 250, "Stage I ended before the warning: the test needs more epochs"
+    assert first < EPOCHS, "Stage I ended before the warning: the test needs more epochs"
     lab.start_now(job)
     # C, on A's head node while A starts again: cancelled while it trains
+    cancelled = job_of(c_submitted.result())
+    cancelled_log = lab.root / "run-c" / "slurm" / f"calib-gamma-cancelled-{cancelled}.out"
     wait_for("C's Stage I training", lambda: handover_epochs(cancelled_store / "artifacts"), cancelled_log,
              timeout=180, lab=lab)
     lab.run("scancel", cancelled)
