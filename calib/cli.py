@@ -29,6 +29,7 @@ __all__ = [
     "HelpFormatter",
     "StudyPaths",
     "add_common_args",
+    "add_predictions_args",
     "execution_options",
     "guarded_main",
     "machine_resources",
@@ -182,6 +183,32 @@ class _LoadPlugin(argparse.Action):
 FEATURES_ARCH = "features"
 """The architecture name of a features Stage I in configs and tables (it has no model)."""
 
+PREDICTIONS_ARCH = "predictions"
+"""The architecture name of a predictions-file Stage I in configs and tables (it has no model)."""
+
+DEFAULT_SPLITS = 10
+"""Calibration/test splits of a predictions file (the benchmarks' 10)."""
+
+DEFAULT_CALIBRATION_FRACTION = 0.5
+"""The share of a predictions file in each split's calibration part (the benchmarks' 50/50)."""
+
+
+def add_predictions_args(parser: argparse.ArgumentParser) -> None:
+    """``--predictions FILE [FILE ...]``, ``--splits``, ``--calibration-fraction``: post-hoc calibration of given
+    predictions (the studies that run only post-hoc methods: posthoc.py, calibrate.py)."""
+    group = parser.add_argument_group("a model's predictions (calibrated by the post-hoc methods)")
+    group.add_argument("--predictions", nargs="+", default=None, metavar="FILE",
+                       help="files of a model's predictions and labels: .npz (netcal's predictions and ground_truth, "
+                            "or logits/probs and labels), a .npy pair written PREDICTIONS.npy,LABELS.npy, or "
+                            ".parquet with a labels column; logits or probabilities (detected); one setup per file, "
+                            "named by its stem")
+    group.add_argument("--splits", type=int, default=None, metavar="R",
+                       help=f"random stratified calibration/test splits of each file, seeded 0..R-1 (default: "
+                            f"{DEFAULT_SPLITS}; --seeds names the splits instead)")
+    group.add_argument("--calibration-fraction", type=float, default=None, metavar="F",
+                       help=f"the share of each file in a split's calibration part, in (0, 1) (default: "
+                            f"{DEFAULT_CALIBRATION_FRACTION:g}); the rest is the test split")
+
 
 def add_own_model_args(parser: argparse.ArgumentParser) -> None:
     """Flags for a user's model, data and code (docs/how-to/own-model.md)."""
@@ -275,6 +302,13 @@ def _with_own_model(args: argparse.Namespace, preset: Preset) -> Preset:
     from calib.artifacts.sources import resolve_source
 
     checkpoint, features = getattr(args, "checkpoint", None), getattr(args, "features", None)
+    if getattr(args, "predictions", None) is not None:
+        return _with_predictions(args, preset)
+    for flag, value in (("--splits", getattr(args, "splits", None)),
+                        ("--calibration-fraction", getattr(args, "calibration_fraction", None))):
+        if value is not None:
+            raise ConfigError(f"`{flag}` splits the files of --predictions; without --predictions it does not apply, "
+                              f"got {flag} {value}.")
     if checkpoint and features:
         raise ConfigError(f"`--checkpoint` and `--features` exclude each other (Stage I comes from one of them), got "
                           f"--checkpoint {checkpoint} --features {features}.")
@@ -303,6 +337,43 @@ def _with_own_model(args: argparse.Namespace, preset: Preset) -> Preset:
     return dataclasses.replace(preset, **changes) if changes else preset
 
 
+def _with_predictions(args: argparse.Namespace, preset: Preset) -> Preset:
+    """``preset`` with one Stage-I source per ``--predictions`` file (named by its stem) and its splits as seeds."""
+    from calib.artifacts.sources import resolve_source
+
+    given = [flag for flag, dest in (("--checkpoint", "checkpoint"), ("--features", "features"),
+                                     ("--datasets", "datasets"), ("--archs", "archs"), ("--train-size", "train_size"))
+             if getattr(args, dest, None)]
+    given += [flag for key, flag in _OPTION_FLAGS.items() if getattr(args, key, None) is not None]
+    if given:
+        raise ConfigError(f"`{given[0]}` does not apply to --predictions: each file is a setup of its own (named by "
+                          f"its stem), and only post-hoc methods run on it.")
+    if not args.predictions:
+        raise ConfigError("`--predictions` needs at least one file.")
+    splits, fraction = args.splits, args.calibration_fraction
+    if splits is not None and args.seeds:
+        seeds = " ".join(map(str, args.seeds))
+        raise ConfigError(f"`--splits` and `--seeds` both choose the splits (--splits R: 0..R-1; --seeds: these "
+                          f"split indices): give one, got --splits {splits} and --seeds {seeds}.")
+    if splits is not None and splits < 1:
+        raise ConfigError(f"`--splits` must be an integer >= 1 (the calibration/test splits of each file), got "
+                          f"--splits {splits}.")
+    if fraction is not None and not 0 < fraction < 1:
+        raise ConfigError(f"`--calibration-fraction` must be in (0, 1) (the share of each split's calibration "
+                          f"part), got --calibration-fraction {fraction}.")
+    fraction = DEFAULT_CALIBRATION_FRACTION if fraction is None else float(fraction)
+    sources: dict[str, dict[str, Any]] = {}
+    for file in args.predictions:
+        name = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(file.partition(",")[0]).stem).lstrip("-_.") or "predictions"
+        if name in sources:
+            raise ConfigError(f"`--predictions` names two files {name!r}: a setup is named by its file's stem, so "
+                              f"give files of different names.")
+        sources[name] = {**resolve_source("predictions", file), "calibration_fraction": fraction}
+    seeds = tuple(range(DEFAULT_SPLITS if splits is None else splits))
+    return dataclasses.replace(preset, datasets=tuple(sources), archs=(PREDICTIONS_ARCH,), seeds=seeds,
+                               dataset_archs={}, source={}, dataset_sources=sources)
+
+
 def _features_label(args: argparse.Namespace) -> str:
     label = args.features_name or re.sub(r"[^A-Za-z0-9_.-]", "-", Path(str(args.features)).stem).lstrip("-_.")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", label or ""):
@@ -329,6 +400,10 @@ def study_setups(args: argparse.Namespace, preset: Preset) -> list[tuple[str, st
     """The (dataset, architecture) pairs of a study run; unknown names and a ``--train-size`` outside
     [classes, training images) fail before anything runs, as does a ``--checkpoint`` or ``--features`` file
     that does not fit them."""
+    if preset.dataset_sources:
+        setups = preset.setups()
+        _check_given_stage1(args, preset, setups)
+        return setups
     if preset.source.get("kind") == "features":
         if args.datasets or args.archs:
             raise ConfigError("`--datasets` and `--archs` do not apply to --features: the file holds the data's "

@@ -32,6 +32,7 @@ from calib.registries import DATASETS, LOSSES, METHODS, OOD_SETS
 
 __all__ = [
     "ADDED_FIELDS",
+    "FILE_KINDS",
     "SEED_LIMIT",
     "Component",
     "Stage1Config",
@@ -47,6 +48,9 @@ __all__ = [
     "validate_study_name",
 ]
 
+
+FILE_KINDS = ("features", "predictions")
+"""The Stage-I sources that are files of model outputs: no model, no dataset, no other images."""
 
 SEED_LIMIT = 2**32
 """Trial seeds are ``0 <= seed < SEED_LIMIT``: NumPy's global seed (``np.random.seed``) takes no other,
@@ -155,31 +159,56 @@ class Stage1Source:
         kind: "train" (calib trains the backbone: the default); "checkpoint" (a trained model's weights,
             for ``arch`` on ``dataset``: the splits' features and logits are computed with it, nothing is
             trained); "features" (a file of precomputed features, labels and the final linear layer or
-            the logits, :mod:`calib.artifacts.features_file`: no model, no dataset).
-        path: the checkpoint or features file: an absolute path or an ``s3://`` URI.
+            the logits, :mod:`calib.artifacts.features_file`: no model, no dataset); "predictions" (one file of
+            a model's held-out predictions and labels, :mod:`calib.artifacts.predictions_file`: the trial's seed
+            is the index of its stratified calibration/test split; only post-hoc methods run on it).
+        path: the checkpoint, features or predictions file: an absolute path or an ``s3://`` URI.
         sha256: the file's SHA-256 (64 hex digits), part of the Stage-I identity, so a changed file is a
             new ``stage1_id``; the study computes it when it builds the configs and the trial checks it.
         head: dotted path of the final ``nn.Linear`` of a checkpoint's architecture ("fc",
             "classifier.3"), where finding it automatically fails; None: found automatically.
+        labels_path, labels_sha256: the labels ``.npy`` of a ``.npy`` pair of predictions, and its SHA-256.
+        calibration_fraction: the share of a predictions file's samples in the calibration part of each split,
+            in (0, 1) (the benchmarks' 50/50: 0.5); null for the other kinds.
     """
 
-    kind: Literal["train", "checkpoint", "features"] = "train"
+    kind: Literal["train", "checkpoint", "features", "predictions"] = "train"
     path: str | None = None
     sha256: str | None = None
     head: str | None = None
+    labels_path: str | None = None
+    labels_sha256: str | None = None
+    calibration_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind == "train":
             check(self.path is None and self.sha256 is None and self.head is None, "source", self,
                   "give no path, sha256 or head when kind is 'train' (Stage I is trained)")
-            return
-        check(isinstance(self.path, str) and (os.path.isabs(self.path) or storage.is_remote(self.path)),
-              "source.path", self.path, f"be the absolute path or s3:// URI of the {self.kind} file")
-        check(isinstance(self.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", self.sha256) is not None,
-              "source.sha256", self.sha256, "be the file's SHA-256, 64 lowercase hex digits",
-              "The studies compute it (calib.artifacts.sources.resolve_source).")
+        else:
+            _check_file(self.path, self.sha256, "source.path", "source.sha256", f"the {self.kind} file")
         check(self.head is None or self.kind == "checkpoint", "source.head", self.head,
               "be null unless kind is 'checkpoint'")
+        if self.kind != "predictions":
+            for key in ("labels_path", "labels_sha256", "calibration_fraction"):
+                check(getattr(self, key) is None, f"source.{key}", getattr(self, key),
+                      "be null unless kind is 'predictions'")
+            return
+        check(isinstance(self.calibration_fraction, float) and 0 < self.calibration_fraction < 1,
+              "source.calibration_fraction", self.calibration_fraction,
+              "be a number in (0, 1): the share of the predictions in each split's calibration part")
+        check((self.labels_path is None) == (self.labels_sha256 is None), "source.labels_path", self.labels_path,
+              "come with source.labels_sha256 (a .npy pair), or both be null")
+        if self.labels_path is not None:
+            _check_file(self.labels_path, self.labels_sha256, "source.labels_path", "source.labels_sha256",
+                        "the labels .npy")
+
+
+def _check_file(path: Any, sha256: Any, path_key: str, sha_key: str, what: str) -> None:
+    check(isinstance(path, str) and (os.path.isabs(path) or storage.is_remote(path)), path_key, path,
+          f"be the absolute path or s3:// URI of {what}")
+    check(isinstance(sha256, str) and re.fullmatch(r"[0-9a-f]{64}", sha256) is not None, sha_key, sha256,
+          "be the file's SHA-256, 64 lowercase hex digits",
+          "The studies compute it (calib.artifacts.sources.resolve_source).")
 
 
 @dataclass(frozen=True)
@@ -295,11 +324,11 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     validate_study_name(data["study"])
     source = data.get("source") or {}
     source = source if isinstance(source, Stage1Source) else from_dict(Stage1Source, source, prefix="source.")
-    if source.kind == "features":
+    if source.kind in FILE_KINDS:
         for key in ("dataset", "arch"):
             check(isinstance(data[key], str) and _STUDY_NAME.match(data[key]) is not None, key, data[key],
-                  "be a name (letters, digits, '_', '-', '.') for the features file's data and model: a features "
-                  "Stage I (source.kind='features') reads no registered dataset or architecture")
+                  f"be a name (letters, digits, '_', '-', '.') for the {source.kind} file's data and model: a "
+                  f"{source.kind} Stage I (source.kind={source.kind!r}) reads no registered dataset or architecture")
     else:
         DATASETS.get(data["dataset"])
         check_arch(data["arch"])
@@ -313,9 +342,9 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     fields: dict[str, Any] = {k: v for k, v in data.items() if k not in ("stage1", "loss", "method")}
     fields["source"] = source
     options = data.get("dataset_options") or {}
-    if source.kind == "features":
-        check(not options, "dataset_options", options, "be empty for a features Stage I (no dataset is read)")
-    fields["dataset_options"] = {} if source.kind == "features" else dataset_options(data["dataset"], options)
+    if source.kind in FILE_KINDS:
+        check(not options, "dataset_options", options, f"be empty for a {source.kind} Stage I (no dataset is read)")
+    fields["dataset_options"] = {} if source.kind in FILE_KINDS else dataset_options(data["dataset"], options)
     fields["stage1"] = from_dict(Stage1Config, data.get("stage1", {}), prefix="stage1.") \
         if not isinstance(data.get("stage1"), Stage1Config) else data["stage1"]
     fields["loss"] = _component(LOSSES, data.get("loss", "cross_entropy"), "loss")
@@ -325,7 +354,7 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
           "be an integer with 0 <= seed < 2**32 (it seeds Python, NumPy and torch; NumPy's seeding takes no other)")
     if cfg.source.kind != "train":
         _check_given_stage1(cfg)
-        if cfg.source.kind == "features":
+        if cfg.source.kind in FILE_KINDS:
             return cfg
     info = DATASETS.get(cfg.dataset)
     train_images = info.train_images
@@ -380,16 +409,22 @@ def _check_given_stage1(cfg: TrialConfig) -> None:
         value = getattr(cfg.stage1, key)
         check(value is None, f"stage1.{key}", value,
               f"be null: {'Mixup' if key == 'mixup_alpha' else 'MIT'} trains Stage I, but {given}", runs_on_it)
-    if kind != "features":
+    if kind not in FILE_KINDS:
         return
     check(cfg.stage1.train_size is None, "stage1.train_size", cfg.stage1.train_size,
-          "be null for a features Stage I: its splits are the file's")
+          f"be null for a {kind} Stage I: its splits are the file's")
     for key in ("ood_datasets", "corruptions"):
         check(not getattr(cfg, key), key, getattr(cfg, key),
-              "be empty for a features Stage I: without a model, calib cannot compute features of other images")
-    splits = METHODS.get(cfg.method.name).splits(cfg.method.params)
+              f"be empty for a {kind} Stage I: without a model, calib cannot compute features of other images")
+    spec = METHODS.get(cfg.method.name)
+    if kind == "predictions":
+        logits_only = [name for name in METHODS.names() if METHODS.get(name).logits_only]
+        check(spec.logits_only, "method", cfg.method.name,
+              f"be a method that reads only logits: a predictions file holds no features and no training split, "
+              f"so only the uncalibrated model and the post-hoc methods run on it ({', '.join(logits_only)})")
+    splits = spec.splits(cfg.method.params)
     check(not splits, "method", cfg.method.to_dict(),
-          f"read only the train/val/test splits of a features Stage I, but this config reads {', '.join(splits)}, "
+          f"read only the train/val/test splits of a {kind} Stage I, but this config reads {', '.join(splits)}, "
           f"which the file does not hold (use method.stats_source 'train')")
 
 
@@ -414,10 +449,13 @@ def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
 
     A given Stage I (``source``) is identified by its file's SHA-256: a checkpoint with the dataset, its
     options, the architecture and how the splits are computed (no seed: nothing is trained); a features
-    file by the file alone."""
+    file by the file alone; a predictions file by the file and the split (its calibration share and the seed)."""
     source = cfg.source
     if source.kind == "features":
         return {"source": {"kind": "features", "sha256": source.sha256}}
+    if source.kind == "predictions":  # the seed draws the calibration/test split
+        return {"source": {"kind": "predictions", "sha256": source.sha256, "labels_sha256": source.labels_sha256,
+                           "calibration_fraction": source.calibration_fraction}, "seed": cfg.seed}
     stage1 = _trained(_plain(dataclasses.asdict(cfg.stage1)))
     identity: dict[str, Any] = {"dataset": cfg.dataset, "arch": cfg.arch}
     if source.kind == "checkpoint":

@@ -50,6 +50,8 @@ class Preset:
     ``--features``); empty: trained."""
     dataset_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Options per dataset that takes them (imagefolder's ``--image-size`` ...)."""
+    dataset_sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """A Stage-I source per dataset, over ``source`` (``--predictions``: one file per setup)."""
 
     def setups(self, datasets: Sequence[str] | None = None, archs: Sequence[str] | None = None
                ) -> list[tuple[str, str]]:
@@ -149,8 +151,8 @@ def base_config(
         "device": device or preset.device,
         "num_workers": preset.num_workers,
     }
-    if preset.source:
-        config["source"] = dict(preset.source)
+    if source := preset.dataset_sources.get(dataset, preset.source):
+        config["source"] = dict(source)
     if preset.dataset_options.get(dataset):
         config["dataset_options"] = dict(preset.dataset_options[dataset])
     return with_preset_stage2(preset, config)

@@ -13,7 +13,7 @@ from typing import Any
 
 from calib import progress
 from calib._versions import run_environment
-from calib.config import TrialConfig, config_hash, stage1_identity, trial_id
+from calib.config import FILE_KINDS, TrialConfig, config_hash, stage1_identity, trial_id
 from calib.plugins import plugins_of
 from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS
 
@@ -87,6 +87,6 @@ class TrialResult:
 def used_plugins(cfg: TrialConfig) -> list[str]:
     """The plugins that registered the trial's dataset, architecture, loss, method and OOD sets."""
     names = [(LOSSES, cfg.loss.name), (METHODS, cfg.method.name), *((OOD_SETS, n) for n in cfg.ood_datasets)]
-    if cfg.source.kind != "features":
+    if cfg.source.kind not in FILE_KINDS:
         names += [(DATASETS, cfg.dataset), (MODELS, cfg.arch)]
     return plugins_of((registry, name) for registry, name in names if name in registry)

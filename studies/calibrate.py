@@ -8,11 +8,16 @@ Stage I is not trained: it is your model, given as
   ``DIR/val`` in torchvision's ImageFolder layout). calib computes the features and logits of each split
   once (the backbone before the final linear layer, found automatically or named with ``--head``);
 - ``--features FILE``: the features, labels and final linear layer (or logits) of the train, val and
-  test splits, from any model (docs/extending.md, "Precomputed features").
+  test splits, from any model (docs/extending.md, "Precomputed features");
+- ``--predictions FILE [FILE ...]``: a model's held-out predictions and labels, one file per setup (netcal's
+  ``.npz`` records, ``logits``/``probs`` + ``labels``, a ``.npy`` pair or Parquet), split into a calibration and a
+  test part ``--splits`` times (stratified, seeded by the split index; ``--calibration-fraction``, 0.5). Only the
+  uncalibrated model and the post-hoc methods run on it: it has no features and no training split.
 
 Runs the uncalibrated model, every post-hoc method (TS, SMART, CTS, PTS, ETS, VS, MS-ODIR, Dir-ODIR, IR,
 IRM, HB, BBQ, Spline), TST, V-TST and MaC-Cal (``--methods``), each
-over the seeds of its Stage II (the backbone is fixed, so seeds vary only what calibration draws), and
+over the seeds of its Stage II (the backbone is fixed, so seeds vary only what calibration draws; with
+``--predictions`` the seeds are the splits), and
 prints accuracy, ECE, AECE, MCE, SmoothECE, ECE-sweep, debiased L2-CE, NLL, Brier, O-ECE, U-ECE, AURC and
 AUGRC on the test split, mean ± 95%
 CI over seeds, and writes the reliability diagrams (pooled over seeds, with Clopper–Pearson 95% intervals
@@ -22,7 +27,8 @@ per bin) to ``<store>/figures``. ``studies/report.py`` regenerates both from the
 from __future__ import annotations
 
 from calib._config import ConfigError
-from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
+from calib.cli import add_predictions_args, guarded_main, study_exit_code, study_parser, study_paths
+from calib.registries import METHODS
 from calib.report import report_step
 from calib.report.build import FULL, pooled_bins
 from calib.report.figures import plot_reliability
@@ -44,14 +50,24 @@ ROWS: dict[str, Row] = {
 def main(argv: list[str] | None = None) -> int:
     parser = study_parser(__doc__, study="calibrate")
     choices = list(ROWS) + [label for label in METHOD_ROWS if label not in ROWS]
-    parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=choices, metavar="ROW",
-                        help=f"rows to run, from: {', '.join(ROWS)} (default: all of them)")
+    parser.add_argument("--methods", nargs="+", default=None, choices=choices, metavar="ROW",
+                        help=f"rows to run, from: {', '.join(ROWS)} (default: all of them; with --predictions, all "
+                             f"but TST, V-TST and MaC-Cal)")
+    add_predictions_args(parser)
     args = parser.parse_args(argv)
-    if not (args.checkpoint or args.features):
+    if not (args.checkpoint or args.features or args.predictions):
         raise ConfigError("calibrate.py calibrates a given model: pass --checkpoint FILE (with --archs and "
-                          "--datasets) or --features FILE. To train Stage I with calib, use compare_methods.py.")
-    rows = {label: ROWS.get(label) or METHOD_ROWS[label] for label in args.methods}
-    trials, run = run_rows(args, rows, table=ROWS)
+                          "--datasets), --features FILE or --predictions FILE. To train Stage I with calib, use "
+                          "compare_methods.py.")
+    table = ROWS
+    if args.predictions:  # no features, no training split: the rows that read only logits
+        table = {label: row for label, row in ROWS.items() if METHODS.get(row.method["name"]).logits_only}
+        refused = [label for label in args.methods or () if label not in table]
+        if refused:
+            raise ConfigError(f"`--methods` {' '.join(refused)} cannot run on --predictions: a predictions file holds "
+                              f"no features and no training split; the rows that run on it are {', '.join(table)}.")
+    rows = {label: ROWS.get(label) or METHOD_ROWS[label] for label in args.methods or table}
+    trials, run = run_rows(args, rows, table=table)
     print_row_tables(trials, METRICS, study=args.study)
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"reliability diagrams of {dataset} · {arch}"):

@@ -11,6 +11,13 @@ Sizes above the validation split are an error when given with ``--sizes``; the d
 not fit a dataset (the digits' split has 269 images) are left out with one line. ``--param`` sets a
 method's parameter, e.g. ``--param histogram_binning.num_bins=10``.
 
+``--predictions FILE [FILE ...]`` calibrates a model's predictions instead of a Stage I: one file of held-out
+predictions and labels per setup (netcal's ``.npz`` records, ``logits``/``probs`` + ``labels``, a ``.npy`` pair
+``PREDICTIONS.npy,LABELS.npy`` or Parquet; logits or probabilities, detected and said in one line), split as the
+public benchmarks do: ``--splits`` (10) seeded, stratified random splits into a calibration and a test part
+(``--calibration-fraction``, 0.5), each split × method a trial, the split index as its seed. ``--sizes`` then draws
+from the calibration part (default: all of it).
+
 ``--synthetic-classes 100`` is the many-class regime of the paper preset (CIFAR-100: 100 classes, 5,000 validation
 images) on a CPU: over-confident synthetic logits of 100 classes (:mod:`calib.datasets.synthetic_logits`: true
 probabilities from Dirichlet(0.3), logits 2.5·log p + N(0, 0.5²) noise, labels drawn from p) with 5,000 validation
@@ -28,7 +35,9 @@ import yaml
 
 from calib._config import ConfigError
 from calib.artifacts.features_file import read_features_file
+from calib.artifacts.sources import predictions_split
 from calib.cli import (
+    add_predictions_args,
     execution_options,
     guarded_main,
     preset_of,
@@ -39,9 +48,10 @@ from calib.cli import (
     study_paths,
     study_setups,
 )
+from calib.config import parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.synthetic_logits import write_synthetic_logits
-from calib.presets import base_config
+from calib.presets import Preset, base_config
 from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary, plot_calibration_sizes
 from calib.search import run_grid
@@ -108,7 +118,7 @@ def use_synthetic_logits(args: argparse.Namespace) -> None:
         raise ConfigError(f"`--synthetic-classes` must be an integer >= 2, got --synthetic-classes "
                           f"{args.synthetic_classes}.")
     for flag, value in (("--features", args.features), ("--checkpoint", args.checkpoint),
-                        ("--datasets", args.datasets), ("--archs", args.archs)):
+                        ("--datasets", args.datasets), ("--archs", args.archs), ("--predictions", args.predictions)):
         if value:
             raise ConfigError(f"`--synthetic-classes` is the data set of this run; `{flag}` does not apply with it.")
     name = f"synthetic-logits-{args.synthetic_classes}-seed{args.synthetic_seed}"
@@ -118,8 +128,16 @@ def use_synthetic_logits(args: argparse.Namespace) -> None:
     args.features, args.features_name = str(path), name
 
 
-def validation_sizes(args: argparse.Namespace, datasets: list[str]) -> dict[str, int | None]:
-    """The validation-split size of each dataset (of the features file, with ``--features``)."""
+def validation_sizes(args: argparse.Namespace, preset: Preset, datasets: list[str]) -> dict[str, int | None]:
+    """The validation-split size of each dataset: of the features file with ``--features``, of a split's
+    calibration part with ``--predictions``."""
+    if preset.dataset_sources:
+        sizes = {}
+        for dataset in datasets:
+            config = base_config(preset, study="check", dataset=dataset, seed=0, method={"name": "vanilla"},
+                                 data_root="/", artifact_root="/")
+            sizes[dataset] = len(predictions_split(parse_trial_config(config))[1])
+        return sizes
     if args.features:
         return {datasets[0]: len(read_features_file(args.features).splits["val"].labels)}
     return {d: DATASETS.get(d).val_images for d in datasets}
@@ -136,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(POSTHOC_METHODS), choices=list(POSTHOC_METHODS),
                         metavar="METHOD", help=f"post-hoc methods, from: {', '.join(POSTHOC_METHODS)} (default: all)")
     parser.add_argument("--sizes", nargs="+", type=calibration_size, default=None, metavar="N",
-                        help=f"calibration-set sizes: integers >= 2 or 'all' (default: {' '.join(DEFAULT_SIZES)})")
+                        help=f"calibration-set sizes: integers >= 2 or 'all' (default: {' '.join(DEFAULT_SIZES)}; "
+                             "with --predictions: all)")
     parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS,
                         help=f"uniform draws of each size below 'all' (default: {DEFAULT_DRAWS})")
     parser.add_argument("--param", action="append", default=[], metavar="METHOD.FIELD=VALUE",
@@ -146,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                              "test samples) instead of a trained model; 100 is the paper preset's regime")
     parser.add_argument("--synthetic-seed", type=int, default=0,
                         help="the seed of the --synthetic-classes data set (default: 0)")
+    add_predictions_args(parser)
     args = parser.parse_args(argv)
     if args.draws < 1:
         raise ConfigError(f"`--draws` must be an integer >= 1, got --draws {args.draws}.")
@@ -153,15 +173,17 @@ def main(argv: list[str] | None = None) -> int:
     preset = preset_of(args)
     paths = study_paths(args)
     setups = study_setups(args, preset)
-    seeds = args.seeds or list(preset.seeds[:1])
+    # a Stage I's first seed (every fit reads one cached Stage I); every split of a predictions file
+    seeds = args.seeds or list(preset.seeds if preset.dataset_sources else preset.seeds[:1])
     names = [POSTHOC_METHODS[label] for label in args.methods]
     params = method_params(args.param, names)
     explicit = args.sizes is not None
-    sizes = list(dict.fromkeys(args.sizes if explicit else [calibration_size(s) for s in DEFAULT_SIZES]))
+    default_sizes = ("all",) if preset.dataset_sources else DEFAULT_SIZES  # the benchmarks fit on the whole part
+    sizes = list(dict.fromkeys(args.sizes if explicit else [calibration_size(s) for s in default_sizes]))
     datasets = list(dict.fromkeys(d for d, _ in setups))
-    val_images = validation_sizes(args, datasets)
+    val_images = validation_sizes(args, preset, datasets)
     sizes_by_dataset = {d: sizes_for(d, val_images[d], sizes, explicit, args.study) for d in datasets}
-    if not args.features:
+    if not (args.features or preset.dataset_sources):
         require_datasets(datasets, paths.data_root, args.download)
     options = execution_options(args, preset)
 

@@ -87,11 +87,11 @@ class Stage1Artifact:
         return int(self.splits["train"].features.shape[1])
 
     def load_model(self, device: torch.device | str = "cpu") -> CalibModel:
-        """The Stage-I model (backbone and linear head), in eval mode. A features Stage I has none."""
+        """The Stage-I model (backbone and linear head), in eval mode. A features or predictions Stage I has none."""
         source = self.record.get("source", {})  # TrialConfig.source; absent for a trained Stage I
-        if source.get("kind") == "features":
-            raise ConfigError(f"Stage I {self.stage1_id} is a features file: it has no model to compute the features "
-                              f"of other images (OOD sets, corrupted test sets, other splits).")
+        if source.get("kind") in ("features", "predictions"):
+            raise ConfigError(f"Stage I {self.stage1_id} is a {source['kind']} file: it has no model to compute the "
+                              f"features of other images (OOD sets, corrupted test sets, other splits).")
         model = create_model(self.record["arch"], num_classes=self.num_classes,
                              in_channels=int(self.record["input_shape"][0]), head=source.get("head"))
         model.load_state_dict(self._model_state())

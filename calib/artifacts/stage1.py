@@ -36,7 +36,7 @@ from calib.artifacts.checks import CorruptArtifactError, file_checksum, parse_re
 from calib.artifacts.claim import ClaimSettings, acquire, new_writer_id
 from calib.artifacts.handover import Handover
 from calib.artifacts.publish import fetch_checked, publish
-from calib.artifacts.sources import checkpoint_model, features_of
+from calib.artifacts.sources import checkpoint_model, features_of, predictions_split
 from calib.artifacts.waits import NOTE, WAITED, WAITING, Stage1Event, tell
 from calib.config import TrialConfig, config_hash, stage1_identity
 from calib.datasets import load_dataset
@@ -265,6 +265,22 @@ def _from_features(cfg: TrialConfig) -> tuple[dict[str, torch.Tensor], dict[str,
     }
 
 
+def _from_predictions(cfg: TrialConfig) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """Stage I from a predictions file: split ``cfg.seed`` of it, the calibration part as the validation split and
+    the rest as the test split (float64 scores as logits, also as features); the training split is empty."""
+    predictions, calibration, test = predictions_split(cfg)
+    scores, labels = torch.from_numpy(predictions.scores), torch.from_numpy(predictions.labels)
+    parts = {"train": torch.zeros(0, dtype=torch.int64), "val": torch.from_numpy(calibration),
+             "test": torch.from_numpy(test)}
+    cache = {f"{split}_{part}": value for split, rows in parts.items()
+             for part, value in (("features", scores[rows]), ("logits", scores[rows]), ("labels", labels[rows]))}
+    return {}, cache, {
+        "num_classes": predictions.num_classes, "input_shape": None, "num_features": predictions.num_classes,
+        "predictions_kind": predictions.kind, "history": [], "metrics": _split_metrics(cache, cfg),
+        "train_seconds": 0.0,
+    }
+
+
 def _train_and_write(
     cfg: TrialConfig,
     identity: dict[str, Any],
@@ -282,6 +298,8 @@ def _train_and_write(
         model_state, cache, fields = _from_checkpoint(cfg, device)
     elif cfg.source.kind == "features":
         model_state, cache, fields = _from_features(cfg)
+    elif cfg.source.kind == "predictions":
+        model_state, cache, fields = _from_predictions(cfg)
     else:
         model_state, cache, fields = _trained(cfg, device, on_epoch, on_checkpoint, resume)
     record = {

@@ -64,6 +64,9 @@ class MethodSpec:
 
     ``splits(params)`` names the cached splits beyond train/val/test that a config reads
     (``calib.artifacts.METHOD_SPLITS``); ``run_trial`` adds them to ``artifact.splits`` first.
+
+    ``logits_only``: the method reads only the validation and test logits (the uncalibrated model, the post-hoc
+    methods), so it runs on a predictions file, which holds no features and no training split.
     """
 
     config: type
@@ -72,6 +75,7 @@ class MethodSpec:
     run_population: Callable[..., list[MethodOutcome | BaseException]] | None = None
     population_key: Callable[[Any], Hashable] | None = None
     splits: Callable[[Any], tuple[str, ...]] = no_splits
+    logits_only: bool = False
 
     def __post_init__(self) -> None:
         if (self.run_population is None) != (self.population_key is None):

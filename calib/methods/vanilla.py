@@ -27,4 +27,5 @@ def run_vanilla(
     return MethodOutcome.from_predictor(lambda features, logits: logits.double().softmax(1), artifact)
 
 
-METHODS.register("vanilla")(MethodSpec(VanillaConfig, run_vanilla, "the Stage-I model, no recalibration"))
+METHODS.register("vanilla")(
+    MethodSpec(VanillaConfig, run_vanilla, "the Stage-I model, no recalibration", logits_only=True))

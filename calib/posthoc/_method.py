@@ -91,4 +91,4 @@ def register_posthoc_method(
         return outcome
 
     run.__doc__ = f"Fit {name} on the calibration set of the artifact's validation logits; apply it to val and test."
-    METHODS.register(name)(MethodSpec(config, run, description))
+    METHODS.register(name)(MethodSpec(config, run, description, logits_only=True))

@@ -33,11 +33,16 @@ IDENTITY = [
     ("stage1_id", pa.string(), "hash of the Stage-I config: the artifact directory name"),
     ("cifar100_test_norm", pa.string(), "CIFAR-100 test normalisation: cifar, or focal_bug (FOCAL-R's ImageNet stats)"),
     ("source_kind", pa.string(),
-     "where Stage I came from: train (calib trained it), checkpoint (a given model's weights) or features (a "
-     "given file of features; dataset and arch are then the study's names for them)"),
-    ("source_path", pa.string(), "the checkpoint or features file (path or s3:// URI), null when trained"),
+     "where Stage I came from: train (calib trained it), checkpoint (a given model's weights), features (a "
+     "given file of features) or predictions (a given file of predictions and labels; seed is then the index of "
+     "the calibration/test split); dataset and arch of a file are the study's names for it"),
+    ("source_path", pa.string(), "the checkpoint, features or predictions file (path or s3:// URI), null when trained"),
     ("source_sha256", pa.string(), "SHA-256 of that file: part of stage1_id, null when trained"),
     ("source_head", pa.string(), "the checkpoint architecture's final linear layer, when given with --head"),
+    ("source_labels_path", pa.string(), "the labels .npy of a .npy pair of predictions, else null"),
+    ("source_labels_sha256", pa.string(), "SHA-256 of that labels file: part of stage1_id, else null"),
+    ("source_calibration_fraction", pa.float64(),
+     "a predictions file's share of samples in each split's calibration part (the rest is the test split)"),
     ("dataset_options", pa.string(), "the dataset's options as JSON (imagefolder: image_size, resize, mean, std, "
                                      "val_fraction), null for a dataset without options"),
     ("plugins", pa.list_(pa.string()),
