@@ -77,6 +77,16 @@ FIT = [
     ("cv_nll", pa.float64(),
      "MS-ODIR, Dir-ODIR: the mean held-out NLL (nats) of the cross-validated choice over the folds (null when both "
      "λ and μ were given)"),
+    ("fitted_temperature", pa.float64(),
+     "SMS, SVS: the temperature T of the temperature-scaling preprocessing, fitted on the calibration set"),
+    ("fitted_mixture_weight", pa.float64(),
+     "SMS, SVS: the preprocessing's Laplace-smoothing weight ε = 1/(n + 1) of the uniform distribution"),
+    ("fitted_intercept_penalty", pa.float64(),
+     "SMS, SVS: the ridge coefficient c_b = λ_b K^ρ / n^τ of the intercepts the fit used"),
+    ("fitted_diagonal_penalty", pa.float64(),
+     "SMS, SVS: the ridge coefficient c_v = λ_v K^ρ / n^τ of the diagonal deviations the fit used"),
+    ("fitted_off_diagonal_penalty", pa.float64(),
+     "SMS: the ridge coefficient c_M = λ_M (K(K−1))^ρ / n^τ of the off-diagonal entries the fit used (null for SVS)"),
 ]
 RUN = [
     ("label", pa.string(), "the study's name for this trial's variant (a table row), empty if none"),

@@ -104,6 +104,50 @@ def odir_fit(features: np.ndarray, labels: np.ndarray, off_diagonal_weight: floa
     return theta[: c * c].reshape(c, c), theta[c * c:]
 
 
+# --- Structured matrix and vector scaling (Berta, Holzmüller, Jordan, Bach, AISTATS 2026, arXiv 2511.03685) -------
+
+
+def ts_mix_log_probabilities(logits: np.ndarray, temperature: float, num_samples: int) -> np.ndarray:
+    """x = log((1 − ε)·softmax(z/T) + ε/K), ε = 1/(n + 1): temperature scaling, then Laplace smoothing."""
+    weight = 1.0 / (num_samples + 1)
+    return np.log((1 - weight) * softmax(logits / temperature, axis=1) + weight / logits.shape[1])
+
+
+def structured_penalties(num_classes: int, num_samples: int, strengths: tuple[float, float, float] = (1.0, 1.0, 1.0),
+                         rho: float = 1.0, tau: float = 1.0) -> tuple[float, float, float]:
+    """(c_b, c_v, c_M) = (λ_b K^ρ, λ_v K^ρ, λ_M (K(K−1))^ρ) / n^τ for strengths (λ_b, λ_v, λ_M)."""
+    k, n = num_classes, num_samples
+    return strengths[0] * k**rho / n**tau, strengths[1] * k**rho / n**tau, strengths[2] * (k * (k - 1))**rho / n**tau
+
+
+def _structured_logits(deviation: np.ndarray, bias: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x + (diag(v) + M) x + b (deviation (K, K)) or (1 + v) ⊙ x + b (deviation v (K,))."""
+    return x + (x @ deviation.T if deviation.ndim == 2 else x * deviation) + bias
+
+
+def _deviation_penalties(deviation: np.ndarray, penalties: tuple[float, float, float]) -> np.ndarray:
+    """Each weight deviation's ridge coefficient: c_v on the diagonal (every v_k), c_M off it."""
+    if deviation.ndim == 1:
+        return np.full(deviation.shape, penalties[1])
+    return np.where(np.eye(len(deviation), dtype=bool), penalties[1], penalties[2])
+
+
+def structured_objective(deviation: np.ndarray, bias: np.ndarray, x: np.ndarray, labels: np.ndarray,
+                         penalties: tuple[float, float, float]) -> float:
+    """NLL of the map + c_b ‖b‖² + c_v ‖v‖² (+ c_M ‖M‖²_F for SMS)."""
+    return (mean_nll(_structured_logits(deviation, bias, x), labels)
+            + float((_deviation_penalties(deviation, penalties) * deviation**2).sum()) + penalties[0] * (bias**2).sum())
+
+
+def structured_gradient(deviation: np.ndarray, bias: np.ndarray, x: np.ndarray, labels: np.ndarray,
+                        penalties: tuple[float, float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(∂L/∂deviation, ∂L/∂b) by hand: G = (softmax − onehot)/N; ∂/∂(diag(v) + M) = Gᵀx + 2C⊙(diag(v) + M),
+    ∂/∂v = Σ_i G_i ⊙ x_i + 2 c_v v; ∂/∂b = Σ_i G_i + 2 c_b b."""
+    _, g = _nll_and_logit_gradient(_structured_logits(deviation, bias, x), labels)
+    raw = g.T @ x if deviation.ndim == 2 else (g * x).sum(0)
+    return raw + 2 * _deviation_penalties(deviation, penalties) * deviation, g.sum(0) + 2 * penalties[0] * bias
+
+
 # --- Class-wise temperature scaling (Frenkel & Goldberger, EUSIPCO 2021, fitted by NLL as docs/methods.md §5.3) ------
 
 

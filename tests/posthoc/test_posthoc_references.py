@@ -1,11 +1,11 @@
 """Each post-hoc calibrator against its reference on the seeded over-confident logits of tests/reference_cases.py at
 K = 2, 10 and 100 classes (docs/how-to/reference-checks.md has the table).
 
-A reference is netcal 1.4 where it implements calib's variant, else the paper's objective or algorithm restated in
-posthoc_references.py. The gradient fits compare the objective at both optima and the parameters; the
-non-parametric fits compare the calibrated test probabilities. Probabilities are compared with an absolute
-tolerance only, so values below 1e-300 (a floor on exact zeros) do not count. PTS has no reference implementation:
-its test checks the properties the paper states.
+A reference is netcal 1.4 or probmetrics 1.3 where it implements calib's variant, else the paper's objective or
+algorithm restated in posthoc_references.py. The gradient fits compare the objective at both optima and the
+parameters (SMS and SVS also the test probabilities); the non-parametric fits compare the calibrated test
+probabilities. Probabilities are compared with an absolute tolerance only, so values below 1e-300 (a floor on exact
+zeros) do not count. PTS has no reference implementation: its test checks the properties the paper states.
 """
 
 import numpy as np
@@ -15,7 +15,7 @@ import torch
 from reference_cases import CLASS_COUNTS, reference_split
 from scipy.special import log_softmax, softmax
 
-from calib.posthoc import TemperatureScaling
+from calib.posthoc import POSTHOC, TemperatureScaling
 from calib.posthoc.bbq import BBQ
 from calib.posthoc.classwise_ts import ClasswiseTemperatureScaling
 from calib.posthoc.dirichlet import DirichletCalibration
@@ -45,6 +45,24 @@ PROBABILITY_TOLERANCE = 1e-10
 """max |p̂_calib − p̂_reference| of the non-parametric fits' test probabilities, absolute (the issue's trial: about
 1e-9; measured here: at most 2e-13, isotonic regression at K = 2, 4e-15 elsewhere)."""
 
+STRUCTURED_OBJECTIVE_TOLERANCE = 2e-5
+"""SMS, SVS: how far above calib's optimum the objective may be at probmetrics' (never below it, up to 1e-12).
+probmetrics fits in float32 with torchmin's stopping rules (gtol 1e-5, xtol 1e-8) and ends where the restated
+gradient is still up to 5e-4 (SMS at K = 100), calib in float64 at 1.1e-6, so the gap is probmetrics' early stop
+(measured: at most 9e-6, SMS at K = 100)."""
+
+STRUCTURED_PARAMETER_TOLERANCE = 1e-2
+"""SMS, SVS: max |θ_calib − θ_probmetrics| (measured: at most 5.1e-3, SMS at K = 100; the same early stop)."""
+
+STRUCTURED_PROBABILITY_TOLERANCE = 5e-3
+"""SMS, SVS: max |p̂_calib − p̂_probmetrics| on the test set, absolute (measured: at most 1.9e-3, SMS at K = 10 and
+100)."""
+
+STRUCTURED_GRADIENT_TOLERANCE = 1e-5
+"""SMS, SVS: max |∂L/∂θ| of the restated objective at calib's fit (its stop, 1e-6 in the preconditioned u =
+θ·sqrt(1 + 2c), is at most 1e-6·sqrt(1 + 2c_M) in θ; measured: at most 1.1e-6). L is strictly convex (every θ
+penalised): this point is its one minimum up to that gradient."""
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -63,6 +81,14 @@ def netcal():
     import netcal.scaling
 
     return netcal
+
+
+@pytest.fixture(scope="module")
+def probmetrics():
+    """probmetrics 1.3's calibrators (the test extra), the implementations CalArena runs, imported on first use."""
+    import probmetrics.calibrators
+
+    return probmetrics.calibrators
 
 
 def calibrated(calibrator, logits):
@@ -157,6 +183,38 @@ def test_smart_against_the_objective(split):
     objective = ref.smooth_soft_ece(calibrated(smart, logits).max(axis=1), correct)
     assert abs(objective - smart.best_loss) < 1e-12
     assert objective < ref.best_constant_temperature_soft_ece(logits, labels)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")  # torchmin, probmetrics' fit
+@pytest.mark.parametrize("name", ["svs", "sms"])
+def test_structured_scaling_against_probmetrics(split, probmetrics, name):
+    # Berta et al. 2026 (arXiv 2511.03685): probmetrics 1.3 get_calibrator(name) with its defaults (what CalArena
+    # runs) on softmax(z). Both: T by NLL, x = log((1 − ε) softmax(z/T) + ε/K) with ε = 1/(n + 1), then the deviations
+    # from the identity under the ridge penalties (1·K/n, 1·K/n, 1·K(K−1)/n). The objective is restated in
+    # posthoc_references.py and evaluated at both fits on calib's float64 x.
+    logits, labels = split.calibration_logits, split.calibration_labels
+    k, n = split.num_classes, len(labels)
+    reference = probmetrics.get_calibrator(name).fit(softmax(logits, axis=1), labels)
+    weight, reference_bias = ((reference.W_[:, :k], reference.W_[:, k]) if name == "sms"
+                              else (reference.v_, reference.b_))  # float32: its fit's precision
+    reference_deviation = weight.astype(np.float64) - (np.eye(k) if name == "sms" else 1.0)
+    reference_bias = reference_bias.astype(np.float64)
+    calibrator = POSTHOC.create(name).fit(*split.calibration_tensors())
+    deviation, bias = calibrator.weight_deviation.numpy(), calibrator.bias.numpy()
+    assert calibrator.temperature == pytest.approx(1.0 / reference.ts_.cal_.invtemp_, abs=1e-5)
+    penalties = ref.structured_penalties(k, n, (1.0, 1.0, 1.0 if name == "sms" else 0.0))  # SVS: no M
+    np.testing.assert_allclose(calibrator.coefficients, penalties, rtol=1e-14)
+    x = ref.ts_mix_log_probabilities(logits, calibrator.temperature, n)
+    ours = ref.structured_objective(deviation, bias, x, labels, penalties)
+    theirs = ref.structured_objective(reference_deviation, reference_bias, x, labels, penalties)
+    assert ours <= theirs + 1e-12 and theirs - ours < STRUCTURED_OBJECTIVE_TOLERANCE
+    gradients = ref.structured_gradient(deviation, bias, x, labels, penalties)
+    assert max(np.abs(g).max() for g in gradients) < STRUCTURED_GRADIENT_TOLERANCE
+    np.testing.assert_allclose(deviation, reference_deviation, rtol=0, atol=STRUCTURED_PARAMETER_TOLERANCE)
+    np.testing.assert_allclose(bias, reference_bias, rtol=0, atol=STRUCTURED_PARAMETER_TOLERANCE)
+    reference_probs = reference.predict_proba(softmax(split.test_logits, axis=1))
+    np.testing.assert_allclose(calibrated(calibrator, split.test_logits), reference_probs, rtol=0,
+                               atol=STRUCTURED_PROBABILITY_TOLERANCE)
 
 
 # --- PTS: no reference implementation; the paper's properties --------------------------------------------------------

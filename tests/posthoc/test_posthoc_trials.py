@@ -26,6 +26,8 @@ METHOD_PARAMS = [
     {"name": "vector_scaling"},
     {"name": "matrix_scaling"},
     {"name": "dirichlet", "off_diagonal_weight": 0.01, "intercept_weight": 0.01},  # its 5-fold CV: test_odir_cv
+    {"name": "sms"},
+    {"name": "svs"},
     {"name": "isotonic"},
     {"name": "isotonic_irm"},
     {"name": "histogram_binning"},
