@@ -15,7 +15,8 @@ import torch
 
 from calib.cli import HelpFormatter
 from calib.datasets import load_dataset
-from calib.methods.mac_cal import MacCalConfig, fit_mac_cal
+from calib.methods.mac_cal import MacCalConfig
+from calib.methods.mac_cal_training import fit_mac_cal
 from calib.models import create_model
 from calib.training import predict, resolve_device
 

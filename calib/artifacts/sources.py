@@ -30,7 +30,8 @@ from calib.artifacts.predictions_file import (
 )
 from calib.config import TrialConfig
 from calib.models import CalibModel, create_model
-from calib.models.external import CheckpointError, HeadNotFoundError, load_checkpoint_into, read_checkpoint
+from calib.models.checkpoints import CheckpointError, load_checkpoint_into, read_checkpoint
+from calib.models.external import HeadNotFoundError
 
 __all__ = ["SourceChangedError", "check_source", "checkpoint_model", "features_of", "file_sha256", "local_copy",
            "predictions_of", "predictions_split", "resolve_source"]

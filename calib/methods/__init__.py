@@ -4,7 +4,7 @@ Post-hoc calibrators live in :mod:`calib.posthoc`, which registers them into the
 registry imports both packages when first read (:func:`calib.plugins.load_components`).
 """
 
-from calib.methods import mac_cal, tst, vanilla, vtst
+from calib.methods import mac_cal, mac_cal_training, tst, vanilla, vtst
 from calib.methods._base import MethodOutcome, MethodSpec, Predictor
 from calib.methods._registry import METHODS
 from calib.methods.mac_cal import MacCalConfig
@@ -20,6 +20,7 @@ __all__ = [
     "TSTConfig",
     "VTSTConfig",
     "mac_cal",
+    "mac_cal_training",
     "tst",
     "vanilla",
     "vtst",

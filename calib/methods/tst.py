@@ -5,11 +5,12 @@ frozen extractor's cached TRAIN features h ∈ R^d (no backbone forward):
 
     h → Linear(d, 3Z) → ReLU → Linear(3Z, Z) = z (the "last hidden layer") → Linear(Z, C) = logits
 
-with cross-entropy. Z is ``latent_dim``. TST trains with :func:`fit_tst_population` (its heads
-stacked, a lone run being a population of one); V-TST (``vtst.py``) with :func:`train_stage_two_head`,
-which trains any :class:`StageTwoHead` (training loss and predictive probabilities) the same way.
-Both evaluate on the cached validation features after every epoch (``checkpoint="best_val_loss"``
-keeps the epoch with the lowest NLL).
+with cross-entropy. Z is ``latent_dim``. Both TST and V-TST (``vtst.py``) train in Stage II's one loop
+(:func:`calib.methods.population.train_population`), a lone run being a population of one: TST with
+:func:`fit_tst_population` (its heads stacked in one :class:`~calib.methods.heads.StackedLinears`),
+V-TST with :func:`train_stage_two_heads`, which trains any :class:`StageTwoHead` (training loss and
+predictive probabilities) side by side. Both evaluate on the cached validation features after every
+epoch (``checkpoint="best_val_loss"`` keeps the epoch with the lowest NLL).
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from calib import progress
 from calib._config import check
 from calib.methods._base import MethodOutcome, MethodSpec, check_population, guarded
 from calib.methods._registry import METHODS
 from calib.methods.heads import StackedLinears
+from calib.methods.population import EpochSums, Population, TrainingDiverged, alone, train_population
 from calib.metrics.nll import NLL_FLOOR
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ __all__ = [
     "run_tst",
     "run_tst_population",
     "train_stage_two_head",
+    "train_stage_two_heads",
 ]
 
 
@@ -182,6 +184,185 @@ def _nll(probs: torch.Tensor, labels: torch.Tensor) -> float:
     return float(-p_true.clamp(min=NLL_FLOOR, max=1.0).log().mean())
 
 
+POPULATION_FIELDS = ("epochs", "optimizer", "lr", "momentum", "weight_decay", "batch_size", "latent_dim")
+"""What configs training in one TST population share; ``checkpoint`` and the seed may differ."""
+
+LOOP_FIELDS = POPULATION_FIELDS[:-1]
+"""What heads trained side by side by :func:`train_stage_two_heads` share: the loop and the optimiser."""
+
+
+def population_key(params: TSTConfig) -> tuple:
+    """Configs with equal keys can train in one population (:func:`fit_tst_population`)."""
+    return tuple(getattr(params, name) for name in POPULATION_FIELDS)
+
+
+class _CheckpointedPopulation(Population):
+    """TST's and V-TST's members (:func:`~calib.methods.population.train_population`): after every epoch
+    each one's validation NLL and history row, and under ``checkpoint="best_val_loss"`` a copy of its
+    weights at its lowest validation NLL so far. Minibatch order and training noise of member k come
+    from a CPU generator seeded with its seed."""
+
+    def __init__(self, members: Sequence[tuple[TSTConfig, int]], heads: Sequence[StageTwoHead],
+                 data: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], device: torch.device) -> None:
+        first = members[0][0]
+        super().__init__([torch.Generator().manual_seed(seed) for _, seed in members], epochs=first.epochs,
+                         batch_size=first.batch_size, device=device, index_device=device)
+        train_features, train_labels, val_features, val_labels = data
+        self.params = [params for params, _ in members]
+        self.fitted = [FittedStageTwoHead(head, eval_seed=seed, device=device, best_epoch=first.epochs - 1)
+                       for head, (_, seed) in zip(heads, members, strict=True)]
+        self.features, self.labels = train_features.to(device, torch.float32), train_labels.to(device)
+        self.val_features, self.val_labels = val_features.to(device, torch.float32), val_labels.to(device)
+        self.best_loss = [math.inf] * self.size
+        self.best_state: list[Any] = [None] * self.size
+
+    @abc.abstractmethod
+    def validation_probs(self, active: Sequence[int]) -> torch.Tensor | dict[int, torch.Tensor]:
+        """Member k's predictive probabilities (float64) on the validation features, for k in ``active``."""
+
+    @abc.abstractmethod
+    def snapshot(self, k: int) -> Any:
+        """A copy of member ``k``'s weights, which :meth:`results` puts back."""
+
+    def divergence_message(self, epoch: int, total_loss: float, n: int) -> str:
+        return f"Stage-II training loss became {total_loss} at epoch {epoch}."
+
+    def end_epoch(self, epoch: int, sums: EpochSums, active: Sequence[int]) -> None:
+        if not active:
+            return
+        probs = self.validation_probs(active)
+        for k in active:
+            params, member = self.params[k], self.fitted[k]
+            val_loss = _nll(probs[k], self.val_labels)
+            member.history.append({
+                "stage": "stage2", "epoch": epoch, "lr": params.lr, "train_loss": sums.loss[k] / sums.n,
+                "train_accuracy": sums.correct[k] / sums.n, "train_confidence": sums.confidence[k] / sums.n,
+                "val_accuracy": float((probs[k].argmax(1) == self.val_labels).double().mean()), "val_loss": val_loss,
+            })
+            if params.checkpoint == "best_val_loss" and val_loss < self.best_loss[k]:
+                self.best_loss[k], member.best_epoch = val_loss, epoch
+                self.best_state[k] = self.snapshot(k)
+
+
+def _tst_layers(head: TSTHead) -> list[nn.Linear]:
+    return [head.encoder[0], head.encoder[2], head.decoder]
+
+
+class _StackedTSTPopulation(_CheckpointedPopulation):
+    """TST heads as one :class:`~calib.methods.heads.StackedLinears` stack (batched matrix products) with
+    one optimiser; the member heads get their trained (or checkpointed) weights at the end."""
+
+    def __init__(self, members: Sequence[tuple[TSTConfig, int]], heads: Sequence[TSTHead],
+                 data: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], device: torch.device) -> None:
+        super().__init__(members, heads, data, device)
+        self.stack = StackedLinears([_tst_layers(h) for h in heads], relu_after={0}).to(device)
+        self.optimizer = make_optimizer(self.params[0], self.stack.parameters())
+        self.stacked_val_features = self.val_features.unsqueeze(0).expand(self.size, -1, -1)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.stack.train()
+
+    def losses(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        labels = self.labels[indices]
+        logits = self.stack(self.features[indices])
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(self.size, -1).mean(1)
+        return loss, logits, labels
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    @torch.no_grad()
+    def validation_probs(self, active: Sequence[int]) -> torch.Tensor:
+        self.stack.eval()
+        return self.stack(self.stacked_val_features).double().softmax(2)
+
+    def snapshot(self, k: int) -> list[torch.Tensor]:
+        return [t[k].detach().clone() for t in (*self.stack.weights, *self.stack.biases)]
+
+    @torch.no_grad()
+    def results(self) -> list[FittedStageTwoHead]:
+        depth = len(self.stack.weights)
+        for k, member in enumerate(self.fitted):
+            layers = _tst_layers(member.head)
+            self.stack.copy_member_into(k, layers)
+            if self.best_state[k] is not None:
+                for i, layer in enumerate(layers):
+                    layer.weight.copy_(self.best_state[k][i])
+                    layer.bias.copy_(self.best_state[k][depth + i])
+            member.head.to(self.device)
+        return self.fitted
+
+
+class _HeadsPopulation(_CheckpointedPopulation):
+    """Any :class:`StageTwoHead` members (V-TST's), each its own module computing its own training loss,
+    with one optimiser over all of them."""
+
+    def __init__(self, members: Sequence[tuple[TSTConfig, int]], heads: Sequence[StageTwoHead],
+                 data: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], device: torch.device) -> None:
+        heads = [head.to(device) for head in heads]
+        super().__init__(members, heads, data, device)
+        self.optimizer = make_optimizer(self.params[0], [p for head in heads for p in head.parameters()])
+
+    def start_epoch(self, epoch: int) -> None:
+        for member in self.fitted:
+            member.head.train()
+
+    def losses(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        labels = self.labels[indices]
+        pairs = [member.head.training_loss(self.features[rows], member_labels, generator) for member, rows,
+                 member_labels, generator in zip(self.fitted, indices, labels, self.generators, strict=True)]
+        return torch.stack([loss for loss, _ in pairs]), torch.stack([logits for _, logits in pairs]), labels
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def validation_probs(self, active: Sequence[int]) -> dict[int, torch.Tensor]:
+        return {k: self.fitted[k].device_probs(self.val_features) for k in active}
+
+    def snapshot(self, k: int) -> dict[str, torch.Tensor]:
+        return copy.deepcopy(self.fitted[k].head.state_dict())
+
+    def results(self) -> list[FittedStageTwoHead]:
+        for member, state in zip(self.fitted, self.best_state, strict=True):
+            if state is not None:
+                member.head.load_state_dict(state)
+        return self.fitted
+
+
+def train_stage_two_heads(
+    members: Sequence[tuple[StageTwoHead, TSTConfig, int]],
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    val_features: torch.Tensor,
+    val_labels: torch.Tensor,
+    *,
+    device: torch.device,
+) -> list[FittedStageTwoHead | TrainingDiverged]:
+    """Train each member's ``(head, params, seed)`` on cached training features, side by side in one
+    loop (:func:`~calib.methods.population.train_population`); evaluate on validation every epoch.
+
+    Members share :data:`LOOP_FIELDS`. Minibatch order and training noise of a member come from a CPU
+    generator seeded with its ``seed``, so each result is the member's lone run exactly. History rows
+    (stage "stage2") carry lr, train_loss (the head's objective), train_accuracy and train_confidence
+    over the epoch's minibatches, and val_accuracy and val_loss (validation NLL) after the epoch. A
+    member whose loss becomes non-finite gets a :class:`~calib.methods.population.TrainingDiverged`.
+    """
+    if not members:
+        return []
+    configs = [(params, seed) for _, params, seed in members]
+    check_population([params for params, _ in configs], lambda p: tuple(getattr(p, f) for f in LOOP_FIELDS),
+                     LOOP_FIELDS)
+    population = _HeadsPopulation(configs, [head for head, _, _ in members],
+                                  (train_features, train_labels, val_features, val_labels), device)
+    return train_population(population, train_features.shape[0])
+
+
 def train_stage_two_head(
     head: StageTwoHead,
     params: TSTConfig,
@@ -193,49 +374,43 @@ def train_stage_two_head(
     seed: int,
     device: torch.device,
 ) -> FittedStageTwoHead:
-    """Train ``head`` on cached training features with ``params``; evaluate on validation every epoch.
+    """Train ``head`` on cached training features with ``params``: :func:`train_stage_two_heads` with one
+    member (a non-finite loss raises its ``TrainingDiverged``)."""
+    return alone(train_stage_two_heads([(head, params, seed)], train_features, train_labels, val_features,
+                                       val_labels, device=device))
 
-    Minibatch order and training noise come from a CPU generator seeded with ``seed``. History rows
-    (stage "stage2") carry lr, train_loss (the head's objective), train_accuracy and train_confidence
-    over the epoch's minibatches, and val_accuracy and val_loss (validation NLL) after the epoch.
+
+def _initial_tst_head(seed: int, num_features: int, latent_dim: int, num_classes: int) -> TSTHead:
+    """A new :class:`TSTHead` initialised from ``seed`` (the global RNG left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TSTHead(num_features, latent_dim, num_classes)
+
+
+def fit_tst_population(
+    members: Sequence[tuple[TSTConfig, int]],
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    val_features: torch.Tensor,
+    val_labels: torch.Tensor,
+    *,
+    num_classes: int,
+    device: torch.device,
+) -> list[FittedStageTwoHead | TrainingDiverged]:
+    """One TST head per ``(params, seed)`` member (initialised from ``seed``), stacked and trained in one
+    loop (:func:`~calib.methods.population.train_population`): each member's minibatch order (its own
+    CPU generator), validation NLL after every epoch and checkpoint choice are its own. Members share
+    :func:`population_key`. A member whose loss becomes non-finite gets a
+    :class:`~calib.methods.population.TrainingDiverged` (with its ``epoch``); the others go on.
     """
-    generator = torch.Generator().manual_seed(seed)
-    head = head.to(device)
-    optimizer = make_optimizer(params, head.parameters())
-    features, labels = train_features.to(device, torch.float32), train_labels.to(device)
-    val_h, val_y = val_features.to(device, torch.float32), val_labels.to(device)
-    fitted = FittedStageTwoHead(head, eval_seed=seed, device=device, best_epoch=params.epochs - 1)
-    best_loss, best_state = math.inf, None
-    n = features.shape[0]
-    for epoch in range(params.epochs):
-        progress.record("stage2", epoch)
-        head.train()
-        sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss·B, correct, confidence, summed on device
-        for idx in torch.randperm(n, generator=generator).split(params.batch_size):
-            idx = idx.to(device)
-            y = labels[idx]
-            loss, logits = head.training_loss(features[idx], y, generator)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            with torch.no_grad():
-                confidences, predictions = logits.detach().softmax(1).max(1)
-                sums += torch.stack([loss.detach() * y.shape[0], (predictions == y).sum(), confidences.sum()]).double()
-        total_loss, correct, confidence = sums.tolist()
-        if not math.isfinite(total_loss):
-            raise FloatingPointError(f"Stage-II training loss became {total_loss} at epoch {epoch}.")
-        val_probs = fitted.device_probs(val_h)
-        val_loss = _nll(val_probs, val_y)
-        fitted.history.append({
-            "stage": "stage2", "epoch": epoch, "lr": params.lr, "train_loss": total_loss / n,
-            "train_accuracy": correct / n, "train_confidence": confidence / n,
-            "val_accuracy": float((val_probs.argmax(1) == val_y).double().mean()), "val_loss": val_loss,
-        })
-        if params.checkpoint == "best_val_loss" and val_loss < best_loss:
-            best_loss, best_state, fitted.best_epoch = val_loss, copy.deepcopy(head.state_dict()), epoch
-    if best_state is not None:
-        head.load_state_dict(best_state)
-    return fitted
+    if not members:
+        return []
+    check_population([p for p, _ in members], population_key, POPULATION_FIELDS)
+    latent_dim, num_features = members[0][0].latent_dim, train_features.shape[1]
+    heads = [_initial_tst_head(seed, num_features, latent_dim, num_classes) for _, seed in members]
+    population = _StackedTSTPopulation(members, heads, (train_features, train_labels, val_features, val_labels),
+                                       device)
+    return train_population(population, train_features.shape[0])
 
 
 def fit_tst(
@@ -251,112 +426,8 @@ def fit_tst(
 ) -> FittedStageTwoHead:
     """A new :class:`TSTHead` (initialised from ``seed``) trained on cached features: a population of
     one (:func:`fit_tst_population`), so a config's result does not depend on who trained beside it."""
-    (fitted,) = fit_tst_population([(params, seed)], train_features, train_labels, val_features, val_labels,
-                                   num_classes=num_classes, device=device)
-    if isinstance(fitted, BaseException):
-        raise fitted
-    return fitted
-
-
-POPULATION_FIELDS = ("epochs", "optimizer", "lr", "momentum", "weight_decay", "batch_size", "latent_dim")
-"""What configs training in one TST population share; ``checkpoint`` and the seed may differ."""
-
-
-def population_key(params: TSTConfig) -> tuple:
-    """Configs with equal keys can train in one population (:func:`fit_tst_population`)."""
-    return tuple(getattr(params, name) for name in POPULATION_FIELDS)
-
-
-def _tst_layers(head: TSTHead) -> list[nn.Linear]:
-    return [head.encoder[0], head.encoder[2], head.decoder]
-
-
-def fit_tst_population(
-    members: Sequence[tuple[TSTConfig, int]],
-    train_features: torch.Tensor,
-    train_labels: torch.Tensor,
-    val_features: torch.Tensor,
-    val_labels: torch.Tensor,
-    *,
-    num_classes: int,
-    device: torch.device,
-) -> list[FittedStageTwoHead | FloatingPointError]:
-    """One TST head per ``(params, seed)`` member, trained side by side as :func:`train_stage_two_head`
-    trains one: each member's initialisation (``seed``), minibatch order (its own CPU generator),
-    validation NLL after every epoch and checkpoint choice are its own. Members share
-    :func:`population_key`. A member whose loss becomes non-finite gets a ``FloatingPointError`` (with its
-    ``epoch``); the others go on.
-    """
-    if not members:
-        return []
-    first = members[0][0]
-    check_population([p for p, _ in members], population_key, POPULATION_FIELDS)
-    size = len(members)
-    heads = []
-    for _, seed in members:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            heads.append(TSTHead(train_features.shape[1], first.latent_dim, num_classes))
-    generators = [torch.Generator().manual_seed(seed) for _, seed in members]
-    stack = StackedLinears([_tst_layers(h) for h in heads], relu_after={0}).to(device)
-    optimizer = make_optimizer(first, stack.parameters())
-    features, labels = train_features.to(device, torch.float32), train_labels.to(device)
-    val_h = val_features.to(device, torch.float32).unsqueeze(0).expand(size, -1, -1)
-    val_y = val_labels.to(device)
-    fitted = [FittedStageTwoHead(h, eval_seed=seed, device=device, best_epoch=first.epochs - 1)
-              for h, (_, seed) in zip(heads, members, strict=True)]
-    best_loss = [math.inf] * size
-    best_state: list[list[torch.Tensor] | None] = [None] * size
-    failures: dict[int, FloatingPointError] = {}
-    n = features.shape[0]
-    for epoch in range(first.epochs):
-        progress.record("stage2", epoch)
-        stack.train()
-        order = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(device)
-        sums = torch.zeros(size, 3, dtype=torch.float64, device=device)  # loss·B, correct, confidence
-        for idx in order.split(first.batch_size, dim=1):
-            y = labels[idx]
-            logits = stack(features[idx])
-            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(size, -1).mean(1)
-            optimizer.zero_grad(set_to_none=True)
-            loss.sum().backward()
-            optimizer.step()
-            with torch.no_grad():
-                confidences, predictions = logits.detach().softmax(2).max(2)
-                sums += torch.stack([loss.detach().double() * y.shape[1], (predictions == y).sum(1).double(),
-                                     confidences.sum(1).double()], dim=1)
-        total_loss, correct, confidence = sums.T.tolist()
-        stack.eval()
-        with torch.no_grad():
-            val_probs = stack(val_h).double().softmax(2)
-        for k, ((params, _), member) in enumerate(zip(members, fitted, strict=True)):
-            if k in failures:
-                continue
-            if not math.isfinite(total_loss[k]):
-                failures[k] = FloatingPointError(f"Stage-II training loss became {total_loss[k]} at epoch {epoch}.")
-                failures[k].epoch = epoch  # type: ignore[attr-defined]
-                continue
-            val_loss = _nll(val_probs[k], val_y)
-            member.history.append({
-                "stage": "stage2", "epoch": epoch, "lr": params.lr, "train_loss": total_loss[k] / n,
-                "train_accuracy": correct[k] / n, "train_confidence": confidence[k] / n,
-                "val_accuracy": float((val_probs[k].argmax(1) == val_y).double().mean()), "val_loss": val_loss,
-            })
-            if params.checkpoint == "best_val_loss" and val_loss < best_loss[k]:
-                best_loss[k], member.best_epoch = val_loss, epoch
-                best_state[k] = [t[k].detach().clone() for t in (*stack.weights, *stack.biases)]
-        if len(failures) == size:
-            break
-    for k, member in enumerate(fitted):
-        stack.copy_member_into(k, _tst_layers(member.head))
-        if best_state[k] is not None:
-            depth = len(stack.weights)
-            with torch.no_grad():
-                for i, layer in enumerate(_tst_layers(member.head)):
-                    layer.weight.copy_(best_state[k][i])
-                    layer.bias.copy_(best_state[k][depth + i])
-        member.head.to(device)
-    return [failures.get(k, member) for k, member in enumerate(fitted)]
+    return alone(fit_tst_population([(params, seed)], train_features, train_labels, val_features, val_labels,
+                                    num_classes=num_classes, device=device))
 
 
 def run_on_artifact(fit: Callable[..., FittedStageTwoHead], params: TSTConfig, artifact: Stage1Artifact, *,

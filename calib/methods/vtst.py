@@ -8,7 +8,8 @@ An amortised Gaussian posterior q(z | h) = N(μ(h), diag σ²(h)) over the last 
 
 Loss per minibatch: CE(logits(z), y) + mean_i KL(q(z | h_i) ‖ N(0, I)) / Z, one Monte-Carlo sample
 per step. At test time z is still sampled: ``num_samples`` M = 1 draws one sample (TST-R's default),
-M > 1 averages the softmax over M samples. Training reuses TST's loop (:func:`train_stage_two_head`).
+M > 1 averages the softmax over M samples. Training is Stage II's one loop
+(:func:`calib.methods.population.train_population`) through TST's :func:`~calib.methods.tst.train_stage_two_head`.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def fit_vtst(
     seed: int,
     device: torch.device,
 ) -> FittedStageTwoHead:
-    """A new :class:`VTSTHead` (initialised from ``seed``) trained by TST's loop.
+    """A new :class:`VTSTHead` (initialised from ``seed``) trained as a population of one
+    (:func:`~calib.methods.tst.train_stage_two_head`).
 
     With ``checkpoint="best_val_loss"`` the validation NLL is that of the M-sample predictive, with the
     same evaluation noise every epoch.

@@ -3,7 +3,8 @@
 Every model is a :class:`CalibModel`: ``model.features(x)`` gives the penultimate pooled features,
 ``model.head`` (an ``nn.Linear``) maps them to logits. ``calib.models.MODELS.names()`` lists the
 valid architecture names. torchvision and timm classifiers are named ``"torchvision:<name>"`` and
-``"timm:<name>"`` (:mod:`calib.models.external`); :func:`check_arch` validates any name.
+``"timm:<name>"`` (:mod:`calib.models.external`); :func:`check_arch` validates any name. Users'
+checkpoints load into either kind through :mod:`calib.models.checkpoints`.
 """
 
 from __future__ import annotations
@@ -44,17 +45,19 @@ ModelFactory = Callable[..., CalibModel]
 # Architecture name → factory; the modules below register into it (calib.registries).
 
 # Importing the modules runs their registrations; they import MODELS from this package.
+from calib.models.checkpoints import (  # noqa: E402
+    CheckpointError,
+    checkpoint_state_dict,
+    load_checkpoint_into,
+    read_checkpoint,
+)
 from calib.models.densenet import DenseBottleneck, DenseNet, DenseTransition  # noqa: E402
 from calib.models.external import (  # noqa: E402
-    CheckpointError,
     ExternalModel,
     HeadNotFoundError,
     check_arch,
-    checkpoint_state_dict,
     external_model,
     is_external,
-    load_checkpoint_into,
-    read_checkpoint,
 )
 from calib.models.he_resnet import HeResNet, OptionABlock  # noqa: E402
 from calib.models.resnet import Bottleneck, CifarResNet  # noqa: E402

@@ -8,14 +8,9 @@ import torch
 from torch.nn import functional as F
 
 from calib.methods.heads import MaskableHead
-from calib.methods.mac_cal import (
-    MacCalConfig,
-    RestrictedSGD,
-    clip_threshold,
-    fit_mac_cal,
-    retention_update,
-    sample_weight_masks,
-)
+from calib.methods.mac_cal import MacCalConfig, clip_threshold, retention_update, sample_weight_masks
+from calib.methods.mac_cal_training import fit_mac_cal
+from calib.methods.restricted_sgd import RestrictedSGD
 
 
 def separable_features(n: int = 256, d: int = 8, classes: int = 3, seed: int = 0):

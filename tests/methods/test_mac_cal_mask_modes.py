@@ -14,7 +14,8 @@ import torch
 
 from calib._config import ConfigError
 from calib.config import config_hash, parse_trial_config, trial_identity
-from calib.methods.mac_cal import MacCalConfig, fit_mac_cal
+from calib.methods.mac_cal import MacCalConfig
+from calib.methods.mac_cal_training import fit_mac_cal
 
 X = np.array([[1.0, -2.0, 0.5], [0.0, 1.0, 3.0], [2.0, 0.5, -1.0], [-1.0, 1.5, 0.0]])
 Y = np.array([0, 1, 1, 0])

@@ -9,14 +9,8 @@ from test_mac_cal import separable_features
 from calib._config import ConfigError
 from calib.artifacts import SplitCache, stage1_dir
 from calib.config import config_hash, parse_trial_config, stage1_identity, trial_identity
-from calib.methods.mac_cal import (
-    MacCalConfig,
-    clip_threshold,
-    estimated_accuracy_weight,
-    fit_mac_cal,
-    retention_update,
-    run_mac_cal_population,
-)
+from calib.methods.mac_cal import MacCalConfig, clip_threshold, estimated_accuracy_weight, retention_update
+from calib.methods.mac_cal_training import fit_mac_cal, run_mac_cal_population
 from calib.trial import run_trial
 
 

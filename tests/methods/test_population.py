@@ -5,9 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from calib.methods import mac_cal
+from calib.methods import mac_cal_training
 from calib.methods.heads import MaskableHead, StackedLinears
-from calib.methods.mac_cal import MacCalConfig, fit_mac_cal, fit_mac_cal_population, population_key
+from calib.methods.mac_cal import MacCalConfig, population_key
+from calib.methods.mac_cal_training import fit_mac_cal, fit_mac_cal_population
 from calib.methods.tst import TSTConfig, fit_tst, fit_tst_population
 
 CPU = torch.device("cpu")
@@ -83,7 +84,7 @@ def test_mac_cal_population_needs_one_key():
 def test_a_diverging_member_fails_alone(monkeypatch):
     features, labels = noisy_features()
     params = MacCalConfig(epochs=3, batch_size=64, bottleneck_width=16)
-    initial_head = mac_cal._initial_head
+    initial_head = mac_cal_training._initial_head
 
     def poisoned(params, seed, widths, head_state):  # seed 1's head starts with a NaN weight
         head = initial_head(params, seed, widths, head_state)
@@ -92,7 +93,7 @@ def test_a_diverging_member_fails_alone(monkeypatch):
                 head.layers[0].weight[0, 0] = float("nan")
         return head
 
-    monkeypatch.setattr(mac_cal, "_initial_head", poisoned)
+    monkeypatch.setattr(mac_cal_training, "_initial_head", poisoned)
     results = fit_mac_cal_population([(params, 0), (params, 1)], features, labels, num_features=12,
                                      num_classes=4, device=CPU)
     assert isinstance(results[1], FloatingPointError) and results[1].epoch == 0

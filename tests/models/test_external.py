@@ -1,5 +1,5 @@
-"""Tests for calib/models/external.py: torchvision/timm classifiers split into features and a linear head, and
-users' checkpoints loaded into them."""
+"""Tests for calib/models/external.py and calib/models/checkpoints.py: torchvision/timm classifiers split into
+features and a linear head, and users' checkpoints loaded into them."""
 
 from __future__ import annotations
 
