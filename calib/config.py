@@ -27,6 +27,7 @@ from calib._config import ConfigError, check, from_dict
 from calib._registry import Registry
 from calib.datasets import dataset_options
 from calib.datasets.corruptions import C_DIRECTORY, CORRUPTIONS
+from calib.datasets.subsets import check_train_size
 from calib.models import check_arch
 from calib.registries import DATASETS, LOSSES, METHODS, OOD_SETS
 
@@ -353,20 +354,12 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     check(0 <= cfg.seed < SEED_LIMIT, "seed", cfg.seed,
           "be an integer with 0 <= seed < 2**32 (it seeds Python, NumPy and torch; NumPy's seeding takes no other)")
     if cfg.source.kind != "train":
-        _check_given_stage1(cfg)
+        _check_config_fits_given_stage1(cfg)
         if cfg.source.kind in FILE_KINDS:
             return cfg
     info = DATASETS.get(cfg.dataset)
-    train_images = info.train_images
-    if cfg.stage1.train_size is not None and info.num_classes is not None:
-        check(cfg.stage1.train_size >= info.num_classes, "stage1.train_size", cfg.stage1.train_size,
-              f"be at least the {info.num_classes} classes of {cfg.dataset} (Stage I trains on a stratified sample "
-              f"that holds every class)")
-    if cfg.stage1.train_size is not None and train_images is not None:
-        # The whole split is null: one Stage I, one id.
-        check(cfg.stage1.train_size < train_images, "stage1.train_size", cfg.stage1.train_size,
-              f"be below the {train_images} images of {cfg.dataset}'s training split",
-              "Leave it null (the default) to train on all of them.")
+    if cfg.stage1.train_size is not None:
+        check_train_size(cfg.stage1.train_size, info.num_classes, info.train_images, cfg.dataset)
     calibration_size = getattr(cfg.method.params, "calibration_size", None)
     if calibration_size is not None and info.val_images is not None:
         check(calibration_size <= info.val_images, "method.calibration_size", calibration_size,
@@ -396,7 +389,7 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     return cfg
 
 
-def _check_given_stage1(cfg: TrialConfig) -> None:
+def _check_config_fits_given_stage1(cfg: TrialConfig) -> None:
     """A Stage I that calib does not train (a checkpoint, a features file) takes no training recipe, and a
     features one no dataset: the rows of loss-based methods, Mixup and MIT, OOD sets and method splits."""
     kind = cfg.source.kind

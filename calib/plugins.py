@@ -210,7 +210,8 @@ def use_plugin(name: str) -> Plugin:
 
 
 def loaded_plugins() -> list[Plugin]:
-    """The plugins loaded in this process, installed and ``--plugin`` ones."""
+    """The plugins loaded in this process, in the order they loaded: the installed ones (entry points), then the
+    ``--plugin`` ones. Reading it loads them first, as reading any registry does (:func:`load_components`)."""
     load_components()
     return list(_plugins.values())
 

@@ -1,7 +1,8 @@
 """Claims: which trial, anywhere in a cluster, trains a Stage I while the others wait for it.
 
-A claim is a small JSON file created in one atomic step (:func:`calib.storage.create_exclusive`:
-``O_EXCL`` on a local or shared directory, a conditional PUT with ``If-None-Match: *`` on S3)::
+A claim is a lease (:mod:`calib._lease`): a small JSON file created in one atomic step
+(:func:`calib.storage.create_exclusive`: ``O_EXCL`` on a local or shared directory, a conditional PUT
+with ``If-None-Match: *`` on S3)::
 
     local or shared root:  <artifact_root>/stage1/<stage1_id>.claim
     s3:// root:            <artifact_root>/stage1/<stage1_id>/claim.json
@@ -21,7 +22,6 @@ longer than any one Stage-I training should take).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import socket
 import threading
@@ -29,10 +29,9 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from calib import storage
-from calib._holders import holder_identity, holder_is_dead
+from calib._lease import HeldLease, OtherHolder, holder_is_dead, lease_record, lease_seconds_of, try_take
 from calib.artifacts.waits import NOTE, WAITED, WAITING, Stage1Event, tell
 
 __all__ = ["LEASE_ENV", "WAIT_ENV", "Claim", "ClaimSettings", "Stage1WaitTimeout", "acquire", "claim_location",
@@ -81,9 +80,12 @@ def _now() -> str:
 
 
 def _body(stage1_id: str, holder: str, settings: ClaimSettings, renewals: int, took_over: str | None) -> bytes:
-    return json.dumps({"stage1_id": stage1_id, "holder": holder, **holder_identity(),
-                       "lease_seconds": settings.lease_seconds,
-                       "renewals": renewals, "renewed_at": _now(), "took_over_from": took_over}).encode()
+    return lease_record(settings.lease_seconds, stage1_id=stage1_id, holder=holder, renewals=renewals,
+                        renewed_at=_now(), took_over_from=took_over)
+
+
+def _holder_of(other: OtherHolder) -> str:
+    return str(other.record.get("holder", "an unknown holder"))
 
 
 class Claim:
@@ -91,11 +93,12 @@ class Claim:
     claim was taken over (this holder renewed too late): its training may still finish, and publishing
     first-writer-wins keeps the artifact whole."""
 
-    def __init__(self, location: str, token: str, stage1_id: str, holder: str, settings: ClaimSettings,
-                 took_over: str | None = None, tell: Callable[[Stage1Event], None] = tell) -> None:
-        self.location, self.stage1_id, self.holder, self.took_over = location, stage1_id, holder, took_over
+    def __init__(self, lease: HeldLease, stage1_id: str, holder: str, settings: ClaimSettings,
+                 tell: Callable[[Stage1Event], None] = tell) -> None:
+        self.location, self.stage1_id, self.holder = lease.location, stage1_id, holder
+        self.took_over = None if lease.took_over is None else _holder_of(lease.took_over)
         self.lost = threading.Event()
-        self._token, self._settings, self._renewals, self._tell = token, settings, 0, tell
+        self._lease, self._settings, self._renewals, self._tell = lease, settings, 0, tell
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_loop, name=f"claim-{stage1_id}", daemon=True)
         self._thread.start()
@@ -125,12 +128,9 @@ class Claim:
         """Rewrite the claim if it is still this holder's (what the background thread does every third of
         the lease); False, and ``lost`` set, if it was taken over."""
         self._renewals += 1
-        body = _body(self.stage1_id, self.holder, self._settings, self._renewals, self.took_over)
-        token = storage.replace_if(self.location, body, self._token)
-        if token is None:
+        if not self._lease.renew(_body(self.stage1_id, self.holder, self._settings, self._renewals, self.took_over)):
             self.lost.set()
             return False
-        self._token = token
         return True
 
     def release(self) -> None:
@@ -141,7 +141,7 @@ class Claim:
         if self.lost.is_set():
             return
         try:
-            storage.delete_if(self.location, self._token)
+            self._lease.release()
         except Exception as err:
             self._say(f"Stage I {self.stage1_id}: could not delete the claim {self.location} "
                       f"({type(err).__name__}: {err}); it expires after its lease")
@@ -151,14 +151,6 @@ class Claim:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _parse(data: bytes) -> dict[str, Any]:
-    try:
-        claim = json.loads(data)
-    except ValueError:
-        return {}
-    return claim if isinstance(claim, dict) else {}
 
 
 def acquire(artifact_root: str, stage1_id: str, published: Callable[[], bool], holder: str,
@@ -171,7 +163,19 @@ def acquire(artifact_root: str, stage1_id: str, published: Callable[[], bool], h
     """
     location = claim_location(artifact_root, stage1_id)
     start = time.monotonic()
-    seen_token, seen_since, announced = None, start, False
+    seen_token, seen_since = None, start  # the other holder's last write, and since when this trial sees it
+
+    def body(other: OtherHolder | None) -> bytes:
+        return _body(stage1_id, holder, settings, 0, None if other is None else _holder_of(other))
+
+    def expired(other: OtherHolder) -> bool:  # unchanged for a whole lease by this trial's own clock
+        nonlocal seen_token, seen_since
+        now = time.monotonic()
+        if other.token != seen_token:
+            seen_token, seen_since = other.token, now
+        return now - seen_since >= lease_seconds_of(other.record, settings.lease_seconds)
+
+    announced = False
     while True:
         if published():
             if announced:
@@ -179,43 +183,36 @@ def acquire(artifact_root: str, stage1_id: str, published: Callable[[], bool], h
                 tell(Stage1Event(WAITED, stage1_id, f"Stage I {stage1_id} was published after this trial waited "
                                                     f"{waited:.0f} s; it uses it", waited))
             return None
-        token = storage.create_exclusive(location, _body(stage1_id, holder, settings, 0, None))
-        if token is not None:
-            if announced:  # released without a publication (its trial failed): this trial trains it
-                waited = time.monotonic() - start
-                tell(Stage1Event(WAITED, stage1_id, f"Stage I {stage1_id}: its holder gave it up after this trial "
-                                                    f"waited {waited:.0f} s; this trial ({holder}) trains it", waited))
-            return Claim(location, token, stage1_id, holder, settings, tell=tell)
-        current = storage.read_versioned(location)
+        taken = try_take(location, body, expired)
         now = time.monotonic()
-        if current is None:  # released or taken over between the two calls: look again
+        if taken is None:  # released or taken over meanwhile: look again
             continue
-        data, token = current
-        if token != seen_token:
-            seen_token, seen_since = token, now
-        other = _parse(data)
-        other_holder = str(other.get("holder", "an unknown holder"))
-        lease = max(settings.lease_seconds, float(other.get("lease_seconds") or 0))  # the holder's own, if longer
-        if now - seen_since >= lease or holder_is_dead(other):
-            why = ("is a process of this host that is gone" if holder_is_dead(other)
-                   else f"stopped renewing its claim {lease:g} s ago")
-            token = storage.replace_if(location, _body(stage1_id, holder, settings, 0, other_holder), token)
-            if token is not None:
+        if isinstance(taken, HeldLease):
+            if taken.took_over is not None:
+                other = taken.took_over
+                why = ("is a process of this host that is gone" if holder_is_dead(other.record) else
+                       f"stopped renewing its claim {lease_seconds_of(other.record, settings.lease_seconds):g} s ago")
                 waited = f" after waiting {now - start:.0f} s" if announced else ""
-                tell(Stage1Event(WAITED, stage1_id, f"Stage I {stage1_id}: its holder {other_holder} {why}; this "
-                                                    f"trial ({holder}) takes it over{waited}", now - start))
-                return Claim(location, token, stage1_id, holder, settings, took_over=other_holder, tell=tell)
-            continue
+                tell(Stage1Event(WAITED, stage1_id, f"Stage I {stage1_id}: its holder {_holder_of(other)} {why}; "
+                                                    f"this trial ({holder}) takes it over{waited}", now - start))
+            elif announced:  # released without a publication (its trial failed): this trial trains it
+                tell(Stage1Event(WAITED, stage1_id, f"Stage I {stage1_id}: its holder gave it up after this trial "
+                                                    f"waited {now - start:.0f} s; this trial ({holder}) trains it",
+                                 now - start))
+            return Claim(taken, stage1_id, holder, settings, tell=tell)
+        other_holder = _holder_of(taken)
+        lease = lease_seconds_of(taken.record, settings.lease_seconds)
+        renewed_at = taken.record.get("renewed_at", "?")
         if not announced:
             tell(Stage1Event(WAITING, stage1_id, f"Stage I {stage1_id} is being trained by {other_holder} (claim "
-                                                 f"renewed at {other.get('renewed_at', '?')}); waiting for it to "
-                                                 f"be published, at most {settings.wait_seconds:g} s ({WAIT_ENV}); "
-                                                 f"taken over if its claim is not renewed for {lease:g} s"))
+                                                 f"renewed at {renewed_at}); waiting for it to be published, at "
+                                                 f"most {settings.wait_seconds:g} s ({WAIT_ENV}); taken over if its "
+                                                 f"claim is not renewed for {lease:g} s"))
             announced = True
         if now - start >= settings.wait_seconds:
             tell(Stage1Event(WAITED, stage1_id, "", now - start))  # the trial fails with the error below
             raise Stage1WaitTimeout(
                 f"gave up after {settings.wait_seconds:g} s waiting for Stage I {stage1_id}, claimed by "
-                f"{other_holder} (claim {location}, last renewed at {other.get('renewed_at', '?')}): raise "
-                f"{WAIT_ENV}, or delete the claim if that trial is gone")
+                f"{other_holder} (claim {location}, last renewed at {renewed_at}): raise {WAIT_ENV}, or delete the "
+                f"claim if that trial is gone")
         time.sleep(settings.poll_seconds)

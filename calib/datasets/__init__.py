@@ -11,14 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from calib._config import ConfigError, from_dict
-from calib.datasets._base import (
-    Augmentation,
-    DatasetInfo,
-    DatasetNotFoundError,
-    DatasetSplits,
-    TensorData,
-    TensorSplit,
-)
+from calib.datasets._base import Augmentation, DatasetInfo, DatasetNotFoundError, DatasetSplits, TensorData, TensorSplit
 from calib.registries import DATASETS
 
 __all__ = [

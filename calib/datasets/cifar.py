@@ -34,14 +34,7 @@ if TYPE_CHECKING:
     from torchvision import transforms
 
 from calib.datasets import DATASETS
-from calib.datasets._base import (
-    Augmentation,
-    DatasetInfo,
-    DatasetNotFoundError,
-    DatasetSplits,
-    TensorData,
-    TensorSplit,
-)
+from calib.datasets._base import Augmentation, DatasetInfo, DatasetNotFoundError, DatasetSplits, TensorData, TensorSplit
 
 __all__ = [
     "AUGMENTATION",

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 from calib._config import ConfigError
 from calib.datasets._base import DatasetSplits, TensorData
 
-__all__ = ["SUBSET_SEED", "TrainingSubset", "restrict_training", "stratified_sample"]
+__all__ = ["SUBSET_SEED", "TrainingSubset", "check_train_size", "restrict_training", "stratified_sample"]
 
 SUBSET_SEED = 1
 
@@ -45,6 +45,21 @@ def stratified_sample(labels: np.ndarray | torch.Tensor, size: int, seed: int = 
     chosen = [rng.permutation(np.flatnonzero(labels == k))[:quota] for k, quota in zip(classes, quotas, strict=True)]
     sample = np.sort(np.concatenate(chosen))
     return sample, np.setdiff1d(np.arange(num), sample)
+
+
+def check_train_size(train_size: int, num_classes: int | None, train_images: int | None, dataset: str,
+                     key: str = "stage1.train_size") -> None:
+    """A ``ConfigError`` naming ``key`` (the trial config's, or the ``--train-size`` flag) unless a Stage-I sample
+    of ``train_size`` images of ``dataset`` holds at least its ``num_classes`` (the stratified sample holds every
+    class) and fewer than the ``train_images`` of its training split (all of them is no ``train_size``: one Stage
+    I, one id). A bound that is None is not checked."""
+    if num_classes is not None and train_size < num_classes:
+        raise ConfigError(f"`{key}` must be at least the {num_classes} classes of {dataset} (Stage I trains on a "
+                          f"stratified sample that holds every class), got {key}={train_size}.")
+    if train_images is not None and train_size >= train_images:
+        leave_out = "out" if key.startswith("--") else "null (the default)"
+        raise ConfigError(f"`{key}` must be below the {train_images} images of {dataset}'s training split, got "
+                          f"{key}={train_size}. Leave it {leave_out} to train on all of them.")
 
 
 @dataclasses.dataclass
@@ -82,19 +97,12 @@ def restrict_training(data: DatasetSplits, train_size: int | None, dataset: str 
 
     ``None`` returns ``data`` unchanged with no held-out part. A size that is not below the training
     split's, or below the number of classes (the sample holds every class), is a :class:`ConfigError`
-    that names both numbers (as ``parse_trial_config`` does).
+    that names both numbers (:func:`check_train_size`, as ``parse_trial_config`` checks it).
     """
     if train_size is None:
         return TrainingSubset(data, None)
-    if train_size < data.num_classes:
-        raise ConfigError(f"`stage1.train_size` must be at least the {data.num_classes} classes of "
-                          f"{dataset or 'the dataset'} (Stage I trains on a stratified sample that holds every "
-                          f"class), got stage1.train_size={train_size}.")
     labels = _training_labels(data)
-    total = labels.numel()
-    if train_size >= total:
-        raise ConfigError(f"`stage1.train_size` must be below the {total} images of {dataset or 'the'} training "
-                          f"split, got stage1.train_size={train_size}. Leave it null to train on all of them.")
+    check_train_size(train_size, data.num_classes, labels.numel(), dataset or "the dataset")
     keep, rest = (torch.from_numpy(indices) for indices in stratified_sample(labels.numpy(), train_size))
 
     def restricted_tensors() -> TensorData:  # built on first read, as the dataset's own view is

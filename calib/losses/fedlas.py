@@ -222,6 +222,14 @@ class _FeDLaSBase(nn.Module):
         psi = self.gate(logits)
         return adaptive_coefficient(self.base, self.modulation_strength, psi, gamma)
 
+    def _terms(self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(α_i, log p_i, CE_i = −log p_{i,y_i}), α in the log-probabilities' dtype."""
+        alpha = self.coefficients(logits, features)
+        log_probs = F.log_softmax(logits, dim=1)
+        ce = -log_probs.gather(1, targets.long().unsqueeze(1)).squeeze(1)
+        return alpha.to(log_probs.dtype), log_probs, ce
+
     def _reduce(self, mean_loss: torch.Tensor, batch_size: int) -> torch.Tensor:
         # "sum" is batch_size × the mean form, the codebase's convention for sum-reduced losses.
         return mean_loss * batch_size if self.reduction == "sum" else mean_loss
@@ -253,10 +261,7 @@ class FeDLaSLS(_FeDLaSBase):
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
     ) -> torch.Tensor:
-        alpha = self.coefficients(logits, features)
-        log_probs = F.log_softmax(logits, dim=1)
-        alpha = alpha.to(log_probs.dtype)
-        ce = -log_probs.gather(1, targets.long().unsqueeze(1)).squeeze(1)
+        alpha, log_probs, ce = self._terms(logits, targets, features)
         uniform = -log_probs.mean(dim=1)
         loss = ((1 - alpha) * ce + alpha * uniform).mean()
         return self._reduce(loss, logits.shape[0])
@@ -291,10 +296,7 @@ class FeDLaSMbLS(_FeDLaSBase):
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
     ) -> torch.Tensor:
-        alpha = self.coefficients(logits, features)
-        log_probs = F.log_softmax(logits, dim=1)
-        alpha = alpha.to(log_probs.dtype)
-        ce = -log_probs.gather(1, targets.long().unsqueeze(1)).squeeze(1)
+        alpha, log_probs, ce = self._terms(logits, targets, features)
         penalty = margin_penalty(logits, self.margin).to(log_probs.dtype)
         loss = ((1 - alpha) * ce).mean() + (alpha * penalty).mean()
         return self._reduce(loss, logits.shape[0])

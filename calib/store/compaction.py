@@ -30,7 +30,6 @@ compaction merges the copies.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -51,7 +50,7 @@ import pyarrow.parquet as pq
 
 from calib import storage
 from calib._config import ConfigError
-from calib._holders import holder_identity, holder_is_dead
+from calib._lease import HeldLease, OtherHolder, lease_record, lease_seconds_of, try_take
 from calib.config import validate_study_name
 from calib.store.files import TABLES, StoreFile, file_location, list_table, new_part_name, study_folder, table_location
 from calib.store.scan import _STATUS_RANK as _RANK
@@ -115,45 +114,37 @@ def _lease_seconds() -> float:
 
 
 class _Lease:
-    def __init__(self, location: str, token: str, lease: float) -> None:
-        self.location, self._token, self.lease = location, token, lease
+    """The compaction lease this process holds; renewed before each step that changes the store."""
+
+    def __init__(self, held: HeldLease, lease: float) -> None:
+        self._held, self.location, self.lease = held, held.location, lease
 
     @staticmethod
     def body(lease: float) -> bytes:
-        return json.dumps({**holder_identity(), "lease_seconds": lease, "renewed_at": time.time()}).encode()
+        return lease_record(lease, renewed_at=time.time())
 
     def renew(self) -> None:
-        token = storage.replace_if(self.location, self.body(self.lease), self._token)
-        if token is None:
+        if not self._held.renew(self.body(self.lease)):
             raise CompactionLost(f"the compaction lease {self.location} was taken over by another process")
-        self._token = token
 
     def release(self) -> None:
-        storage.delete_if(self.location, self._token)
+        self._held.release()
 
 
 def _take_lease(store: str, study: str, lease: float) -> _Lease | None:
-    """The study's compaction lease, or None while another live holder renews it."""
+    """The study's compaction lease, or None while another live holder renews it (a lease is taken over
+    whose last renewal is older than the lease by the wall clock)."""
     location = storage.join(store, "compaction", f"study={study}.json")
+
+    def expired(other: OtherHolder) -> bool:
+        return time.time() - float(other.record.get("renewed_at") or 0) > lease_seconds_of(other.record, lease)
+
     for _attempt in range(3):
-        token = storage.create_exclusive(location, _Lease.body(lease))
-        if token is not None:
-            return _Lease(location, token, lease)
-        current = storage.read_versioned(location)
-        if current is None:  # released between the two calls
-            continue
-        data, token = current
-        try:
-            record = json.loads(data)
-        except ValueError:
-            record = {}
-        record = record if isinstance(record, dict) else {}
-        age = time.time() - float(record.get("renewed_at") or 0)
-        if not (holder_is_dead(record) or age > max(lease, float(record.get("lease_seconds") or 0))):
+        taken = try_take(location, lambda _other: _Lease.body(lease), expired)
+        if isinstance(taken, HeldLease):
+            return _Lease(taken, lease)
+        if taken is not None:  # a live holder renews it
             return None
-        token = storage.replace_if(location, _Lease.body(lease), token)
-        if token is not None:
-            return _Lease(location, token, lease)
     return None
 
 

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first: a module imports its own layer and those below
     ("launchers", ("calib.cluster",)),
-    ("study", ("calib.cli", "calib.study_rows", "calib.ablation", "calib.presets")),
+    ("study", ("calib.cli", "calib.study_flags", "calib.study_sources", "calib.study_resources", "calib.study_rows",
+               "calib.ablation", "calib.presets")),
     ("Ray Tune", ("calib.search", "calib.tracking")),
     ("run_trial", ("calib.trial",)),
     ("report", ("calib.report",)),
@@ -26,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first: a module imports its
     ("trial config and result", ("calib.config", "calib.trial_result")),
     ("components", ("calib.models", "calib.datasets", "calib.losses", "calib.metrics")),
     ("foundation", ("calib.registries", "calib.plugins", "calib.storage", "calib.progress", "calib._config",
-                    "calib._registry", "calib._versions", "calib._holders", "calib._help")),
+                    "calib._registry", "calib._versions", "calib._lease", "calib._help")),
 ]
 PACKAGE = "calib"  # calib/__init__.py (``__version__``): the ground floor
 

@@ -66,7 +66,7 @@ def machine(monkeypatch):
     """``machine(cpus, gpus)``: what local Ray would start with, as :func:`calib.cli.execution_options` sees it."""
 
     def set_machine(cpus: float, gpus: float) -> None:
-        monkeypatch.setattr("calib.cli.machine_resources", lambda: {"CPU": float(cpus), "GPU": float(gpus)})
+        monkeypatch.setattr("calib.study_resources.machine_resources", lambda: {"CPU": float(cpus), "GPU": float(gpus)})
         monkeypatch.setattr("torch.cuda.device_count", lambda: int(gpus))
         monkeypatch.setattr("torch.cuda.is_available", lambda: gpus > 0)
 

@@ -153,6 +153,35 @@ def installed_plugin(tmp_path):
                        capture_output=True)
 
 
+def test_loaded_plugins_lists_what_this_process_loaded(installed_plugin, tmp_path):
+    """What a plugin author checks: the installed package's entry point is found (with its distribution's
+    version), then a --plugin file joins it (with its code's hash and path), each once."""
+    module = tmp_path / "code" / "demo_model.py"
+    module.parent.mkdir()
+    module.write_text(MODULE_PLUGIN)
+    script = textwrap.dedent(f"""
+        import json
+        from calib.plugins import loaded_plugins, use_plugin
+
+        def listed():
+            return [[p.module, p.version, p.source] for p in loaded_plugins()]
+
+        before = listed()
+        use_plugin({str(module)!r})
+        use_plugin({str(module)!r})
+        print(json.dumps([before, listed()]))
+    """)
+    done = _run("-c", script, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after = json.loads(done.stdout.splitlines()[-1])
+    import hashlib
+
+    entry_point = ["calib_demo_plugin.components", "0.1.0", "entry point of calib-demo-plugin"]
+    version = "sha256:" + hashlib.sha256(module.read_bytes()).hexdigest()[:12]
+    assert before == [entry_point]
+    assert after == [entry_point, ["demo_model", version, str(module.resolve())]]
+
+
 def test_plugins_reach_every_ray_worker(installed_plugin, tmp_path):
     """An installed package's dataset (entry point) and a --plugin file's architecture train on two Ray workers;
     each row names both plugins with their versions."""

@@ -23,7 +23,7 @@ import pytest
 from trial_copies import copy_of
 from trial_fixtures import tiny_config
 
-from calib._holders import holder_identity
+from calib._lease import holder_identity
 from calib.config import parse_trial_config
 from calib.store import StoreWarning, completed_trial_ids, read_history, read_trials, write_result
 from calib.store import compaction as compaction_module
