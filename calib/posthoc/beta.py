@@ -59,7 +59,7 @@ MAX_NEWTON_STEPS = 100
 """At most this many Newton steps per fit (a likelihood without a finite optimum never stops improving)."""
 
 NEWTON_DECREMENT = 1e-20
-"""A fit stops once a Newton step would lower the mean NLL by less than this (half of g·H⁺g)."""
+"""A fit stops once g·H⁺g, twice the decrease of the mean NLL a Newton step predicts, falls below this."""
 
 
 def beta_features(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
