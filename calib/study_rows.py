@@ -42,7 +42,7 @@ POSTHOC_METHODS: dict[str, str] = {
     "TS": "temperature_scaling", "SMART": "smart", "CTS": "classwise_ts", "PTS": "parameterized_ts",
     "ETS": "ensemble_ts", "VS": "vector_scaling", "MS-ODIR": "matrix_scaling", "Dir-ODIR": "dirichlet",
     "SMS": "sms", "SVS": "svs", "IR": "isotonic", "IRM": "isotonic_irm", "HB": "histogram_binning", "BBQ": "bbq",
-    "Spline": "spline",
+    "Spline": "spline", "IVAP": "ivap", "CIR": "cir", "Beta": "beta",
 }
 """Every post-hoc method by its short label (docs/methods.md §5), in the order of the tables."""
 

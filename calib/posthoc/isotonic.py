@@ -30,8 +30,9 @@ import torch
 from sklearn.isotonic import IsotonicRegression
 
 from calib.metrics import softmax64
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, absent_classes, check_logits, check_logits_labels
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, absent_classes, check_logits_labels
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
+from calib.posthoc._one_vs_rest import checked_softmax
 from calib.posthoc.histogram_binning import log_of_normalised, zero_probability_note
 
 __all__ = ["IRM_EPSILON", "IsotonicConfig", "IsotonicIRM", "IsotonicIRMConfig", "IsotonicOneVsRest"]
@@ -42,13 +43,6 @@ IRM_EPSILON = 1e-9
 
 def _isotonic() -> IsotonicRegression:
     return IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0)
-
-
-def _softmax_of_checked(logits: torch.Tensor, num_classes: int) -> np.ndarray:
-    z = check_logits(logits)
-    if z.shape[1] != num_classes:
-        raise ValueError(f"`logits` must have the {num_classes} classes of the fit, got {z.shape[1]}.")
-    return softmax64(z.cpu())
 
 
 @POSTHOC.register("isotonic")
@@ -75,7 +69,7 @@ class IsotonicOneVsRest(PostHocCalibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """log p̂, p̂_k = g_k(p_k) / Σ_j g_j(p_j)."""
         self.check_fitted()
-        probs = _softmax_of_checked(logits, len(self.regressors))
+        probs = checked_softmax(logits, len(self.regressors))
         mapped = np.stack([g.predict(probs[:, k]) for k, g in enumerate(self.regressors)], axis=1)
         return log_of_normalised(mapped).to(logits.device)
 
@@ -106,7 +100,7 @@ class IsotonicIRM(PostHocCalibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """log p̂, p̂_k ∝ g(p_k) + ε p_k (ε = 1e-9): the argmax of p is kept."""
         self.check_fitted()
-        probs = _softmax_of_checked(logits, self.num_classes)
+        probs = checked_softmax(logits, self.num_classes)
         mapped = self.regressor.predict(probs.ravel()).reshape(probs.shape) + IRM_EPSILON * probs
         return log_of_normalised(mapped).to(logits.device)
 

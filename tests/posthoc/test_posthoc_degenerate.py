@@ -99,6 +99,9 @@ def test_classwise_ts_on_five_samples_is_flagged_and_bounded():
      "their diagonal weight W_kk has no finite optimum"),
     ("isotonic", {}, "isotonic regression maps their scores to 0"),
     ("histogram_binning", {}, "histogram binning maps their scores to 0"),
+    ("ivap", {}, "Venn-Abers gives such a class p0 = 0"),
+    ("cir", {}, "centred isotonic regression maps their scores to 0"),
+    ("beta", {}, "the likelihood has no finite optimum"),
 ])
 def test_absent_classes_are_flagged_with_what_they_get(name, params, fragment):
     # 40 samples of 20 classes: several classes never occur (the K = 100, N = 50 on a smaller scale).
@@ -111,7 +114,7 @@ def test_absent_classes_are_flagged_with_what_they_get(name, params, fragment):
     assert f"({len(absent)} of 20)" in calibrator.degenerate_reason
     test, _ = synthetic(500, 20, seed=6)
     log_probs, probs = calibrator(test), calibrator.probs(test)
-    if name in ("isotonic", "histogram_binning"):  # exactly 0, floored at the one floor of every method
+    if name in ("isotonic", "histogram_binning", "cir"):  # exactly 0, floored at the one floor of every method
         mapped = log_probs.max(1).values > math.log(1 / 20) + 1e-12  # (a row every g_k maps to 0 is uniform)
         assert mapped.sum() > 400 and (log_probs[mapped][:, absent] == math.log(PROBABILITY_FLOOR)).all()
     elif name == "vector_scaling":  # b_k stopped where the mean p_k on the calibration set is below 1e-6

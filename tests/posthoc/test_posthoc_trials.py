@@ -33,6 +33,9 @@ METHOD_PARAMS = [
     {"name": "histogram_binning"},
     {"name": "bbq"},
     {"name": "spline"},
+    {"name": "ivap"},
+    {"name": "cir"},
+    {"name": "beta"},
     {"name": "temperature_scaling", "calibration_size": 50, "calibration_draw": 1},
 ]
 KEEP_ARGMAX = ("temperature_scaling", "smart", "parameterized_ts", "ensemble_ts", "isotonic_irm", "spline")
