@@ -11,11 +11,11 @@ Stage I is not trained: it is your model, given as
   test splits, from any model (docs/extending.md, "Precomputed features").
 
 Runs the uncalibrated model, every post-hoc method (TS, SMART, CTS, PTS, ETS, VS, MS-ODIR, Dir-ODIR, IR,
-IRM, HB, BBQ, Spline), TST, V-TST and MaC-Cal (``--methods``), each
+IRM, HB, HB-EM, BBQ, Spline), TST, V-TST and MaC-Cal (``--methods``), each
 over the seeds of its Stage II (the backbone is fixed, so seeds vary only what calibration draws), and
-prints accuracy, ECE, AECE, MCE, SmoothECE, ECE-sweep, debiased L2-CE, NLL, Brier, O-ECE, U-ECE, AURC and
-AUGRC on the test split, mean ± 95%
-CI over seeds, and writes the reliability diagrams (pooled over seeds, with Clopper–Pearson 95% intervals
+prints accuracy, its change from the uncalibrated model (ΔAcc) and the share of changed predictions, ECE,
+AECE, MCE, SmoothECE, ECE-sweep, debiased L2-CE, NLL, Brier, O-ECE, U-ECE, AURC and AUGRC on the test split,
+mean ± 95% CI over seeds, and writes the reliability diagrams (pooled over seeds, with Clopper–Pearson 95% intervals
 per bin) to ``<store>/figures``. ``studies/report.py`` regenerates both from the store.
 """
 
