@@ -17,6 +17,7 @@ import pandas as pd
 from calib.cli import execution_options, preset_of, require_datasets, settings_line, study_paths, study_setups
 from calib.presets import base_config
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
+from calib.report.tables import PREDICTION_CHANGE_COLUMNS, with_current_labels
 from calib.search import StudyRun, run_grid
 from calib.store import read_finished
 
@@ -41,10 +42,11 @@ class Row:
 POSTHOC_METHODS: dict[str, str] = {
     "TS": "temperature_scaling", "SMART": "smart", "CTS": "classwise_ts", "PTS": "parameterized_ts",
     "ETS": "ensemble_ts", "VS": "vector_scaling", "MS-ODIR": "matrix_scaling", "Dir-ODIR": "dirichlet",
-    "SMS": "sms", "SVS": "svs", "IR": "isotonic", "IRM": "isotonic_irm", "HB": "histogram_binning", "BBQ": "bbq",
-    "Spline": "spline", "IVAP": "ivap", "CIR": "cir", "Beta": "beta",
+    "SMS": "sms", "SVS": "svs", "IR": "isotonic", "IRM": "isotonic_irm", "HB": "histogram_binning_equal_width",
+    "HB-EM": "histogram_binning", "BBQ": "bbq", "Spline": "spline", "IVAP": "ivap", "CIR": "cir", "Beta": "beta",
 }
-"""Every post-hoc method by its short label (docs/methods.md §5), in the order of the tables."""
+"""Every post-hoc method by its short label (docs/methods.md §5), in the order of the tables. HB is histogram binning
+as Guo et al.'s tables and netcal run it (equal-width bins), HB-EM Zadrozny & Elkan's equal-mass bins."""
 
 POSTHOC_ROWS: dict[str, Row] = {f"CE+{label}": Row(method={"name": name}) for label, name in POSTHOC_METHODS.items()}
 """The post-hoc methods with their defaults, each fitted on the vanilla (CE) Stage I's validation logits."""
@@ -115,7 +117,7 @@ def run_rows(
           f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=options,
                    table=configs_of(table, seeds[:1]) if table else None)
-    trials = read_finished(paths.store, args.study, run.trial_ids)
+    trials = with_current_labels(read_finished(paths.store, args.study, run.trial_ids))
     trials["row"] = pd.Categorical(trials["label"], categories=list(rows), ordered=True)
     print(f"\n[{args.study}] store: {paths.store} ({len(trials)} ok trials of this run; "
           f"{run.skipped} were already there; {run.failed} failed)")
@@ -126,12 +128,16 @@ def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, study:
                      by: tuple[str, ...] = ("row",)) -> None:
     """One Markdown table per (dataset, architecture): mean ± 95% CI over seeds of ``metrics`` (in percent).
 
-    Rows with no finished trial are named in one line under the table, so a partial run shows what it has.
+    Rows with no finished trial are named in one line under the table, so a partial run shows what it has. ΔAcc and
+    "changed" (:data:`~calib.report.tables.PREDICTION_CHANGE_COLUMNS`), where ``metrics`` has them, compare each
+    trial with the uncalibrated model of its Stage I: a row that changes the predicted class shows it there.
     """
+    change = "; ΔAcc: accuracy minus the uncalibrated model's; changed: test predictions whose class the method " \
+             "changed" if PREDICTION_CHANGE_COLUMNS.keys() & metrics.keys() else ""
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(study, f"table for {dataset} · {arch}"):
             print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds "
-                  "(percent; NLL in nats and Brier as they are)\n")
+                  f"(percent; NLL in nats and Brier as they are{change})\n")
             print(to_markdown(summarize(group, list(by), list(metrics)), list(by), metrics))
             if note := mixed_trainings(group):
                 print(f"\n{note}")

@@ -84,9 +84,23 @@ def _corruption_metrics(
              "corrupted_ece_all": ece, "corrupted_accuracy_all": acc})
 
 
+def prediction_change(probs: np.ndarray, uncalibrated_logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """``test_argmax_changed``, the fraction of samples whose predicted class (argmax, ties to the lowest index)
+    under ``probs`` differs from the uncalibrated model's, and ``test_accuracy_change``, the accuracy of ``probs``
+    minus the uncalibrated model's.
+
+    >>> prediction_change(np.array([[0.6, 0.4], [0.7, 0.3]]), np.array([[1.0, 0.0], [0.0, 2.0]]), np.array([0, 1]))
+    {'test_argmax_changed': 0.5, 'test_accuracy_change': -0.5}
+    """
+    predicted, uncalibrated = probs.argmax(axis=1), uncalibrated_logits.argmax(axis=1)
+    return {"test_argmax_changed": float(np.mean(predicted != uncalibrated)),
+            "test_accuracy_change": float(np.mean(predicted == labels) - np.mean(uncalibrated == labels))}
+
+
 def _evaluate(cfg: TrialConfig, artifact: Any, outcome: Any, device: torch.device
               ) -> tuple[dict[str, float], dict[str, list]]:
-    """Metrics of ``outcome`` on val and test, the test reliability bins, OOD and corruption values."""
+    """Metrics of ``outcome`` on val and test, its prediction change from the Stage-I model's test logits, the test
+    reliability bins, OOD and corruption values."""
     metrics: dict[str, float] = {}
     for split, probs in (("val", outcome.val_probs), ("test", outcome.test_probs)):
         labels = artifact.splits[split].labels
@@ -95,6 +109,9 @@ def _evaluate(cfg: TrialConfig, artifact: Any, outcome: Any, device: torch.devic
         labels = labels.numpy()
         scores = compute_all(probs.detach().cpu().double().numpy(), labels, num_bins=cfg.num_bins)
         metrics.update({f"{split}_{k}": v for k, v in scores.items()})
+    test = artifact.splits["test"]
+    metrics.update(prediction_change(outcome.test_probs.detach().cpu().double().numpy(),
+                                     test.logits.detach().cpu().double().numpy(), test.labels.numpy()))
     counts, confidence, accuracy = reliability_bins(
         outcome.test_probs.detach().cpu().double().numpy(), artifact.splits["test"].labels.numpy(),
         num_bins=cfg.num_bins,

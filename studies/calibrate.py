@@ -15,12 +15,12 @@ Stage I is not trained: it is your model, given as
   uncalibrated model and the post-hoc methods run on it: it has no features and no training split.
 
 Runs the uncalibrated model, every post-hoc method (TS, SMART, CTS, PTS, ETS, VS, MS-ODIR, Dir-ODIR, IR,
-IRM, HB, BBQ, Spline), TST, V-TST and MaC-Cal (``--methods``), each
+IRM, HB, HB-EM, BBQ, Spline, SMS, SVS, IVAP, CIR, Beta), TST, V-TST and MaC-Cal (``--methods``), each
 over the seeds of its Stage II (the backbone is fixed, so seeds vary only what calibration draws; with
 ``--predictions`` the seeds are the splits), and
-prints accuracy, ECE, AECE, MCE, SmoothECE, ECE-sweep, debiased L2-CE, NLL, Brier, O-ECE, U-ECE, AURC and
-AUGRC on the test split, mean ± 95%
-CI over seeds, and writes the reliability diagrams (pooled over seeds, with Clopper–Pearson 95% intervals
+prints accuracy, its change from the uncalibrated model (ΔAcc) and the share of changed predictions, ECE,
+AECE, MCE, SmoothECE, ECE-sweep, debiased L2-CE, NLL, Brier, O-ECE, U-ECE, AURC and AUGRC on the test split,
+mean ± 95% CI over seeds, and writes the reliability diagrams (pooled over seeds, with Clopper–Pearson 95% intervals
 per bin) to ``<store>/figures``. ``studies/report.py`` regenerates both from the store.
 """
 

@@ -3,9 +3,10 @@
 Fits every post-hoc method (``--methods``) on validation subsets of ``--sizes`` samples (default 50,
 100, 500, 1,000 and all of them), ``--draws`` uniform draws per size (a draw's smaller subsets are
 nested in its larger ones), on the vanilla (CE) Stage I of each seed: by default only the preset's
-first seed, so every fit reads one cached Stage I. Prints test ECE, SmoothECE, NLL and accuracy per
-method and size, mean ± 95% CI over draws (and seeds), and draws test ECE against the calibration-set
-size. ``studies/report.py`` regenerates the table and the figure from the store.
+first seed, so every fit reads one cached Stage I. Prints test ECE, SmoothECE, NLL, accuracy, its change
+from the uncalibrated model and the share of changed predictions, the KS error and the calibration / refinement
+split of NLL and Brier per method and size, mean ± 95% CI over draws (and seeds), and draws test ECE against the
+calibration-set size. ``studies/report.py`` regenerates the table and the figure from the store.
 
 Sizes above the validation split are an error when given with ``--sizes``; the default sizes that do
 not fit a dataset (the digits' split has 269 images) are left out with one line. ``--param`` sets a
@@ -213,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"table for {dataset} · {arch}"):
             summary = calibration_size_summary(group, str(dataset), val_images.get(str(dataset)))
-            print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over draws and seeds (percent; NLL in nats; "
-                  f"degenerate: the fits of the row that were)\n")
+            print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over draws and seeds (percent; NLL, its "
+                  f"calibration (cal) and refinement (ref) errors in nats, Brier's as they are; ΔAcc: accuracy minus "
+                  f"the uncalibrated model's; changed: test predictions whose class the method changed; degenerate: "
+                  f"the fits of the row that were)\n")
             print(to_markdown(summary, ["method", "calibration set", "degenerate"], CALIBRATION_SIZE_METRICS))
             if note := mixed_trainings(group):
                 print(f"\n{note}")

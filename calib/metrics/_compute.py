@@ -18,11 +18,22 @@ from calib.metrics.aurc import (
     area_under_risk_coverage,
 )
 from calib.metrics.brier import _brier_compute, brier_score
+from calib.metrics.calibration_refinement import (
+    CROSS_FIT_FOLDS,
+    CROSS_FIT_SEED,
+    DEFAULT_RECALIBRATOR,
+    _split_compute,
+    brier_calibration_error,
+    brier_refinement_error,
+    nll_calibration_error,
+    nll_refinement_error,
+)
 from calib.metrics.classwise_ece import _cwece_compute, classwise_ece
 from calib.metrics.debiased_ece import _l2ce_debiased_compute, debiased_l2_calibration_error
 from calib.metrics.decomposed_ece import _oece_compute, _uece_compute, overconfidence_ece, underconfidence_ece
 from calib.metrics.ece import _ece_compute, expected_calibration_error
 from calib.metrics.ece_sweep import _ece_sweep_compute, ece_sweep
+from calib.metrics.ks_ce import _ks_compute, ks_calibration_error
 from calib.metrics.mce import _mce_compute, maximum_calibration_error
 from calib.metrics.nll import NLL_MAX, _nll_compute, negative_log_likelihood
 from calib.metrics.smooth_ece import _smece_compute, smooth_ece
@@ -128,6 +139,36 @@ METRICS: dict[str, MetricSpec] = {
         "Debiased top-label L2 calibration error, equal-mass bins (Kumar et al. 2019).",
         binned=True,
     ),
+    "ks_ce": MetricSpec(
+        ks_calibration_error,
+        False,
+        "KS calibration error: max gap of cumulative top-label confidence and accuracy (Gupta et al. 2021).",
+    ),
+    "nll_calibration": MetricSpec(
+        nll_calibration_error,
+        False,
+        "NLL calibration error NLL(f) − NLL(g∘f) in nats, g temperature scaling cross-fitted in 5 folds "
+        "(Berta et al. 2025).",
+        bounds=(-NLL_MAX, NLL_MAX),
+    ),
+    "nll_refinement": MetricSpec(
+        nll_refinement_error,
+        False,
+        "NLL refinement error NLL(g∘f) in nats, g temperature scaling cross-fitted in 5 folds (Berta et al. 2025).",
+        bounds=(0.0, NLL_MAX),
+    ),
+    "brier_calibration": MetricSpec(
+        brier_calibration_error,
+        False,
+        "Brier calibration error Brier(f) − Brier(g∘f), g temperature scaling cross-fitted in 5 folds.",
+        bounds=(-2.0, 2.0),
+    ),
+    "brier_refinement": MetricSpec(
+        brier_refinement_error,
+        False,
+        "Brier refinement error Brier(g∘f), g temperature scaling cross-fitted in 5 folds (Berta et al. 2025).",
+        bounds=(0.0, 2.0),
+    ),
 }
 """Every metric by its stable name (the Parquet column name); values are fractions, not percent."""
 
@@ -145,16 +186,20 @@ def higher_is_better(name: str) -> bool:
     return METRICS[name].higher_is_better
 
 
-def compute_all(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 15) -> dict[str, float]:
+def compute_all(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 15,
+                recalibrator: str = DEFAULT_RECALIBRATOR) -> dict[str, float]:
     """Every metric in :data:`METRICS`, validating the inputs once; values as in each function.
 
     Calibration errors, accuracy, AURC and AUGRC are fractions in [0, 1], NLL is in nats and Brier
-    in [0, 2].
+    in [0, 2]; the calibration / refinement split of NLL and Brier comes from one cross-fit of
+    ``recalibrator`` (:func:`~calib.metrics.calibration_refinement`, 5 folds, seed 0).
 
     Args:
         probs: probabilities, shape (N, C); rows sum to 1. Numpy array or torch tensor.
         labels: integer labels in [0, C), shape (N,).
         num_bins: number of bins for the binned metrics, >= 1.
+        recalibrator: the registered post-hoc calibrator g of the calibration / refinement split
+            (temperature scaling).
 
     Returns:
         ``{name: value}`` in the order of :data:`METRICS`.
@@ -182,4 +227,6 @@ def compute_all(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 15) -> d
         "smece": _smece_compute(confidences, correct),
         "ece_sweep": _ece_sweep_compute(confidences, correct),
         "l2ce_debiased": _l2ce_debiased_compute(confidences, correct, num_bins),
+        "ks_ce": _ks_compute(confidences, correct),
+        **_split_compute(p, y, recalibrator, CROSS_FIT_FOLDS, CROSS_FIT_SEED),
     }

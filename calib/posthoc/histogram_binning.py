@@ -1,13 +1,22 @@
-"""Histogram binning (Zadrozny & Elkan, ICML 2001), one-vs-rest with equal-mass bins, docs/methods.md §5.
+"""Histogram binning in two readings, docs/methods.md §5.9.
 
-For each class k the calibration scores p_ik = softmax(z_i)_k are sorted and cut into B bins of about
-N/B samples each (equal mass, B = 15 by default); a cut never separates equal scores (the tie group
-goes to the upper bin, so there can be fewer, unequal bins). Bin b's value is its fraction of positives
+``"histogram_binning_equal_width"`` (the tables' HB: Guo et al., ICML 2017 §4.1, and netcal 1.4's
+``HistogramBinning``): B equal-width bins ((j−1)/B, j/B] of a score (B = 15; a score of 0 is in the first bin),
+θ_b the fraction of positives of bin b, an empty bin's θ_b its midpoint (j − ½)/B. K = 2: one binary binning of
+the class-1 score, p̂ = (1 − θ(p_1), θ(p_1)); K > 2: one binning per class on p_k against 1[y = k], renormalised,
+and a class without calibration samples gets q_k = 0 (netcal fits no model for it).
+
+``"histogram_binning"`` (the tables' HB-EM: Zadrozny & Elkan, ICML 2001), one-vs-rest with equal-mass bins at
+every K: for each class k the calibration scores p_ik = softmax(z_i)_k are sorted and cut into B bins of about
+N/B samples each (B = 15 by default); a cut never separates equal scores (the tie group goes to the upper bin,
+so there can be fewer, unequal bins). Bin b's value is its fraction of positives
 
     θ_kb = |{i ∈ b : y_i = k}| / |b|,
 
 a new score p_k gets the value of the bin whose interval holds it (cuts halfway between neighbouring
-calibration scores, first and last bins open-ended), and the row is renormalised:
+calibration scores, first and last bins open-ended).
+
+Both renormalise a row (K > 2 for equal width):
 
     q_k = θ_k,b(p_k),   p̂_k = q_k / Σ_j q_j   (a row whose every q_k is 0: uniform).
 
@@ -23,6 +32,7 @@ import torch
 
 from calib._config import check
 from calib.metrics import softmax64
+from calib.metrics._binning import equal_width_bin_indices, equal_width_edges
 from calib.posthoc._base import (
     POSTHOC,
     PROBABILITY_FLOOR,
@@ -38,6 +48,8 @@ from calib.posthoc._method import PostHocConfig, register_posthoc_method
 __all__ = [
     "HistogramBinning",
     "HistogramBinningConfig",
+    "HistogramBinningEqualWidth",
+    "HistogramBinningEqualWidthConfig",
     "equal_mass_bin_starts",
     "log_of_normalised",
     "midpoint_cuts",
@@ -82,14 +94,22 @@ def log_of_normalised(probs: np.ndarray) -> torch.Tensor:
 
 
 def zero_probability_note(absent: list[int], num_classes: int, method: str) -> str:
-    """The degenerate-fit reason of a one-vs-rest calibrator (IR, HB) whose class has no calibration samples."""
+    """The degenerate-fit reason of a one-vs-rest calibrator (IR, HB, HB-EM) whose class has no calibration
+    samples."""
     return (f"{describe_classes(absent, num_classes)} absent from the calibration set: {method} maps their scores "
             f"to 0, so they get probability 0 (floored at {PROBABILITY_FLOOR:.3g}) for every input")
 
 
+def _check_num_bins(num_bins: int) -> int:
+    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
+        raise ValueError(f"`num_bins` must be an integer >= 1, got num_bins={num_bins!r}.")
+    return num_bins
+
+
 @POSTHOC.register("histogram_binning")
 class HistogramBinning(PostHocCalibrator):
-    """One-vs-rest histogram binning: q_k = θ_k,b(p_k), the positive fraction of p_k's equal-mass bin.
+    """One-vs-rest histogram binning with equal-mass bins (HB-EM): q_k = θ_k,b(p_k), the positive fraction of
+    p_k's bin.
 
     Args:
         num_bins: bins per class B >= 1 (15); fewer where the calibration set has under B distinct
@@ -101,9 +121,7 @@ class HistogramBinning(PostHocCalibrator):
 
     def __init__(self, num_bins: int = 15) -> None:
         super().__init__()
-        if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
-            raise ValueError(f"`num_bins` must be an integer >= 1, got num_bins={num_bins!r}.")
-        self.num_bins = num_bins
+        self.num_bins = _check_num_bins(num_bins)
         self.cut_points: list[np.ndarray] = []
         self.bin_values: list[np.ndarray] = []
         self.bin_counts: list[np.ndarray] = []
@@ -158,5 +176,91 @@ class HistogramBinningConfig(PostHocConfig):
 register_posthoc_method(
     "histogram_binning", HistogramBinningConfig,
     lambda params, seed: HistogramBinning(num_bins=params.num_bins),
-    "one-vs-rest histogram binning (equal-mass bins), renormalised",
+    "one-vs-rest histogram binning (equal-mass bins; Zadrozny & Elkan 2001), renormalised: row HB-EM",
+)
+
+
+@POSTHOC.register("histogram_binning_equal_width")
+class HistogramBinningEqualWidth(PostHocCalibrator):
+    """Histogram binning with equal-width bins (HB; Guo et al. 2017, netcal 1.4): K = 2 bins the class-1 score,
+    K > 2 one-vs-rest and renormalised.
+
+    Args:
+        num_bins: bins B >= 1 of [0, 1] (15), each ((j−1)/B, j/B] (the first also holds 0).
+
+    After :meth:`fit`, ``binned_classes`` lists the classes with a binning ([1] at K = 2, every class above),
+    ``bin_values[i]`` holds θ_b of class ``binned_classes[i]`` (an empty bin's midpoint; all 0 for a class
+    without calibration samples) and ``bin_counts[i]`` its calibration samples per bin.
+    """
+
+    def __init__(self, num_bins: int = 15) -> None:
+        super().__init__()
+        self.num_bins = _check_num_bins(num_bins)
+        self.num_classes = 0
+        self.binned_classes: list[int] = []
+        self.bin_values: list[np.ndarray] = []
+        self.bin_counts: list[np.ndarray] = []
+
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> HistogramBinningEqualWidth:
+        """Bin the softmax scores of logits z (N, C >= 2) against labels y (N,); returns ``self``."""
+        z, y = check_logits_labels(logits, labels, min_classes=2)
+        probs, targets = softmax64(z), y.numpy()
+        self.num_classes = probs.shape[1]
+        self.binned_classes = [1] if self.num_classes == 2 else list(range(self.num_classes))
+        edges = equal_width_edges(self.num_bins)
+        midpoints = 0.5 * (edges[:-1] + edges[1:])
+        absent = absent_classes(y, self.num_classes)
+        self.bin_values, self.bin_counts = [], []
+        for k in self.binned_classes:
+            bins = equal_width_bin_indices(probs[:, k], self.num_bins)
+            counts = np.bincount(bins, minlength=self.num_bins)
+            positives = np.bincount(bins, weights=(targets == k).astype(np.float64), minlength=self.num_bins)
+            values = np.where(counts > 0, positives / np.maximum(counts, 1), midpoints)
+            self.bin_values.append(np.zeros(self.num_bins) if self.num_classes > 2 and k in absent else values)
+            self.bin_counts.append(counts)
+        reasons = []
+        if absent and self.num_classes == 2:
+            reasons = [f"class {absent[0]} absent from the calibration set: every non-empty bin gives it probability 0"]
+        elif absent:
+            reasons = [zero_probability_note(absent, self.num_classes, "histogram binning")]
+        self._finish_fit(reasons)
+        return self
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        """log p̂: (1 − θ(p_1), θ(p_1)) at K = 2, the renormalised θ_k,b(p_k) above (N, C)."""
+        self.check_fitted()
+        z = check_logits(logits)
+        if z.shape[1] != self.num_classes:
+            raise ValueError(f"`logits` must have the {self.num_classes} classes of the fit, got {z.shape[1]}.")
+        probs = softmax64(z.cpu())
+        binned = np.empty_like(probs)
+        for k, values in zip(self.binned_classes, self.bin_values, strict=True):
+            binned[:, k] = values[equal_width_bin_indices(probs[:, k], self.num_bins)]
+        if self.num_classes == 2:
+            return log_probabilities(np.stack([1.0 - binned[:, 1], binned[:, 1]], axis=1)).to(logits.device)
+        return log_of_normalised(binned).to(logits.device)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistogramBinningEqualWidthConfig(PostHocConfig):
+    """Equal-width histogram binning (the tables' HB) as a method, fitted on the cached validation logits
+    (docs/methods.md §5.9).
+
+    Attributes:
+        num_bins: equal-width bins of [0, 1], >= 1 (15, the bins of Guo et al.'s ECE; netcal's default is 10).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    num_bins: int = 15
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.num_bins >= 1, "num_bins", self.num_bins, "be an integer >= 1")
+
+
+register_posthoc_method(
+    "histogram_binning_equal_width", HistogramBinningEqualWidthConfig,
+    lambda params, seed: HistogramBinningEqualWidth(num_bins=params.num_bins),
+    "histogram binning with equal-width bins (Guo et al. 2017, netcal): binary at K = 2, one-vs-rest "
+    "renormalised above: row HB",
 )

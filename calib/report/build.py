@@ -26,24 +26,32 @@ from calib.report.significance import CONTROL_CANDIDATES, RankComparison, defaul
 from calib.report.significance_tables import LATEX_MARKS, MARKS, cell_markers, rank_latex, rank_markdown
 from calib.report.steps import report_step
 from calib.report.tables import (
+    PREDICTION_CHANGE_COLUMNS,
     column_higher_is_better,
     format_mean_ci,
     is_fraction_metric,
     latex_escape,
     mixed_trainings,
     summarize,
+    with_current_labels,
 )
+from calib.report.win_rates import win_rates
 from calib.store import read_history, read_trials
 
 __all__ = ["CALIBRATION_SIZE_METRICS", "FULL", "KNOWN_STUDIES", "build_report", "calibration_size_summary",
            "plot_calibration_sizes", "pooled_bins"]
 
-FULL = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE", "test_smece": "smECE",
-        "test_ece_sweep": "ECE-sweep", "test_l2ce_debiased": "dL2-CE", "test_nll": "NLL", "test_brier": "Brier",
-        "test_oece": "O-ECE", "test_uece": "U-ECE", "test_aurc": "AURC", "test_augrc": "AUGRC"}
-"""The full table's metrics (compare_methods, calibrate): column -> header."""
-CALIBRATION_SIZE_METRICS = {"test_ece": "ECE", "test_smece": "smECE", "test_nll": "NLL", "test_accuracy": "Acc"}
-"""The metrics of the calibration-set size study (studies/posthoc.py)."""
+FULL = {"test_accuracy": "Acc", **PREDICTION_CHANGE_COLUMNS, "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE",
+        "test_smece": "smECE", "test_ece_sweep": "ECE-sweep", "test_l2ce_debiased": "dL2-CE", "test_nll": "NLL",
+        "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_aurc": "AURC", "test_augrc": "AUGRC"}
+"""The full table's metrics (compare_methods, calibrate): column -> header. ΔAcc and "changed" compare each trial with
+the uncalibrated Stage-I model it started from (:data:`~calib.report.tables.PREDICTION_CHANGE_COLUMNS`)."""
+CALIBRATION_SIZE_METRICS = {"test_ece": "ECE", "test_smece": "smECE", "test_nll": "NLL", "test_accuracy": "Acc",
+                            **PREDICTION_CHANGE_COLUMNS, "test_ks_ce": "KS", "test_nll_calibration": "NLL cal",
+                            "test_nll_refinement": "NLL ref", "test_brier_calibration": "Brier cal",
+                            "test_brier_refinement": "Brier ref"}
+"""The metrics of the calibration-set size study (studies/posthoc.py): those of its figure, the accuracy and prediction
+change, the KS error and the calibration / refinement split of NLL and Brier (docs/methods.md §6.14, §6.15)."""
 SHORT = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
 # study -> (the script that runs it, the metrics of its table)
 KNOWN_STUDIES: dict[str, tuple[str, dict[str, str]]] = {
@@ -66,7 +74,9 @@ Spread = Literal["ci", "std"]
 
 
 def _labelled(trials: pd.DataFrame) -> pd.DataFrame:
-    """Rows without a study label (stores written before labels existed) are labelled by method."""
+    """Rows without a study label (stores written before labels existed) are labelled by method; equal-mass histogram
+    binning stored as "HB" is "HB-EM" (:func:`~calib.report.tables.with_current_labels`)."""
+    trials = with_current_labels(trials)
     return trials.assign(label=trials["label"].replace("", None).fillna(trials["method"]).astype(str),
                          label_rank=trials["label_rank"].fillna(0).astype("int64"))
 
@@ -374,14 +384,16 @@ def _rank_outputs(study: str, rows: pd.DataFrame, metrics: dict[str, str], contr
             "setups (datasets × architectures)")
         return []
     order = _row_order(rows)
-    comparisons = {m: rank_comparison(rows, m, order, control=control, alpha=alpha) for m in metrics}
+    ranked = {m: header for m, header in metrics.items() if m not in PREDICTION_CHANGE_COLUMNS}  # Acc ranks those
+    comparisons = {m: rank_comparison(rows, m, order, control=control, alpha=alpha) for m in ranked}
+    wins = win_rates(rows, order)
     caption = (f"{study} · average rank over {len(setups)} setups ({', '.join(sorted(setups))}) · test split · "
                f"each setup ranks the means over seeds · α = {alpha:g}")
     base = out / "tables" / f"{study}_ranks"
     base.parent.mkdir(parents=True, exist_ok=True)
     written = []
-    for suffix, text in ((".md", rank_markdown(caption, comparisons, metrics, order, alpha)),
-                         (".tex", rank_latex(caption, comparisons, metrics, order, alpha))):
+    for suffix, text in ((".md", rank_markdown(caption, comparisons, ranked, order, alpha, wins)),
+                         (".tex", rank_latex(caption, comparisons, ranked, order, alpha, wins))):
         path = base.with_suffix(suffix)
         path.write_text(text)
         written.append(path)

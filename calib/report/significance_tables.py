@@ -1,6 +1,6 @@
 """Significance in the report's tables: the markers of the cells that beat (or lose to) the control over seeds,
 with their legend, and a study's rank table over setups (Markdown and LaTeX), from
-:mod:`calib.report.significance`."""
+:mod:`calib.report.significance`, with CalArena's win rates (:mod:`calib.report.win_rates`) as its last columns."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pandas as pd
 
 from calib.report.significance import RankComparison, paired_against_control
 from calib.report.tables import latex_escape
+from calib.report.win_rates import WIN_METRICS, WinRate
 
 __all__ = ["LATEX_MARKS", "MARKS", "cell_markers", "rank_latex", "rank_markdown"]
 
@@ -120,36 +121,64 @@ def _legend(comparisons: Mapping[str, RankComparison], alpha: float) -> list[str
     return lines
 
 
+WinRates = Mapping[tuple[str, str], Mapping[str, WinRate]]
+"""(metric column, reference) -> {label: (share won, pairs)}: :func:`calib.report.win_rates.win_rates`."""
+
+
+def _win_columns(wins: WinRates | None, order: list[str]) -> tuple[list[str], list[list[str]]]:
+    """The win-rate column headers and, per label of ``order``, their cells: "62.5 (8)" (percent won, pairs)."""
+    wins = wins or {}
+    headers = [f"{WIN_METRICS[metric]} win % vs {reference}" for metric, reference in wins]
+    cells = [[f"{100 * rates[label][0]:.1f} ({rates[label][1]})" if label in rates else "–"
+              for rates in wins.values()] for label in order]
+    return headers, cells
+
+
+def _win_legend(wins: WinRates | None) -> list[str]:
+    if not wins:
+        return []
+    references = " and ".join(dict.fromkeys(reference for _, reference in wins))
+    return [f"Win % vs {references}: the share of the row's trials (setup × seed × calibration set) whose test loss is "
+            f"strictly below that of the reference's trial on the same dataset, architecture and seed (against TS "
+            f"also the same calibration-set size and draw): CalArena's win rate, a tie no win; in brackets the "
+            f"number of pairs."]
+
+
 def rank_markdown(caption: str, comparisons: Mapping[str, RankComparison], headers: Mapping[str, str],
-                  order: list[str], alpha: float) -> str:
+                  order: list[str], alpha: float, wins: WinRates | None = None) -> str:
     """A study's rank table: a row per method (average rank per metric column, the best in bold, ▲/▼ against the
-    control), then N and k, χ²_F, F_F (with p) and CD; the legend and the notes under it."""
+    control, then the ``wins`` columns), then N and k, χ²_F, F_F (with p) and CD; the legend and the notes under
+    it."""
     cells, stats_rows = _rank_cells(comparisons, order)
-    columns = [headers[m] for m in comparisons]
+    win_headers, win_cells = _win_columns(wins, order)
+    columns = [headers[m] for m in comparisons] + win_headers
     lines = [caption, "", "| row | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
-    for label, row in zip(order, cells, strict=True):
+    for label, row, won in zip(order, cells, win_cells, strict=True):
         shown = [(f"**{text}**" if best else text) + (f" {MARKS[v]}" if v else "") for text, best, v in row]
-        lines.append("| " + " | ".join([label, *shown]) + " |")
+        lines.append("| " + " | ".join([label, *shown, *won]) + " |")
     for name, texts in stats_rows:
-        lines.append("| " + " | ".join([name, *texts]) + " |")
-    return "\n".join([*lines, "", *_legend(comparisons, alpha), *_notes(comparisons, headers)]) + "\n"
+        lines.append("| " + " | ".join([name, *texts, *[""] * len(win_headers)]) + " |")
+    return "\n".join([*lines, "", *_legend(comparisons, alpha), *_win_legend(wins), *_notes(comparisons, headers)]) \
+        + "\n"
 
 
 def rank_latex(caption: str, comparisons: Mapping[str, RankComparison], headers: Mapping[str, str],
-               order: list[str], alpha: float) -> str:
+               order: list[str], alpha: float, wins: WinRates | None = None) -> str:
     """:func:`rank_markdown` as a LaTeX table (booktabs; the markers need amssymb)."""
     cells, stats_rows = _rank_cells(comparisons, order)
-    columns = [latex_escape(headers[m]) for m in comparisons]
+    win_headers, win_cells = _win_columns(wins, order)
+    columns = [latex_escape(header) for header in [*(headers[m] for m in comparisons), *win_headers]]
     lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(caption)}}}",
              r"\begin{tabular}{l " + "r " * len(columns) + "}", r"\toprule",
              " & ".join(["Method", *columns]) + r" \\", r"\midrule"]
-    for label, row in zip(order, cells, strict=True):
+    for label, row, won in zip(order, cells, win_cells, strict=True):
         shown = [(rf"\textbf{{{text}}}" if best else latex_escape(text)) + (LATEX_MARKS[v] if v else "")
                  for text, best, v in row]
-        lines.append(" & ".join([latex_escape(label), *shown]) + r" \\")
+        lines.append(" & ".join([latex_escape(label), *shown, *map(latex_escape, won)]) + r" \\")
     lines.append(r"\midrule")
     for name, texts in stats_rows:
-        lines.append(" & ".join(latex_escape(text) for text in [name, *texts]) + r" \\")
-    notes = " ".join(latex_escape(line) for line in [*_legend(comparisons, alpha), *_notes(comparisons, headers)])
+        lines.append(" & ".join(latex_escape(text) for text in [name, *texts, *[""] * len(win_headers)]) + r" \\")
+    notes = " ".join(latex_escape(line) for line in [*_legend(comparisons, alpha), *_win_legend(wins),
+                                                     *_notes(comparisons, headers)])
     lines += [r"\bottomrule", r"\end{tabular}", r"\par\smallskip{\footnotesize " + notes + "}", r"\end{table}"]
     return "\n".join(lines) + "\n"

@@ -11,8 +11,12 @@ from scipy import stats
 
 from calib.metrics import METRICS, higher_is_better
 
-__all__ = ["column_higher_is_better", "format_mean_ci", "is_fraction_metric", "latex_escape", "mean_ci",
-           "mixed_trainings", "summarize", "to_markdown"]
+__all__ = ["PREDICTION_CHANGE_COLUMNS", "column_higher_is_better", "format_mean_ci", "is_fraction_metric",
+           "latex_escape", "mean_ci", "mixed_trainings", "summarize", "to_markdown", "with_current_labels"]
+
+PREDICTION_CHANGE_COLUMNS = {"test_accuracy_change": "ΔAcc", "test_argmax_changed": "changed"}
+"""The store's prediction-change columns with their table headers: the test accuracy minus the uncalibrated Stage-I
+model's, and the fraction of test samples whose predicted class the method changed (both fractions, in percent)."""
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
@@ -58,7 +62,7 @@ def format_mean_ci(mean: float, ci: float, *, percent: bool = True) -> str:
 def column_higher_is_better(column: str) -> bool:
     """Direction of a metric column: ``test_ece`` → False, ``val_accuracy`` → True, ``ood_auroc`` → True."""
     for prefix, higher in (("ood_auroc", True), ("ood_fpr95", False), ("corrupted_accuracy", True),
-                           ("corrupted_ece", False)):
+                           ("corrupted_ece", False), ("test_accuracy_change", True), ("test_argmax_changed", False)):
         if column.startswith(prefix):
             return higher
     return higher_is_better(column.split("_", 1)[-1])
@@ -66,7 +70,7 @@ def column_higher_is_better(column: str) -> bool:
 
 def is_fraction_metric(column: str) -> bool:
     """Whether a metric column (``test_ece``) is a fraction in [0, 1], shown in percent."""
-    if column.startswith(("ood_auroc", "ood_fpr95", "corrupted_ece", "corrupted_accuracy")):
+    if column.startswith(("ood_auroc", "ood_fpr95", "corrupted_ece", "corrupted_accuracy", *PREDICTION_CHANGE_COLUMNS)):
         return True
     name = column.split("_", 1)[-1]
     return name in METRICS and METRICS[name].bounds == (0.0, 1.0)
@@ -95,6 +99,24 @@ def mixed_trainings(trials: pd.DataFrame) -> str | None:
     return (f"warning: this table mixes two or more trainings of the same Stage I for {len(mixed)} stage1_id"
             f"{'s' if len(mixed) > 1 else ''} ({', '.join(mixed[:4])}{', ...' if len(mixed) > 4 else ''}): "
             f"their rows name different stage1_writer values, so rows of one seed come from different weights")
+
+
+_EQUAL_MASS_HB = re.compile(r"(^|\+)HB(?= · |$)")
+
+
+def with_current_labels(trials: pd.DataFrame) -> pd.DataFrame:
+    """``trials`` with their labels as the tables name the rows now: an equal-mass histogram binning trial
+    (``histogram_binning``) stored as "HB", "CE+HB" or "HB · n=…" before HB came to mean equal width is HB-EM."""
+    if trials.empty or "method" not in trials or "label" not in trials:
+        return trials
+    labels = trials["label"].astype(object)
+    legacy = (trials["method"] == "histogram_binning") & labels.map(
+        lambda label: isinstance(label, str) and bool(_EQUAL_MASS_HB.search(label)))
+    if not legacy.any():
+        return trials
+    renamed = labels.copy()
+    renamed[legacy] = labels[legacy].map(lambda label: _EQUAL_MASS_HB.sub(r"\1HB-EM", label))
+    return trials.assign(label=renamed)
 
 
 _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$", "{": r"\{",

@@ -48,6 +48,13 @@ IDENTITY = [
     ("plugins", pa.list_(pa.string()),
      "the plugins whose components (dataset, arch, loss, method, OOD sets) the trial used: \"<module> <version>\""),
 ]
+PREDICTION_CHANGE = [
+    ("test_argmax_changed", pa.float64(),
+     "fraction of test samples whose predicted class (argmax) differs from the uncalibrated Stage-I model's (its test "
+     "logits): 0 for a method that keeps the class"),
+    ("test_accuracy_change", pa.float64(),
+     "test accuracy minus the uncalibrated Stage-I model's (its test logits' argmax) on the same test split"),
+]
 OOD = [
     ("ood_datasets", pa.list_(pa.string()), "OOD sets the trial was evaluated against (empty: none)"),
     ("ood_auroc", pa.float64(), "MSP AUROC, in-distribution positive, mean over the OOD sets"),
@@ -197,7 +204,7 @@ def trial_columns() -> list[tuple[str, pa.DataType, str]]:
     return (IDENTITY + stage1
             + _section_columns("loss", [LOSSES.get(n).config for n in LOSSES.names()])
             + _section_columns("method", [METHODS.get(n).config for n in METHODS.names()])
-            + metrics + OOD + CORRUPTED + FIT + RUN)
+            + metrics + PREDICTION_CHANGE + OOD + CORRUPTED + FIT + RUN)
 
 
 def trial_schema() -> pa.Schema:

@@ -73,7 +73,10 @@ class TestRunTrial:
         result = run_trial(make_config(method={"name": "vanilla"}))
         artifact, _ = get_or_train_stage1(parse_trial_config(make_config()), torch.device("cpu"))
         assert result.metrics["test_ece"] == pytest.approx(artifact.record["metrics"]["test_ece"])
-        assert set(result.metrics) == {f"{s}_{m}" for s in ("val", "test") for m in METRICS}
+        assert set(result.metrics) == {f"{s}_{m}" for s in ("val", "test") for m in METRICS} | {
+            "test_argmax_changed", "test_accuracy_change"}
+        assert result.metrics["test_argmax_changed"] == result.metrics["test_accuracy_change"] == 0.0  # itself
+        assert result.metrics["test_nll_refinement"] == pytest.approx(artifact.record["metrics"]["test_nll_refinement"])
         assert [r["stage"] for r in result.history] == ["stage1", "stage1"]
 
     def test_mac_cal_trial(self, make_config):

@@ -2,8 +2,8 @@
 at K = 2, 10 and 100 classes (docs/how-to/reference-checks.md has the table).
 
 A reference is a PyPI package where one computes calib's definition (netcal 1.4, Kumar et al.'s
-uncertainty-calibration 0.1.4, relplot 1.0.3, scikit-learn), else the definition restated as a loop in
-metric_references.py.
+uncertainty-calibration 0.1.4, relplot 1.0.3, scikit-learn, probmetrics 1.3.0), else the definition restated as a
+loop in metric_references.py.
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ from calib.metrics import (
     area_under_generalized_risk_coverage,
     area_under_risk_coverage,
     brier_score,
+    calibration_refinement,
     classwise_ece,
     debiased_l2_calibration_error,
     ece_sweep,
     expected_calibration_error,
+    ks_calibration_error,
     maximum_calibration_error,
     negative_log_likelihood,
     overconfidence_ece,
@@ -44,6 +46,14 @@ TEST_SIZE = 10_000
 
 TOLERANCE = 1e-12
 """|metric − reference|, absolute (the issue's trial: about 1e-9; measured here: at most 4e-15)."""
+
+KS_TOLERANCE = 1e-7
+"""|KS − probmetrics'|: probmetrics casts to float32 before its cumulative sums (measured: at most 9e-9)."""
+
+SPLIT_TOLERANCE = 1e-8
+"""|calibration or refinement error − probmetrics'|: the two temperature fits stop at different points (calib's LBFGS
+at |dNLL/d log T| < 1e-6, probmetrics' 30 bisection steps on log(1/T) ∈ [−16, 16]), and probmetrics clips log p at
+log(float32 tiny) (measured: at most 1.1e-10, K = 100)."""
 
 
 @pytest.fixture(scope="module", params=CLASS_COUNTS, ids=lambda k: f"K{k}")
@@ -145,3 +155,42 @@ def test_risk_coverage_areas_against_the_definition(predictions):
     risk, generalized = reference_areas(probs, labels)
     assert area_under_risk_coverage(probs, labels) == pytest.approx(risk, abs=TOLERANCE)
     assert area_under_generalized_risk_coverage(probs, labels) == pytest.approx(generalized, abs=TOLERANCE)
+
+
+def test_ks_against_probmetrics(predictions):
+    # probmetrics 1.3.0 KolmogorovSmirnovCalibrationMetric in its binary form on (confidence, correct): the max over the
+    # sorted confidences of |cumulative (confidence − correctness)| / N (Gupta et al. 2021). It takes the sum after
+    # every sample, calib after every distinct confidence: the same where no confidences tie. Here the only ties are
+    # saturated confidences above 1 − 1e-12 (K = 2), at the end of the order, where the maximum is not.
+    import torch
+    from probmetrics.distributions import CategoricalDirac, CategoricalProbs
+    from probmetrics.metrics import KolmogorovSmirnovCalibrationMetric
+
+    probs, labels = predictions
+    confidence, correct = top_label(probs, labels)
+    unsaturated = confidence[confidence < 1 - 1e-12]
+    assert len(np.unique(unsaturated)) == len(unsaturated)
+    reference = KolmogorovSmirnovCalibrationMetric().compute_all(
+        CategoricalDirac(torch.from_numpy(correct.astype(np.int64)), n_classes=2),
+        CategoricalProbs(torch.from_numpy(np.stack([1 - confidence, confidence], axis=1))))["kolmogorov-smirnov"]
+    assert ks_calibration_error(probs, labels) == pytest.approx(float(reference), abs=KS_TOLERANCE)
+
+
+def test_calibration_refinement_against_probmetrics(predictions):
+    # probmetrics 1.3.0 MetricsWithCalibration(LogLoss, BrierLoss) with its temperature scaling ("temp-scaling", no
+    # mixture), CVSplitter(5) and random_state 0: StratifiedKFold(5, shuffle=True, random_state=0), calib's folds.
+    import torch
+    from probmetrics.calibrators import get_calibrator
+    from probmetrics.distributions import CategoricalDirac, CategoricalProbs
+    from probmetrics.metrics import BrierLoss, CombinedMetrics, LogLoss, MetricsWithCalibration
+    from probmetrics.splitters import CVSplitter
+
+    probs, labels = predictions
+    metric = MetricsWithCalibration(CombinedMetrics([LogLoss(), BrierLoss()]), get_calibrator("temp-scaling"),
+                                    val_splitter=CVSplitter(n_cv=5), cal_name="ts", random_state=0)
+    reference = metric.compute_all(CategoricalDirac(torch.from_numpy(labels), n_classes=probs.shape[1]),
+                                   CategoricalProbs(torch.from_numpy(probs)))
+    split = calibration_refinement(probs, labels)
+    for ours, theirs in (("nll_calibration", "calib-err_logloss"), ("nll_refinement", "refinement_logloss"),
+                         ("brier_calibration", "calib-err_brier"), ("brier_refinement", "refinement_brier")):
+        assert split[ours] == pytest.approx(float(reference[f"{theirs}_ts_cv-5"]), abs=SPLIT_TOLERANCE), ours

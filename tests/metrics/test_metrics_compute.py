@@ -10,7 +10,7 @@ from calib.metrics import METRICS, MetricSpec, compute_all, higher_is_better
 
 NAMES = [
     "accuracy", "ece", "aece", "mce", "oece", "uece", "cwece", "nll", "brier", "aurc", "augrc", "smece", "ece_sweep",
-    "l2ce_debiased",
+    "l2ce_debiased", "ks_ce", "nll_calibration", "nll_refinement", "brier_calibration", "brier_refinement",
 ]
 
 
@@ -95,10 +95,29 @@ def test_errors(worked: tuple[np.ndarray, np.ndarray]) -> None:
     with pytest.raises(
         KeyError,
         match=r"Valid metric names: accuracy, ece, aece, mce, oece, uece, cwece, nll, brier, aurc, augrc, smece, "
-        r"ece_sweep, l2ce_debiased\.",
+        r"ece_sweep, l2ce_debiased, ks_ce, nll_calibration, nll_refinement, brier_calibration, brier_refinement\.",
     ):
         higher_is_better("ece_pct")
     with pytest.raises(ValueError, match=r"^`num_bins` must be an integer >= 1, got num_bins=0\.$"):
         compute_all(probs, labels, num_bins=0)
     with pytest.raises(ValueError, match=r"^`num_bins` must be an integer >= 1, got num_bins=0\.$"):
         METRICS["nll"](probs, labels, num_bins=0)
+    with pytest.raises(KeyError, match=r"post-hoc calibrator.*'temprature_scaling'.*temperature_scaling"):
+        compute_all(probs, labels, recalibrator="temprature_scaling")
+
+
+def test_worked_example_split_and_ks(worked: tuple[np.ndarray, np.ndarray]) -> None:
+    # N = 6 < 5 folds? No: 6 >= 5, but no class has 5 samples (3, 2, 1), so the folds are plain KFold ones; the
+    # split is the same as calibration_refinement's, and calibration + refinement is the loss itself.
+    probs, labels = worked
+    result = compute_all(probs, labels)
+    split = metrics.calibration_refinement(probs, labels)
+    for loss in ("nll", "brier"):
+        assert result[f"{loss}_calibration"] == split[f"{loss}_calibration"]
+        assert result[f"{loss}_calibration"] + result[f"{loss}_refinement"] == pytest.approx(result[loss], abs=1e-12)
+    # sorted confidences .45 .50 .65 .70 .85 .90, correct 0 1 1 0 1 1: c − y = .45 −.5 −.35 .7 −.15 −.1, cumulative
+    # .45 −.05 −.4 .3 .15 .05: max |·| = .45, / 6
+    assert result["ks_ce"] == pytest.approx(0.45 / 6, abs=1e-12)
+    other = compute_all(probs, labels, recalibrator="histogram_binning")
+    assert other["nll_refinement"] == metrics.calibration_refinement(
+        probs, labels, recalibrator="histogram_binning")["nll_refinement"] != result["nll_refinement"]

@@ -20,7 +20,7 @@ from calib.posthoc.bbq import BBQ
 from calib.posthoc.classwise_ts import ClasswiseTemperatureScaling
 from calib.posthoc.dirichlet import DirichletCalibration
 from calib.posthoc.ensemble_ts import EnsembleTemperatureScaling
-from calib.posthoc.histogram_binning import HistogramBinning
+from calib.posthoc.histogram_binning import HistogramBinning, HistogramBinningEqualWidth
 from calib.posthoc.isotonic import IsotonicIRM, IsotonicOneVsRest
 from calib.posthoc.parameterized_ts import ParameterizedTemperatureScaling
 from calib.posthoc.smart import SMART
@@ -258,9 +258,23 @@ def test_isotonic_irm_against_the_algorithm(split):
     assert_probabilities_close(calibrated(IsotonicIRM().fit(*split.calibration_tensors()), split.test_logits), expected)
 
 
+def test_histogram_binning_equal_width_against_netcal(split, netcal):
+    # netcal 1.4 HistogramBinning(bins=15) (equal_intervals=True, its default): bins linspace(0, 1, 16), an empty bin's
+    # value its midpoint, one-vs-rest renormalised (a class without samples 0; none here); at K = 2 one binning of p_1,
+    # which it returns alone. Its fit bins [lower, upper), its transform (lower, upper]; calib both (lower, upper]: no
+    # score here lies on an edge. K = 100 has empty bins (their midpoints are compared too).
+    probs, test = softmax(split.calibration_logits, axis=1), softmax(split.test_logits, axis=1)
+    edges = np.linspace(0, 1, 16)[1:-1]
+    assert not np.isin(probs, edges).any() and not np.isin(test, edges).any()
+    reference = netcal.binning.HistogramBinning(bins=15).fit(probs, split.calibration_labels).transform(test)
+    actual = calibrated(HistogramBinningEqualWidth(num_bins=15).fit(*split.calibration_tensors()), split.test_logits)
+    assert_probabilities_close(actual[:, 1] if split.num_classes == 2 else actual, reference)
+
+
 def test_histogram_binning_against_the_algorithm(split):
     # Zadrozny & Elkan 2001: equal-frequency bins per class (docs/methods.md §5.9's cuts), the bins' fractions of
-    # positives, rows renormalised. netcal's HistogramBinning bins by equal width (equal mass is fit-only there).
+    # positives, rows renormalised (HB-EM). netcal's HistogramBinning bins by equal width (the test above; equal mass
+    # is fit-only there).
     probs = softmax(split.calibration_logits, axis=1)
     expected = ref.histogram_binning(probs, split.calibration_labels, softmax(split.test_logits, axis=1), 15)
     actual = calibrated(HistogramBinning(num_bins=15).fit(*split.calibration_tensors()), split.test_logits)

@@ -31,6 +31,7 @@ METHOD_PARAMS = [
     {"name": "isotonic"},
     {"name": "isotonic_irm"},
     {"name": "histogram_binning"},
+    {"name": "histogram_binning_equal_width"},
     {"name": "bbq"},
     {"name": "spline"},
     {"name": "ivap"},
@@ -45,20 +46,27 @@ strictly increasing map (up to scores closer than ~1e-7), the spline's top-label
 
 def test_methods_share_one_stage1_artifact(make_config):
     vanilla = run_trial(make_config(method={"name": "vanilla"}))
+    assert vanilla.metrics["test_argmax_changed"] == vanilla.metrics["test_accuracy_change"] == 0.0
     results = [run_trial(make_config(method=method)) for method in METHOD_PARAMS]
+    changed = {m["name"]: r.metrics["test_argmax_changed"] for m, r in zip(METHOD_PARAMS, results, strict=True)}
+    assert changed["histogram_binning"] > 0 and changed["histogram_binning_equal_width"] > 0  # one-vs-rest bins
     assert vanilla.stage1_cache_hit is False and all(r.stage1_cache_hit is True for r in results)
     assert {r.stage1_id for r in results} == {vanilla.stage1_id}
     for method, result in zip(METHOD_PARAMS, results, strict=True):
         assert result.status == "ok", method
         assert set(result.metrics) == set(vanilla.metrics)
         for name, value in result.metrics.items():
-            low, high = METRICS[name.split("_", 1)[1]].bounds
+            low, high = (-1.0, 1.0) if name == "test_accuracy_change" else (0.0, 1.0) if name == "test_argmax_changed" \
+                else METRICS[name.split("_", 1)[1]].bounds
             assert math.isfinite(value) and low <= value <= high, (method, name, value)
+        change = result.metrics["test_accuracy"] - vanilla.metrics["test_accuracy"]
+        assert result.metrics["test_accuracy_change"] == pytest.approx(change, abs=1e-12), method
         assert all(0.0 <= result.metrics[f"{s}_{m}"] <= 1.0 for s in ("val", "test") for m in ("accuracy", "ece"))
         stage2 = [r["epoch"] for r in result.history if r["stage"] == "stage2"]
         assert stage2 == ([0, 1] if method["name"] in ("tst", "vtst") else [])
         if method["name"] in KEEP_ARGMAX:  # the argmax, hence accuracy, is unchanged
             assert result.metrics["test_accuracy"] == vanilla.metrics["test_accuracy"], method
+            assert result.metrics["test_argmax_changed"] == 0.0, method
             if "calibration_size" not in method:  # else the validation metrics are the held-out rest's
                 assert result.metrics["val_accuracy"] == vanilla.metrics["val_accuracy"], method
 
@@ -105,6 +113,15 @@ def test_adding_the_calibration_fields_kept_the_stored_ids(make_config):
         explicit = make_config(method={"name": name, "calibration_size": None, "calibration_draw": 0})
         assert trial_id(explicit) == stored_id
         assert trial_id(make_config(method={"name": name, "calibration_size": 50})) != stored_id
+
+
+def test_equal_width_binning_kept_the_equal_mass_ids(make_config):
+    """HB became the equal-width method; the equal-mass one (HB-EM) kept its name, so its stored trials keep their
+    ids: these are the ids calib computed before equal-width binning existed."""
+    assert trial_id(make_config(method={"name": "histogram_binning"})) == "95c1eba40765753c"
+    assert trial_id(make_config(method={"name": "histogram_binning", "num_bins": 10,
+                                        "calibration_size": 50})) == "695be3406f75059e"
+    assert trial_id(make_config(method={"name": "histogram_binning_equal_width"})) != "95c1eba40765753c"
 
 
 def test_validation_metrics_of_a_subset_fit_are_the_held_out_rests(make_config):

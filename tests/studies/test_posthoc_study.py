@@ -15,23 +15,31 @@ from calib.posthoc import calibration_indices
 @pytest.mark.ray
 def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     store = tmp_path / "results"
-    out = run_script("posthoc.py", "--store", str(store), "--methods", "TS", "HB", "--sizes", "50", "120", "all",
-                     "--draws", "2", "--param", "histogram_binning.num_bins=5", *TINY)
+    out = run_script("posthoc.py", "--store", str(store), "--methods", "TS", "HB", "HB-EM", "--sizes", "50", "120",
+                     "all", "--draws", "2", "--param", "histogram_binning.num_bins=5", *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "| method | calibration set | degenerate | n | ECE | smECE | NLL | Acc |" in out.stdout
-    assert "| TS | n=50 | 0 | 2 |" in out.stdout and "| HB | all | 0 | 1 |" in out.stdout
-    assert "| Uncalibrated | – | 0 | 1 |" in out.stdout
+    assert ("| method | calibration set | degenerate | n | ECE | smECE | NLL | Acc | ΔAcc | changed | KS | NLL cal | "
+            "NLL ref | Brier cal | Brier ref |") in out.stdout
+    assert "| TS | n=50 | 0 | 2 |" in out.stdout and "| HB-EM | all | 0 | 1 |" in out.stdout
+    assert "| HB | all | 0 | 1 |" in out.stdout and "| Uncalibrated | – | 0 | 1 |" in out.stdout
     df = pd.read_parquet(store / "trials")
-    assert len(df) == 1 + 2 * (2 * 2 + 1) and (df["status"] == "ok").all() and df["trial_id"].is_unique
+    assert len(df) == 1 + 3 * (2 * 2 + 1) and (df["status"] == "ok").all() and df["trial_id"].is_unique
     assert df["stage1_id"].nunique() == 1 and (~df["stage1_cache_hit"]).sum() == 1, "one Stage I for every fit"
     posthoc = df[df["method"] != "vanilla"]
     assert posthoc.loc[posthoc["method"] == "histogram_binning", "method_num_bins"].eq(5).all()
+    assert posthoc.loc[posthoc["method"] == "histogram_binning_equal_width", "method_num_bins"].eq(15).all()
     sized = posthoc[posthoc["method_calibration_size"].notna()]
     assert sorted(set(zip(sized["method_calibration_size"], sized["method_calibration_draw"], strict=True))) == [
         (50, 0), (50, 1), (120, 0), (120, 1)]
     # temperature scaling keeps the argmax whatever it was fitted on
     vanilla_accuracy = df.loc[df["method"] == "vanilla", "test_accuracy"].item()
     assert df.loc[df["method"] == "temperature_scaling", "test_accuracy"].eq(vanilla_accuracy).all()
+    ts = df[df["method"].isin(["temperature_scaling", "vanilla"])]
+    assert ts["test_argmax_changed"].eq(0).all() and ts["test_accuracy_change"].eq(0).all()
+    binned = df[df["method"].str.startswith("histogram_binning")]
+    change = binned["test_accuracy"] - vanilla_accuracy
+    assert np.allclose(binned["test_accuracy_change"], change, atol=1e-12) and binned["test_argmax_changed"].gt(0).any()
+    assert df[["test_ks_ce", "test_nll_refinement", "test_brier_refinement"]].notna().all().all()
     # two draws of one size fit different subsets, hence (almost surely) different calibrated models
     ts50 = sized[(sized["method"] == "temperature_scaling") & (sized["method_calibration_size"] == 50)]
     assert ts50["test_nll"].nunique() == 2
@@ -41,7 +49,7 @@ def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     assert report.returncode == 0, report.stderr[-3000:]
     table = (store / "report" / "tables" / "posthoc_digits-noisy_small_cnn.md").read_text()
     assert table.index("| TS · n=50 |") < table.index("| TS · n=120 |") < table.index("| TS · all |") < table.index(
-        "| HB · n=50 |")
+        "| HB · n=50 |") < table.index("| HB-EM · n=50 |")
     assert (store / "report" / "figures" / "posthoc_digits-noisy_small_cnn_sizes.png").exists()
 
 

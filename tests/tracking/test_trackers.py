@@ -82,6 +82,9 @@ def test_each_tracker_gets_a_child_run_with_tags_history_metrics_and_the_diagram
     scalars = event_scalars(run)
     assert [step for step, _ in scalars["stage1/train_loss"]] == [0, 1]
     assert scalars["final/test_ece"][0][1] == pytest.approx(result.metrics["test_ece"], rel=1e-6)
+    # the hyperparameters in a file of their own: add_hparams's second writer on the folder truncated the run's file
+    assert scalars["hparam/test_ece"][0][1] == pytest.approx(result.metrics["test_ece"], rel=1e-6)
+    assert len(list(run.glob("events.out.tfevents.*.hparams"))) == 1
 
     (wandb_run,) = (tmp_path / "wandb").glob(f"offline-run-*-{ids['wandb_run_id']}")
     assert (wandb_run / f"run-{ids['wandb_run_id']}.wandb").stat().st_size > 0
