@@ -2,14 +2,14 @@
 
 ::
 
-    from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS
+    from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS, POSTHOC
 
     @METHODS.register("my_method")
     ...
 
 Each registry fills itself on first read (:func:`calib.plugins.load_components`): calib's built-in
-datasets, models, losses and methods, then the installed plugins (entry-point group ``calib.plugins``)
-and the modules named with ``--plugin``. This module imports none of them, so any module (the trial
+datasets, models, losses, methods and post-hoc calibrators, then the installed plugins (entry-point group
+``calib.plugins``) and the modules named with ``--plugin``. This module imports none of them, so any module (the trial
 config among them) can read a registry without importing the implementations it holds.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from calib._registry import Registry
 
-__all__ = ["DATASETS", "LOSSES", "METHODS", "MODELS", "OOD_SETS"]
+__all__ = ["DATASETS", "LOSSES", "METHODS", "MODELS", "OOD_SETS", "POSTHOC"]
 
 
 def _populate() -> None:
@@ -42,3 +42,7 @@ LOSSES: Registry[Any] = Registry("loss", populate=_populate)
 
 METHODS: Registry[Any] = Registry("method", populate=_populate)
 """Method name → :class:`calib.methods.MethodSpec`: what runs on a Stage-I artifact."""
+
+POSTHOC: Registry[Any] = Registry("post-hoc calibrator", populate=_populate)
+"""Post-hoc calibrator name → its :class:`calib.posthoc.PostHocCalibrator` class:
+``POSTHOC.create("temperature_scaling", objective="nll")``."""

@@ -22,6 +22,7 @@ from sklearn.model_selection import KFold, StratifiedKFold
 from calib.metrics._validation import ArrayLike, check_probs_labels
 from calib.metrics.brier import _brier_compute
 from calib.metrics.nll import NLL_FLOOR, _nll_compute
+from calib.registries import POSTHOC
 
 __all__ = [
     "CROSS_FIT_FOLDS",
@@ -57,8 +58,6 @@ def _folds(labels: np.ndarray, folds: int, seed: int) -> list[tuple[np.ndarray, 
 
 
 def _check_options(recalibrator: str, folds: int, seed: int) -> None:
-    from calib.posthoc import POSTHOC  # calib.posthoc imports calib.metrics: imported at the call
-
     POSTHOC.get(recalibrator)  # an unknown name: UnknownNameError naming the registered calibrators
     if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
         raise ValueError(f"`folds` must be an integer >= 2, got folds={folds!r}.")
@@ -71,8 +70,6 @@ def cross_fitted_probs(probs: np.ndarray, labels: np.ndarray, *, recalibrator: s
     """g∘f of every sample of checked ``probs`` (N, C) and ``labels`` (N,): g = ``recalibrator`` fitted on the
     log-probabilities log max(p, 4.94e-324) of the other folds; None when N < ``folds``. A fold's degenerate fit
     (e.g. temperature scaling on a separable fold) keeps its documented fallback without a warning."""
-    from calib.posthoc import POSTHOC, DegenerateFitWarning
-
     _check_options(recalibrator, folds, seed)
     if len(labels) < folds:
         return None
@@ -81,7 +78,8 @@ def cross_fitted_probs(probs: np.ndarray, labels: np.ndarray, *, recalibrator: s
     out = np.empty_like(probs)
     for fit, held_out in _folds(labels, folds, seed):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DegenerateFitWarning)
+            # calib.posthoc's DegenerateFitWarning, matched by its message (that package is a layer above this one)
+            warnings.filterwarnings("ignore", message=r".*: degenerate fit: ", category=RuntimeWarning)
             g = POSTHOC.create(recalibrator).fit(logits[fit], targets[fit])
         out[held_out] = g.probs(logits[held_out]).numpy()
     return out

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from calib._registry import Registry
 from calib.metrics.nll import NLL_FLOOR
+from calib.registries import POSTHOC
 
 __all__ = [
     "POSTHOC",
@@ -150,7 +150,3 @@ class PostHocPredictor:
 
     def __call__(self, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         return self.calibrator.probs(logits)
-
-
-POSTHOC: Registry[type[PostHocCalibrator]] = Registry("post-hoc calibrator")
-"""Post-hoc calibrator classes by name: ``POSTHOC.create("temperature_scaling", objective="nll")``."""

@@ -377,18 +377,26 @@ def _rank_outputs(study: str, rows: pd.DataFrame, metrics: dict[str, str], contr
                   out: Path, log: Callable[[str], None]) -> list[Path]:
     """The study's rank table over its setups (``tables/<study>_ranks.{md,tex}``) and a critical-difference
     diagram per metric with a Friedman test (``figures/<study>_<metric>_cd.png``); nothing, with one line
-    saying why, for a study of one setup."""
+    saying why, for a study of one setup. A study of one predictions file ranks over its calibration/test splits
+    instead (the benchmarks' experiments: each split ranks the methods)."""
     setups = [f"{d} · {a}" for d, a in rows[["dataset", "arch"]].drop_duplicates().itertuples(index=False)]
-    if len(setups) < 2:
+    blocks, unit, each = rows, "setups", "each setup ranks the means over seeds"
+    if len(setups) == 1 and _is_predictions_file(rows) and rows["seed"].nunique() >= 2:
+        blocks = rows.assign(dataset=rows["dataset"].astype(str) + " · split " + rows["seed"].astype(str))
+        unit = f"calibration/test splits of {setups[0]}"
+        each = "each split ranks the methods (the splits share samples: not independent)"
+        setups = sorted(set(blocks["dataset"] + " · " + blocks["arch"].astype(str)))
+    elif len(setups) < 2:
         log(f"[{study}] no rank table: 1 setup ({setups[0]}); average ranks and the Friedman test need >= 2 "
-            "setups (datasets × architectures)")
+            "setups (datasets × architectures), or a predictions file's >= 2 splits")
         return []
     order = _row_order(rows)
     ranked = {m: header for m, header in metrics.items() if m not in PREDICTION_CHANGE_COLUMNS}  # Acc ranks those
-    comparisons = {m: rank_comparison(rows, m, order, control=control, alpha=alpha) for m in ranked}
+    comparisons = {m: rank_comparison(blocks, m, order, control=control, alpha=alpha) for m in ranked}
     wins = win_rates(rows, order)
-    caption = (f"{study} · average rank over {len(setups)} setups ({', '.join(sorted(setups))}) · test split · "
-               f"each setup ranks the means over seeds · α = {alpha:g}")
+    shown = ", ".join(sorted(setups)) if unit == "setups" else ", ".join(sorted(setups)[:3]) + ", ..."
+    caption = (f"{study} · average rank over {len(setups)} {unit} ({shown}) · test split · {each} · "
+               f"α = {alpha:g}")
     base = out / "tables" / f"{study}_ranks"
     base.parent.mkdir(parents=True, exist_ok=True)
     written = []
@@ -401,20 +409,25 @@ def _rank_outputs(study: str, rows: pd.DataFrame, metrics: dict[str, str], contr
         if comparison.friedman is None or comparison.all_equal:
             continue
         with report_step(study, f"critical-difference diagram of {metrics[metric]}", log=log):
-            written.append(_cd_figure(study, metrics[metric], comparison, out / "figures" / f"{study}_{metric}_cd.png"))
+            written.append(_cd_figure(study, metrics[metric], comparison, out / "figures" / f"{study}_{metric}_cd.png",
+                                      "setups" if unit == "setups" else "splits"))
     tested = [metrics[m] for m, c in comparisons.items() if c.friedman is not None and not c.all_equal]
     diagrams = f"critical-difference diagrams of {', '.join(tested)}" if tested else "no Friedman test (see its notes)"
-    log(f"[{study}] ranks over {len(setups)} setups: {base.with_suffix('.md').name}, {diagrams}")
+    log(f"[{study}] ranks over {len(setups)} {unit}: {base.with_suffix('.md').name}, {diagrams}")
     return written
 
 
-def _cd_figure(study: str, header: str, comparison: RankComparison, path: Path) -> Path:
+def _is_predictions_file(rows: pd.DataFrame) -> bool:
+    return "source_kind" in rows and bool((rows["source_kind"] == "predictions").all())
+
+
+def _cd_figure(study: str, header: str, comparison: RankComparison, path: Path, unit: str = "setups") -> Path:
     friedman, holm, alpha = comparison.friedman, comparison.holm, comparison.alpha
     verdicts = holm["verdict"] if holm is not None else pd.Series(dtype=str)
     note = f"bars: average ranks within CD of each other (Nemenyi, α = {alpha:g})"
     if holm is not None:
         note += f" · ▲ / ▼: better / worse than {comparison.control} (Holm, α = {alpha:g})"
-    title = (f"{study} · {header} · {friedman.n} setups · Friedman $\\chi^2_F$ = {friedman.chi2:.2f} "
+    title = (f"{study} · {header} · {friedman.n} {unit} · Friedman $\\chi^2_F$ = {friedman.chi2:.2f} "
              f"(p = {friedman.chi2_p:.3g}), $F_F$ = {friedman.f:.2f} (p = {friedman.f_p:.3g})")
     return figures.plot_critical_difference(
         comparison.ranks, comparison.cd, comparison.groups, path,

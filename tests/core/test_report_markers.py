@@ -99,7 +99,7 @@ def test_markers_rank_table_and_diagrams(store, tmp_path):
     assert "[ablation] no significance markers: no TS row (CE+TS, TS, TS · all) to compare against; name one " \
            "with --control LABEL" in lines
     assert "[ablation] no rank table: 1 setup (digits · small_cnn); average ranks and the Friedman test need >= 2 " \
-           "setups (datasets × architectures)" in lines
+           "setups (datasets × architectures), or a predictions file's >= 2 splits" in lines
     assert "▲" not in (tmp_path / "report" / "tables" / "ablation_digits_small_cnn.md").read_text()
     # the control missing from a setup, methods missing from some: named, no Friedman test for 1 method
     assert "combine · digits-noisy · small_cnn: no significance markers: the control CE+TS has no trial here" in lines

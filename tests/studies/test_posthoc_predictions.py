@@ -67,6 +67,10 @@ def test_each_split_and_method_is_a_trial_and_the_report_ranks_them(netcal_file,
     assert report.returncode == 0, report.stderr[-3000:]
     table = (store / "report" / "tables" / "posthoc_my-model_predictions.md").read_text()
     assert "| TS · all |" in table and "| HB · all |" in table
+    # one file: the methods are ranked over its splits, with the win rates and critical-difference diagrams
+    ranks = (store / "report" / "tables" / "posthoc_ranks.md").read_text()
+    assert "average rank over 2 calibration/test splits of my-model · predictions" in ranks
+    assert "win" in ranks and list((store / "report" / "figures").glob("posthoc_*_cd.png"))
 
 
 def _write(tmp_path, name, **arrays):
