@@ -20,6 +20,7 @@ from calib._help import HelpFormatter
 from calib._registry import UnknownNameError
 from calib.config import SEED_LIMIT, Stage1Config
 from calib.datasets import DATASETS, DatasetNotFoundError
+from calib.exit_codes import ExitCode
 from calib.models import check_arch
 from calib.presets import PRESETS, Preset
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions
@@ -644,23 +645,26 @@ def settings_line(study: str, preset: Preset, configs: Sequence[Mapping[str, Any
     return f"[{study}] preset {preset.name} · " + " · ".join(parts)
 
 
-def guarded_main(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+def guarded_main(main: Callable[[list[str] | None], Any]) -> Callable[[list[str] | None], int]:
     """Turn the errors a user can fix (bad config, unknown name, missing data) into one message and exit 2;
-    a run stopped by SIGTERM into its last line and exit 3; ``--check-only`` into its line and exit 0."""
-    from calib.search.tuner import INTERRUPTED_EXIT_CODE, CheckedOnly, StudyInterrupted
+    a run stopped by SIGTERM into its last line and exit 3; a :class:`~calib.search.CheckedOnly` that ``main``
+    returns (``--check-only``) into its line and exit 0; otherwise ``main``'s exit code."""
+    from calib.search.stopping import StudyInterrupted
+    from calib.search.tuner import CheckedOnly
 
     def wrapper(argv: list[str] | None = None) -> int:
         try:
-            return main(argv)
+            result = main(argv)
         except (ConfigError, UnknownNameError, DatasetNotFoundError) as err:
             print(f"error: {err}", file=sys.stderr)
-            return 2
-        except CheckedOnly as done:
-            print(done, flush=True)
-            return 0
+            return ExitCode.BAD_INPUT
         except StudyInterrupted as stopped:
             print(stopped, flush=True)
-            return INTERRUPTED_EXIT_CODE
+            return ExitCode.INTERRUPTED
+        if isinstance(result, CheckedOnly):
+            print(result, flush=True)
+            return ExitCode.OK
+        return result
 
     wrapper.__doc__ = main.__doc__
     return wrapper
@@ -676,8 +680,8 @@ def study_exit_code(study: str, store: str, failed: int, finished: int) -> int:
         print(f"[{study}] {failed} trial{'s' if failed > 1 else ''} failed; their errors: python -c \"import pandas "
               f"as pd; t = pd.read_parquet('{store}/trials', filters=[('status', '==', 'failed')]); "
               f"print(t[['study', 'trial_id', 'failed_stage', 'failed_epoch', 'error']])\"", flush=True)
-        return 1
+        return ExitCode.FAILED
     if not finished:
         print(f"[{study}] no finished trial in the store", flush=True)
-        return 1
-    return 0
+        return ExitCode.FAILED
+    return ExitCode.OK

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from calib._config import ConfigError
-from calib.cluster.slurm import SlurmSettings, local_storage_warnings, parse_time, render_script
+from calib.cluster.slurm import SlurmSettings, parse_time, render_script
+from calib.cluster.slurm_checks import local_storage_warnings
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden" / "slurm_gpu.sbatch"
@@ -117,7 +118,7 @@ def test_without_slurm_the_command_writes_the_script_and_says_how_to_submit_it(t
 
 
 def test_the_job_is_named_after_the_study_the_command_runs():
-    from calib.cluster import _study_name
+    from calib.cluster.slurm import study_name as _study_name
 
     assert _study_name(["python", "studies/search.py", "--space", "search_spaces/mac_cal_head.yaml"]) == (
         "search_mac_cal_head")  # search.py's own default
