@@ -31,7 +31,7 @@ class ExitCode(IntEnum):
 
 
 STUDY_EXIT_CODES: dict[ExitCode, str] = {
-    ExitCode.OK: "every trial is stored `ok`",
+    ExitCode.OK: "every trial of the run is stored `ok`",
     ExitCode.FAILED: "some trial failed",
     ExitCode.BAD_INPUT: "bad input",
     ExitCode.INTERRUPTED: "stopped by SIGTERM",

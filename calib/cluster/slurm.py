@@ -3,11 +3,12 @@
 ``python -m calib.cluster slurm [settings] -- python studies/<study>.py ...`` writes
 ``<run dir>/slurm/<job name>.sbatch`` (``--submit`` also submits it). The script, on the job's nodes:
 
-1. runs the setup lines (``module load``, a virtual environment), then starts Ray: the head on the first
-   node and a worker on every other node, each through ``srun --overlap``, at the node's address from
-   Slurm (``scontrol show node``: ``hostname -i`` gives 127.0.0.1 on many nodes), with ports and a
-   temporary folder derived from the job id (two jobs on one node never share them; socket paths stay
-   under Ray's 107 bytes), and token authentication set explicitly for every node and the driver (a
+1. runs the setup lines (``module load``, a virtual environment), checks that calib imports on every node
+   (a node whose Python cannot import it ends the job at once, naming the node and the Python), then starts
+   Ray: the head on the first node and a worker on every other node, each through ``srun --overlap``, at
+   the node's address from Slurm (``scontrol show node``: ``hostname -i`` gives 127.0.0.1 on many nodes),
+   with ports and a temporary folder derived from the job id (two jobs on one node never share them;
+   socket paths stay under Ray's 107 bytes), and token authentication set explicitly for every node and the driver (a
    token in a shared ``~/.ray`` would otherwise switch it on for the head only);
 2. waits for every node (``python -m calib.cluster wait``, as on the other launchers), then runs the
    study with ``--address`` of the head;
@@ -21,11 +22,13 @@
    every Ray on the node, other users' too) and ends with one line saying how the study ended: exit 0
    when it finished, 3 when it was interrupted (never 0), the study's own code otherwise.
 
-Logs: ``<run dir>/slurm/<job name>-<job id>.out`` (every start appended) and one Ray log per node.
-Before writing, the settings, the study command (run with ``--check-only``), the partition and account
-(``sbatch --test-only``) and GPUs on the partition (``sinfo``) are checked: bad input exits 2 with one
-``error:`` line and nothing is submitted. A run directory, store or artifact folder on a node-local
-file system is a warning.
+The script is the template ``slurm_job.sh`` of this package (:data:`JOB_TEMPLATE`) with the settings filled in
+(:func:`render_script`). Logs: ``<run dir>/slurm/<job name>-<job id>.out`` (every start appended) and one Ray log
+per node. Before writing (:mod:`calib.cluster.slurm_checks`), the settings, the places every node must see (this
+Python, calib, the run directory, the store: refused under /tmp, /var/tmp, /dev/shm or on a memory file system),
+the study command (run with ``--check-only``), the partition and account (``sbatch --test-only``) and GPUs on
+the partition (``sinfo``) are checked: bad input exits 2 with one ``error:`` line and nothing is submitted. A run
+directory, store or artifact folder on a disk's file system the site may not export is a warning.
 """
 
 from __future__ import annotations
@@ -101,6 +104,10 @@ class SlurmSettings:
     """Where each node keeps Ray's files, ``<ray_tmp>/calib-<job id>``: short and node-local."""
     mps: bool = True
     """NVIDIA MPS on each node of a GPU job, for its Ray (:mod:`calib.cluster.mps`); no effect without GPUs."""
+    shared_paths: tuple[str, ...] = ()
+    """Folders every node of the job sees at the same path although they lie where calib takes a folder for
+    node-local (under /tmp, /var/tmp or /dev/shm, or on a memory file system): not refused
+    (:func:`calib.cluster.slurm_checks.check_shared_places`)."""
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> SlurmSettings:
@@ -119,7 +126,7 @@ class SlurmSettings:
         if unknown:
             raise ConfigError(f"--settings {path}: unknown setting(s) {', '.join(unknown)}; allowed: "
                               f"{', '.join(sorted(names))}.")
-        for key in ("setup", "sbatch_options"):
+        for key in ("setup", "sbatch_options", "shared_paths"):
             if key in values:
                 values[key] = tuple(values[key] if isinstance(values[key], list) else [values[key]])
         return cls(**values)
@@ -147,6 +154,10 @@ class SlurmSettings:
             raise ConfigError(f"--time {self.time} ({limit} s) must be longer than the warning before it "
                               f"(--signal-seconds {self.signal_seconds}) plus a minute (Slurm may send it up to 60 s "
                               f"early): the study would be stopped before it could start.")
+        for folder in self.shared_paths:
+            if not Path(str(folder)).expanduser().is_absolute():
+                raise ConfigError(f"--shared-path must be an absolute path (a folder every node sees there), got "
+                                  f"{folder!r}.")
         for name in ("partition", "account", "qos", "job_name"):
             value = getattr(self, name)
             if value is not None and not re.fullmatch(r"[A-Za-z0-9_.+-]+", str(value)):
@@ -217,11 +228,11 @@ def render_script(settings: SlurmSettings, command: list[str], *, name: str | No
         "run_dir": shlex.quote(str(run_dir)),
         "max_requeues": str(settings.max_requeues),
         "interrupted": str(int(ExitCode.INTERRUPTED)),
+        "failed": str(int(ExitCode.FAILED)),
         "setup": "\n".join(settings.setup) if settings.setup else "# (no setup lines: python and ray from the PATH)",
-        "first_port": str(FIRST_PORT),
-        "port_blocks": str((65_000 - FIRST_PORT) // PORTS_PER_JOB),
-        "ports_per_job": str(PORTS_PER_JOB),
-        "last_port": str(PORTS_PER_JOB - 1),
+        # Ray's ports from the job id: PORTS_PER_JOB of them from BASE, in one of the blocks below 65,000.
+        "port_base": f"$(( {FIRST_PORT} + SLURM_JOB_ID % {(65_000 - FIRST_PORT) // PORTS_PER_JOB} * {PORTS_PER_JOB} ))",
+        "max_worker_port": f"$((BASE + {PORTS_PER_JOB - 1}))",
         "ray_tmp": shlex.quote(settings.ray_tmp.rstrip("/") or "/"),
         "handover_seconds": str(settings.handover_seconds),
         # A GPU job's Ray runs under NVIDIA MPS (calib.cluster.mps), stopped with it; --no-mps writes none of it.
@@ -279,6 +290,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
                         help="start NVIDIA MPS on every node of a GPU job before Ray, so trials sharing a GPU run at "
                              "once (default: on); --no-mps where the site runs MPS itself or must not share GPUs")
+    parser.add_argument("--shared-path", action="append", default=None, dest="shared_paths", metavar="PATH",
+                        help="a folder every node of the job sees at this path although calib takes it for "
+                             "node-local (under /tmp, /var/tmp or /dev/shm, or on a memory file system), where the "
+                             "Python, calib, the run directory and the store are refused (repeatable)")
     parser.add_argument("-o", "--output", default=None,
                         help="the script to write (default <run dir>/slurm/<job name>.sbatch)")
     parser.add_argument("--submit", action="store_true", help="also submit it with sbatch and say how to follow it")
@@ -293,20 +308,28 @@ def _settings(args: argparse.Namespace) -> SlurmSettings:
     given = {name: getattr(args, name) for name in ("partition", "account", "qos", "nodes", "gpus_per_node",
                                                     "cpus_per_node", "mem_per_node", "time", "signal_seconds",
                                                     "max_requeues", "handover_seconds", "run_dir", "job_name", "mps")}
-    given.update({name: tuple(getattr(args, name)) for name in ("setup", "sbatch_options") if getattr(args, name)})
+    given.update({name: tuple(getattr(args, name)) for name in ("setup", "sbatch_options", "shared_paths")
+                  if getattr(args, name)})
     settings = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     settings.check()
     return settings
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from calib.cluster.slurm_checks import check_command, check_with_slurm, local_storage_warnings, submit
+    from calib.cluster.slurm_checks import (
+        check_command,
+        check_shared_places,
+        check_with_slurm,
+        local_storage_warnings,
+        submit,
+    )
 
     settings = _settings(args)
     command = args.study_command[1:] if args.study_command[:1] == ["--"] else args.study_command
     run_dir = Path(settings.run_dir).expanduser().resolve()
     if not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} is not a folder.")
+    check_shared_places(run_dir, command, settings.shared_paths)
     name = settings.job_name or f"calib-{study_name(command)}"
     script = render_script(settings, command, name=name)
     if shutil.which("sbatch"):
@@ -315,7 +338,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         raise ConfigError("sbatch is not on this machine's PATH: run this on a login node of the cluster, or write "
                           "the script here (without --submit) and submit it there with sbatch.")
     checked = check_command(command, run_dir)
-    for warning in local_storage_warnings(run_dir, command):
+    for warning in local_storage_warnings(run_dir, command, settings.shared_paths):
         print(warning, file=sys.stderr)
     path = Path(args.output).resolve() if args.output else run_dir / "slurm" / f"{name}.sbatch"
     (run_dir / "slurm").mkdir(parents=True, exist_ok=True)

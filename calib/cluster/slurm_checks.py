@@ -10,16 +10,24 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from calib import storage
 from calib._config import ConfigError
-from calib.cluster.slurm import SlurmSettings
+from calib.cluster.slurm import SlurmSettings, flag_value
 
-__all__ = ["NODE_LOCAL_FILE_SYSTEMS", "check_command", "check_with_slurm", "local_storage_warnings", "submit"]
+__all__ = ["MEMORY_FILE_SYSTEMS", "NODE_LOCAL_FILE_SYSTEMS", "NODE_LOCAL_PATHS", "check_command", "check_shared_places",
+           "check_with_slurm", "local_storage_warnings", "node_local_places", "submit"]
 
-# File systems a node keeps to itself: the job's other nodes (and a requeued job's) would not see files there.
-NODE_LOCAL_FILE_SYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "ramfs", "f2fs", "vfat"}
+NODE_LOCAL_PATHS = ("/tmp", "/var/tmp", "/dev/shm")
+"""Folders each node of a cluster has to itself: a job's other nodes, and a requeued job's, see their own. The job's
+Python, calib, run directory and store are refused there (:func:`check_shared_places`)."""
+MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs"})
+"""File systems in a node's memory, node-local wherever they are mounted: refused as :data:`NODE_LOCAL_PATHS` are."""
+NODE_LOCAL_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "overlay", "f2fs", "vfat"})
+"""A disk's file systems: node-local unless the site exports them (the login node's may be the cluster's shared
+one), so the run directory or a store there is a warning (:func:`local_storage_warnings`), not an error."""
 
 
 def check_command(command: list[str], run_dir: Path) -> str:
@@ -65,25 +73,77 @@ def _file_system(path: Path) -> str | None:
     return kind
 
 
-def local_storage_warnings(run_dir: Path, command: list[str]) -> list[str]:
-    """Warnings for the run directory and the command's --store, --artifacts and --storage when they are on
-    a node-local file system (the job's nodes, and a requeued job's, would each see their own)."""
+def _study_places(run_dir: Path, command: list[str]) -> dict[str, Path]:
+    """The run directory and the command's --store, --artifacts and --storage (the store by default ``results``
+    in the run directory) that are paths, not URIs: what every node of the job writes or reads."""
     places = {"the run directory": str(run_dir)}
     for flag in ("--store", "--artifacts", "--storage"):
-        for i, token in enumerate(command):
-            if token == flag and i + 1 < len(command):
-                places[flag] = command[i + 1]
-            elif token.startswith(flag + "="):
-                places[flag] = token.split("=", 1)[1]
+        value = flag_value(command, flag)
+        if value is not None:
+            places[flag] = value
     if "--store" not in places:
         places["--store (default results)"] = "results"
-    warnings = []
-    for what, where in places.items():
-        if storage.is_remote(where):
+    return {what: Path(where) if Path(where).is_absolute() else run_dir / where
+            for what, where in places.items() if not storage.is_remote(where)}
+
+
+def _under(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _is_shared(path: Path, shared: Sequence[str]) -> bool:
+    return any(_under(path.resolve(), Path(folder).expanduser().resolve()) for folder in shared)
+
+
+def node_local_places(run_dir: Path, command: list[str], shared: Sequence[str] = ()) -> list[str]:
+    """What the job needs on every node but lies where each node has its own: under :data:`NODE_LOCAL_PATHS`
+    or on a :data:`MEMORY_FILE_SYSTEMS` mount (``/proc/mounts``, what ``findmnt`` shows): the Python running
+    this command (the job's, unless its setup lines put another on the PATH), the calib it imports, the run
+    directory, the study script and the command's store, artifacts and Ray storage. Each as
+    ``"<what> <path> (under /tmp)"``; nothing under a folder of ``shared`` (``--shared-path``)."""
+    import calib
+
+    python = Path(sys.executable)
+    places = {"the Python": python.parent.resolve() / python.name, "calib": Path(calib.__file__).resolve().parent,
+              **_study_places(run_dir, command)}
+    if len(command) > 1 and not _under(run_dir / command[1], run_dir):  # else: the run directory's line says it
+        places["the study script"] = run_dir / command[1]
+    found = []
+    for what, path in places.items():
+        if _is_shared(path, shared):
             continue
-        path = Path(where) if Path(where).is_absolute() else run_dir / where
+        resolved = path.resolve()
+        folder = next((f for f in NODE_LOCAL_PATHS if _under(resolved, Path(f))), None)
+        kind = None if folder else _file_system(resolved)
+        if folder or kind in MEMORY_FILE_SYSTEMS:
+            why = f"under {folder}" if folder else f"on {kind}, in the node's memory"
+            found.append(f"{what} {path} ({why})")
+    return found
+
+
+def check_shared_places(run_dir: Path, command: list[str], shared: Sequence[str] = ()) -> None:
+    """``ConfigError`` in one line naming every :func:`node_local_places` of the job, before anything is
+    written or submitted: its nodes would not see them (the job would fail on a node that cannot import calib,
+    or write each node's own store)."""
+    places = node_local_places(run_dir, command, shared)
+    if places:
+        one = len(places) == 1
+        raise ConfigError(
+            f"node-local path{'' if one else 's'}: {', '.join(places)}. Each node of a Slurm job has its own there: "
+            f"the job's other nodes, and a requeued job's, would not see {'it' if one else 'them'}. Put the Python "
+            f"(a virtual environment), calib, the run directory and the store on the cluster's shared file system "
+            f"(a store may also be s3://), or name a folder every node does see at the same path with "
+            f"--shared-path.")
+
+
+def local_storage_warnings(run_dir: Path, command: list[str], shared: Sequence[str] = ()) -> list[str]:
+    """Warnings for the run directory and the command's --store, --artifacts and --storage when they are on
+    a disk's file system (:data:`NODE_LOCAL_FILE_SYSTEMS`): node-local unless the site exports it to the nodes
+    (the job's nodes, and a requeued job's, would then each see their own). Nothing under ``shared``."""
+    warnings = []
+    for what, path in _study_places(run_dir, command).items():
         kind = _file_system(path)
-        if kind in NODE_LOCAL_FILE_SYSTEMS:
+        if kind in NODE_LOCAL_FILE_SYSTEMS and not _is_shared(path, shared):
             warnings.append(f"warning: {what} {path} is on a node-local file system ({kind}): each node of the job, "
                             f"and a requeued job's, would see its own copy. Put it on the cluster's shared file "
                             f"system, or use an s3:// store.")

@@ -5,12 +5,14 @@
 #   @study@
 # Submit: sbatch @script_path@    Follow: tail -f @log_dir@/@name@-<job id>.out
 # Cancel: scancel <job id>    What it does: docs/how-to/slurm.md.
+# shellcheck disable=SC1090,SC1091  # the setup lines may source the site's files, which shellcheck cannot follow
 set -uo pipefail
 
 RUN_DIR=@run_dir@
 LOG_DIR="$RUN_DIR/slurm"
 MAX_REQUEUES=@max_requeues@
 INTERRUPTED=@interrupted@
+FAILED=@failed@
 RESTARTS=${SLURM_RESTART_COUNT:-0}
 say() { echo "[calib-slurm $(date +%H:%M:%S)] $*"; }
 say "job $SLURM_JOB_ID, start $((RESTARTS + 1)) of at most $((MAX_REQUEUES + 1)), nodes $SLURM_JOB_NODELIST"
@@ -27,6 +29,7 @@ ENDING=""
 DRIVER=""
 # Why Slurm sent SIGTERM, from its record of the job: a requeue counts one more restart, the time limit is the
 # reason; a job still running was only signalled (scancel --signal=TERM); any other was cancelled.
+# shellcheck disable=SC2317  # called from on_signal, which the traps below call
 why_sigterm() {
   local record
   record=$(timeout 2 scontrol show job "$SLURM_JOB_ID" 2>/dev/null) || { echo unknown; return; }
@@ -35,6 +38,7 @@ why_sigterm() {
   elif [[ $record == *JobState=RUNNING* ]]; then echo signalled
   else echo cancelled; fi
 }
+# shellcheck disable=SC2317  # called by the traps below
 on_signal() {
   SIGNALLED=$1
   [[ -n $DRIVER ]] && kill -TERM "$DRIVER" 2>/dev/null
@@ -54,21 +58,34 @@ trap 'on_signal USR1' USR1
 trap 'on_signal TERM' TERM
 
 @setup@
-cd "$RUN_DIR" || { say "the run directory $RUN_DIR is not reachable on $(hostname)"; exit 1; }
+cd "$RUN_DIR" || { say "the run directory $RUN_DIR is not reachable on $(hostname)"; exit $FAILED; }
 
 # Node addresses from Slurm: `hostname --ip-address` gives 127.0.0.1 on many nodes.
 mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 node_addr() { scontrol show node "$1" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p'; }
 HEAD_IP=$(node_addr "${NODES[0]}")
+# calib on every node before Ray starts, imported as the study imports it (not from the current folder): a node whose
+# python cannot (a Python or checkout it does not see, such as one under another node's /tmp) ends the job at once.
+# shellcheck disable=SC2016  # expanded by bash -c on each node
+CHECK_NODE='error=$(python -c "import sys; sys.path[:] = [p for p in sys.path if p]; import calib" 2>&1) ||
+  echo "$SLURMD_NODENAME $(command -v python || echo python) $(tail -n 1 <<<"$error")"'
+UNFIT=$(srun --overlap --nodes=${#NODES[@]} --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c "$CHECK_NODE" 2>/dev/null |
+  head -n 1)
+if [[ -n $UNFIT ]]; then
+  read -r UNFIT_NODE UNFIT_PYTHON UNFIT_ERROR <<<"$UNFIT"
+  say "calib does not import on node $UNFIT_NODE with $UNFIT_PYTHON ($UNFIT_ERROR): install calib where every node" \
+    "sees it (the cluster's shared file system) and make the setup lines (--setup) put that Python on the PATH"
+  exit $FAILED
+fi
 
 # Ray's ports and folder from the job id: two jobs on one node never share them, and its socket paths stay
 # under 107 bytes whatever $TMPDIR is.
-BASE=$(( @first_port@ + SLURM_JOB_ID % @port_blocks@ * @ports_per_job@ ))
+BASE=@port_base@
 RAY_TMP=@ray_tmp@/calib-$SLURM_JOB_ID
 PORTS="--node-manager-port=$((BASE + 1)) --object-manager-port=$((BASE + 2))
   --dashboard-agent-grpc-port=$((BASE + 4)) --dashboard-agent-listen-port=$((BASE + 5))
   --metrics-export-port=$((BASE + 6)) --runtime-env-agent-port=$((BASE + 7))
-  --min-worker-port=$((BASE + 20)) --max-worker-port=$((BASE + @last_port@))"
+  --min-worker-port=$((BASE + 20)) --max-worker-port=@max_worker_port@"
 # Ray's client server (10001 by default) runs when its dependency is installed: on the job's port then.
 CLIENT=""
 python -c 'import grpc' 2>/dev/null && CLIENT="--ray-client-server-port=$((BASE + 3))"
@@ -87,12 +104,15 @@ STEPS=()
 # The steps that run them take it from the environment: stopping Ray never kills srun (bash would log it).
 export RAY_TMP RAY_PATTERN="[${RAY_TMP:0:1}]${RAY_TMP:1}"
 # Ray's folder goes after its processes; a worker process still writing its last log can outlast them a moment.
+# shellcheck disable=SC2016  # these commands are expanded where they run (bash -c on each node)
 REMOVE_TMP='for _ in $(seq 10); do rm -rf -- "$RAY_TMP" 2>/dev/null; [[ -e $RAY_TMP ]] || break; sleep 0.5; done'
 @mps_note@
+# shellcheck disable=SC2016
 STOP_NODE='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 20); do pgrep -f -- "$RAY_PATTERN" >/dev/null || break
   sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; @stop_mps@'"$REMOVE_TMP"
 # Each node's Ray runs in a step that removes the folder when Ray ends, also when Slurm ends the step (preemption,
 # requeue: the batch script can start no step then, so only the node itself can clean up).
+# shellcheck disable=SC2016
 export NODE_RAY='trap : TERM; @run_ray@ --temp-dir="$RAY_TMP"; rc=$?; '"$REMOVE_TMP"'; exit $rc'
 stop_ray() {
   # After Slurm's SIGTERM every Ray process of the job has it too and stops at once (no drain), and Slurm
@@ -109,6 +129,7 @@ stop_ray() {
 
 RAY_LOGS="$LOG_DIR/$SLURM_JOB_ID-start$((RESTARTS + 1))-ray"  # one log per node and start
 say "Ray head on ${NODES[0]} ($HEAD_IP:$BASE), $((${#NODES[@]} - 1)) worker node(s); logs $RAY_LOGS-*.log"
+# shellcheck disable=SC2086  # $PORTS and $CLIENT hold several flags (or none): split into words on purpose
 srun --overlap --nodes=1 --ntasks=1 -w "${NODES[0]}" bash -c "$NODE_RAY" ray \
   ray start --head --block --node-ip-address="$HEAD_IP" --port=$BASE $PORTS $CLIENT \
   --num-cpus="$CPUS" --num-gpus="$GPUS" --include-dashboard=false \
@@ -116,6 +137,7 @@ srun --overlap --nodes=1 --ntasks=1 -w "${NODES[0]}" bash -c "$NODE_RAY" ray \
 STEPS+=($!)
 for _ in $(seq 120); do (exec 3<>"/dev/tcp/$HEAD_IP/$BASE") 2>/dev/null && break; sleep 1; done
 for node in "${NODES[@]:1}"; do
+  # shellcheck disable=SC2086  # as above
   srun --overlap --nodes=1 --ntasks=1 -w "$node" bash -c "$NODE_RAY" ray ray start --block --address="$HEAD_IP:$BASE" \
     --node-ip-address="$(node_addr "$node")" $PORTS --num-cpus="$CPUS" --num-gpus="$GPUS" \
     --disable-usage-stats@object_store@ >"$RAY_LOGS-$node.log" 2>&1 &
@@ -124,7 +146,7 @@ done
 if ! python -m calib.cluster wait --nodes ${#NODES[@]} --address "$HEAD_IP:$BASE" --timeout 300; then
   say "Ray did not start on every node: see $RAY_LOGS-*.log"
   stop_ray
-  exit 1
+  exit $FAILED
 fi
 
 RC=$INTERRUPTED
