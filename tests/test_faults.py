@@ -288,6 +288,24 @@ def test_check_only_checks_and_counts_without_starting_ray(tmp_path, monkeypatch
     assert code == 2 and "`method.accuracy_weight` must be > 0" in capsys.readouterr().err
 
 
+def test_a_study_returns_checked_only_and_guarded_main_prints_it_and_exits_0(capsys):
+    """``--check-only`` is a return value (``run_grid``/``run_search`` return it, the study's ``main`` returns it);
+    ``guarded_main`` prints its line and exits 0, passes other codes on, and turns bad input into exit 2."""
+    from calib._config import ConfigError
+    from calib.cli import guarded_main
+    from calib.exit_codes import ExitCode
+    from calib.search import CheckedOnly
+
+    assert guarded_main(lambda argv: CheckedOnly("s", 4))([]) == ExitCode.OK == 0
+    assert capsys.readouterr().out == "[s] checked: 4 trials to run; nothing was started (--check-only)\n"
+    assert guarded_main(lambda argv: ExitCode.FAILED)([]) == 1
+
+    def refused(argv):
+        raise ConfigError("`x` must be > 0")
+
+    assert guarded_main(refused)([]) == 2 and capsys.readouterr().err == "error: `x` must be > 0\n"
+
+
 # ---------------------------------------------------------------------------------- concurrent studies
 
 

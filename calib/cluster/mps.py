@@ -193,7 +193,7 @@ def watch(directory: Path, raylets: list[int], *, poll: float = 2.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The node's CLI (kept apart from ``python -m calib.cluster``, which imports torch: this runs in 0.2 s).
+    """The node's CLI, kept apart from ``python -m calib.cluster``'s launchers (it runs on every node, in 0.2 s).
     The command's exit code; 2 with one ``error:`` line for bad input."""
     parser = argparse.ArgumentParser(prog="python -m calib.cluster.mps", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["start", "run", "stop", "watch"],

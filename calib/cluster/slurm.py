@@ -355,7 +355,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     return ExitCode.OK
 
 
-def flag_value(command: list[str], flag: str) -> str | None:
+def _flag_value(command: list[str], flag: str) -> str | None:
     """The value of ``flag`` in a command line (``--flag VALUE`` or ``--flag=VALUE``), None without it."""
     for i, token in enumerate(command):
         if token == flag and i + 1 < len(command):
@@ -368,8 +368,8 @@ def flag_value(command: list[str], flag: str) -> str | None:
 def study_name(command: list[str]) -> str:
     """The study a command runs: its --study, else the script's default (its file name; search_<space>)."""
     script = Path(command[1]).stem if len(command) > 1 else "study"
-    space = flag_value(command, "--space")
-    return flag_value(command, "--study") or (f"search_{Path(space).stem}" if script == "search" and space
+    space = _flag_value(command, "--space")
+    return _flag_value(command, "--study") or (f"search_{Path(space).stem}" if script == "search" and space
                                               else script)
 
 

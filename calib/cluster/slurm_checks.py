@@ -15,7 +15,7 @@ from pathlib import Path
 
 from calib import storage
 from calib._config import ConfigError
-from calib.cluster.slurm import SlurmSettings, flag_value
+from calib.cluster.slurm import SlurmSettings
 
 __all__ = ["MEMORY_FILE_SYSTEMS", "NODE_LOCAL_FILE_SYSTEMS", "NODE_LOCAL_PATHS", "check_command", "check_shared_places",
            "check_with_slurm", "local_storage_warnings", "node_local_places", "submit"]
@@ -78,9 +78,11 @@ def _study_places(run_dir: Path, command: list[str]) -> dict[str, Path]:
     in the run directory) that are paths, not URIs: what every node of the job writes or reads."""
     places = {"the run directory": str(run_dir)}
     for flag in ("--store", "--artifacts", "--storage"):
-        value = flag_value(command, flag)
-        if value is not None:
-            places[flag] = value
+        for i, token in enumerate(command):  # the last one counts, as for argparse
+            if token == flag and i + 1 < len(command):
+                places[flag] = command[i + 1]
+            elif token.startswith(flag + "="):
+                places[flag] = token.split("=", 1)[1]
     if "--store" not in places:
         places["--store (default results)"] = "results"
     return {what: Path(where) if Path(where).is_absolute() else run_dir / where

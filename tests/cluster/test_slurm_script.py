@@ -200,12 +200,12 @@ def test_a_node_local_environment_is_refused_before_anything_is_written_or_submi
 
 
 def test_the_job_is_named_after_the_study_the_command_runs():
-    from calib.cluster.slurm import study_name as _study_name
+    from calib.cluster.slurm import study_name
 
-    assert _study_name(["python", "studies/search.py", "--space", "search_spaces/mac_cal_head.yaml"]) == (
+    assert study_name(["python", "studies/search.py", "--space", "search_spaces/mac_cal_head.yaml"]) == (
         "search_mac_cal_head")  # search.py's own default
-    assert _study_name(["python", "studies/ablation.py", "--study=ladder-a"]) == "ladder-a"
-    assert _study_name(["python", "studies/compare_methods.py", "--preset", "paper"]) == "compare_methods"
+    assert study_name(["python", "studies/ablation.py", "--study=ladder-a"]) == "ladder-a"
+    assert study_name(["python", "studies/compare_methods.py", "--preset", "paper"]) == "compare_methods"
 
 
 @pytest.mark.parametrize(("record", "ending"), [
