@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from calib._config import ConfigError
 from calib._help import HelpFormatter
 from calib._registry import UnknownNameError
 from calib.datasets import DatasetNotFoundError
+from calib.exit_codes import ExitCode
 from calib.study_flags import add_common_args, add_own_model_args, add_predictions_args, study_parser
 from calib.study_resources import execution_options, machine_resources, settings_line
 from calib.study_sources import StudyPaths, preset_of, require_datasets, study_paths, study_setups
@@ -37,23 +39,26 @@ __all__ = [
 ]
 
 
-def guarded_main(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+def guarded_main(main: Callable[[list[str] | None], Any]) -> Callable[[list[str] | None], int]:
     """Turn the errors a user can fix (bad config, unknown name, missing data) into one message and exit 2;
-    a run stopped by SIGTERM into its last line and exit 3; ``--check-only`` into its line and exit 0."""
-    from calib.search.tuner import INTERRUPTED_EXIT_CODE, CheckedOnly, StudyInterrupted
+    a run stopped by SIGTERM into its last line and exit 3; a :class:`~calib.search.CheckedOnly` that ``main``
+    returns (``--check-only``) into its line and exit 0; otherwise ``main``'s exit code."""
+    from calib.search.stopping import StudyInterrupted
+    from calib.search.tuner import CheckedOnly
 
     def wrapper(argv: list[str] | None = None) -> int:
         try:
-            return main(argv)
+            result = main(argv)
         except (ConfigError, UnknownNameError, DatasetNotFoundError) as err:
             print(f"error: {err}", file=sys.stderr)
-            return 2
-        except CheckedOnly as done:
-            print(done, flush=True)
-            return 0
+            return ExitCode.BAD_INPUT
         except StudyInterrupted as stopped:
             print(stopped, flush=True)
-            return INTERRUPTED_EXIT_CODE
+            return ExitCode.INTERRUPTED
+        if isinstance(result, CheckedOnly):
+            print(result, flush=True)
+            return ExitCode.OK
+        return result
 
     wrapper.__doc__ = main.__doc__
     return wrapper
@@ -69,8 +74,8 @@ def study_exit_code(study: str, store: str, failed: int, finished: int) -> int:
         print(f"[{study}] {failed} trial{'s' if failed > 1 else ''} failed; their errors: python -c \"import pandas "
               f"as pd; t = pd.read_parquet('{store}/trials', filters=[('status', '==', 'failed')]); "
               f"print(t[['study', 'trial_id', 'failed_stage', 'failed_epoch', 'error']])\"", flush=True)
-        return 1
+        return ExitCode.FAILED
     if not finished:
         print(f"[{study}] no finished trial in the store", flush=True)
-        return 1
-    return 0
+        return ExitCode.FAILED
+    return ExitCode.OK

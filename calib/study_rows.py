@@ -18,7 +18,7 @@ from calib.cli import execution_options, preset_of, require_datasets, settings_l
 from calib.presets import base_config
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.tables import PREDICTION_CHANGE_COLUMNS, with_current_labels
-from calib.search import StudyRun, run_grid
+from calib.search import CheckedOnly, StudyRun, run_grid
 from calib.store import read_finished
 
 __all__ = ["METHOD_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "Row", "print_row_tables", "run_rows"]
@@ -78,13 +78,13 @@ def run_rows(
     *,
     evaluation: Callable[[str], dict[str, Any]] | None = None,
     table: Mapping[str, Row] | None = None,
-) -> tuple[pd.DataFrame, StudyRun]:
+) -> tuple[pd.DataFrame, StudyRun] | CheckedOnly:
     """Run every (dataset, architecture, row, seed) trial; returns this run's ok trials with a ``row``
     column (ordered categorical), and the run (its failures). ``evaluation(dataset)`` adds evaluation keys to every
     trial of that dataset (``ood_datasets``, ``corruptions``); it runs before any trial starts, so it
     is also where a study checks or prepares its evaluation data. ``table``: the study's whole row
     table when ``rows`` is a user's selection of it (the study's manifest is computed from the table,
-    so runs of different selections extend one study)."""
+    so runs of different selections extend one study). ``--check-only``: the run's :class:`CheckedOnly`."""
     preset = preset_of(args)
     paths = study_paths(args)
     setups = study_setups(args, preset)
@@ -117,6 +117,8 @@ def run_rows(
           f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=options,
                    table=configs_of(table, seeds[:1]) if table else None)
+    if isinstance(run, CheckedOnly):
+        return run
     trials = with_current_labels(read_finished(paths.store, args.study, run.trial_ids))
     trials["row"] = pd.Categorical(trials["label"], categories=list(rows), ordered=True)
     print(f"\n[{args.study}] store: {paths.store} ({len(trials)} ok trials of this run; "

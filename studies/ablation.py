@@ -30,7 +30,7 @@ from calib.cli import (
 from calib.presets import base_config, with_preset_stage2
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.figures import plot_retention
-from calib.search import run_grid
+from calib.search import CheckedOnly, run_grid
 from calib.store import read_finished, read_history
 
 DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
@@ -38,7 +38,7 @@ METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="ablation")
     parser.add_argument("--ladder", default=str(DEFAULT_LADDER), help="ladder file (YAML)")
     parser.add_argument("--mode", default="incremental", choices=MODES, help="how components are combined")
@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] ladder {args.ladder} ({args.mode}: {len(order)} steps) · seeds {seeds}")
     run = run_grid(configs, store=paths.store, study=args.study, options=options)
+    if isinstance(run, CheckedOnly):
+        return run
 
     trials = read_finished(paths.store, args.study, run.trial_ids)
     trials["step"] = pd.Categorical(trials["label"], categories=order, ordered=True)

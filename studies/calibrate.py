@@ -32,6 +32,7 @@ from calib.registries import METHODS
 from calib.report import report_step
 from calib.report.build import FULL, pooled_bins
 from calib.report.figures import plot_reliability
+from calib.search import CheckedOnly
 from calib.study_rows import METHOD_ROWS, POSTHOC_METHODS, Row, print_row_tables, run_rows
 
 METRICS = FULL
@@ -47,7 +48,7 @@ ROWS: dict[str, Row] = {
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="calibrate")
     choices = list(ROWS) + [label for label in METHOD_ROWS if label not in ROWS]
     parser.add_argument("--methods", nargs="+", default=None, choices=choices, metavar="ROW",
@@ -67,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"`--methods` {' '.join(refused)} cannot run on --predictions: a predictions file holds "
                               f"no features and no training split; the rows that run on it are {', '.join(table)}.")
     rows = {label: ROWS.get(label) or METHOD_ROWS[label] for label in args.methods or table}
-    trials, run = run_rows(args, rows, table=table)
+    result = run_rows(args, rows, table=table)
+    if isinstance(result, CheckedOnly):
+        return result
+    trials, run = result
     print_row_tables(trials, METRICS, study=args.study)
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"reliability diagrams of {dataset} · {arch}"):

@@ -7,6 +7,7 @@ artifact and retrains only the head. Prints Acc / ECE / AECE (mean ± 95% CI ove
 from __future__ import annotations
 
 from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
+from calib.search import CheckedOnly
 from calib.study_rows import Row, print_row_tables, run_rows
 
 STAGE1 = {
@@ -34,12 +35,15 @@ def rows(names: list[str]) -> dict[str, Row]:
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="combine")
     parser.add_argument("--losses", nargs="+", default=list(STAGE1), choices=list(STAGE1), metavar="LOSS",
                         help=f"Stage-I rows, from: {', '.join(STAGE1)} (default: all of them)")
     args = parser.parse_args(argv)
-    trials, run = run_rows(args, rows(args.losses), table=rows(list(STAGE1)))
+    result = run_rows(args, rows(args.losses), table=rows(list(STAGE1)))
+    if isinstance(result, CheckedOnly):
+        return result
+    trials, run = result
     print_row_tables(trials, METRICS, study=args.study)
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 

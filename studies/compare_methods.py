@@ -10,18 +10,22 @@ from __future__ import annotations
 
 from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.report.build import FULL
+from calib.search import CheckedOnly
 from calib.study_rows import METHOD_ROWS, print_row_tables, run_rows
 
 METRICS = FULL
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="compare_methods")
     parser.add_argument("--methods", nargs="+", default=list(METHOD_ROWS), choices=list(METHOD_ROWS),
                         metavar="ROW", help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: all of them)")
     args = parser.parse_args(argv)
-    trials, run = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS)
+    result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS)
+    if isinstance(result, CheckedOnly):
+        return result
+    trials, run = result
     print_row_tables(trials, METRICS, study=args.study)
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 

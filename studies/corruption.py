@@ -26,6 +26,7 @@ from calib.datasets.corruptions import (
 )
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
+from calib.search import CheckedOnly
 from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
 
 ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal"]
@@ -47,13 +48,16 @@ def evaluation_for(args: argparse.Namespace):
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="corruption")
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=list(METHOD_ROWS), metavar="ROW",
                         help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: {', '.join(ROWS)})")
     args = parser.parse_args(argv)
-    trials, run = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS,
-                           evaluation=evaluation_for(args))
+    result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS,
+                      evaluation=evaluation_for(args))
+    if isinstance(result, CheckedOnly):
+        return result
+    trials, run = result
     metrics = {}
     for i, severity in enumerate(SEVERITIES):
         trials[f"corrupted_ece_s{severity}"] = trials["corrupted_ece_by_severity"].map(lambda v, i=i: v[i])

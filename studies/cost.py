@@ -11,16 +11,20 @@ from __future__ import annotations
 from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.report import report_step
 from calib.report.build import cost_table
+from calib.search import CheckedOnly
 from calib.study_rows import METHOD_ROWS, run_rows
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="compare_methods")
     parser.add_argument("--methods", nargs="+", default=list(METHOD_ROWS), choices=list(METHOD_ROWS),
                         metavar="ROW", help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: all of them)")
     args = parser.parse_args(argv)
-    trials, run = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS)
+    result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS)
+    if isinstance(result, CheckedOnly):
+        return result
+    trials, run = result
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"cost table for {dataset} · {arch}"):
             print(f"\n{dataset} · {arch} · wall seconds, mean over seeds · hosts {sorted(set(group['host']))}\n")

@@ -7,6 +7,7 @@ on the same 15 bins (docs/methods.md §6.4).
 from __future__ import annotations
 
 from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
+from calib.search import CheckedOnly
 from calib.study_rows import POSTHOC_ROWS, Row, print_row_tables, run_rows
 
 ROWS = {
@@ -22,12 +23,15 @@ METRICS = {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="decompose")
     parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=list(ROWS), metavar="ROW",
                         help=f"rows to run, from: {', '.join(ROWS)} (default: all of them)")
     args = parser.parse_args(argv)
-    trials, run = run_rows(args, {label: ROWS[label] for label in args.methods}, table=ROWS)
+    result = run_rows(args, {label: ROWS[label] for label in args.methods}, table=ROWS)
+    if isinstance(result, CheckedOnly):
+        return result
+    trials, run = result
     print_row_tables(trials, METRICS, study=args.study)
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
+from calib.search import CheckedOnly
 from calib.study_rows import Row, print_row_tables, run_rows
 
 DEFAULT_ALPHAS = (0.1, 0.2, 0.4, 1.0)
@@ -25,11 +26,14 @@ def rows(alphas: list[float]) -> dict[str, Row]:
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="mixup_alpha")
     parser.add_argument("--alphas", type=float, nargs="+", default=list(DEFAULT_ALPHAS), help="Beta(α, α) values")
     args = parser.parse_args(argv)
-    trials, run = run_rows(args, rows(args.alphas))
+    result = run_rows(args, rows(args.alphas))
+    if isinstance(result, CheckedOnly):
+        return result
+    trials, run = result
     print_row_tables(trials, METRICS, study=args.study)
     trials["family"] = trials["row"].astype(str).str.split(" α=").str[0]
     trials["alpha"] = trials["stage1_mixup_alpha"].fillna(trials["stage1_mit_alpha"])

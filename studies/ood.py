@@ -11,6 +11,7 @@ from __future__ import annotations
 from calib._config import ConfigError
 from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.datasets import DEFAULT_OOD, OOD_SETS
+from calib.search import CheckedOnly
 from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
 
 ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal", "DFL", "ACLS", "LS", "FeDLaS-LS", "MbLS",
@@ -18,7 +19,7 @@ ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal", "DFL", "ACLS",
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="ood")
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=list(METHOD_ROWS), metavar="ROW",
                         help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: {', '.join(ROWS)})")
@@ -32,8 +33,11 @@ def main(argv: list[str] | None = None) -> int:
                 OOD_SETS.get(name).require(str(study_paths(args).data_root))
         return {"ood_datasets": list(names)}
 
-    trials, run = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, evaluation=evaluation,
-                           table=METHOD_ROWS)
+    result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, evaluation=evaluation,
+                      table=METHOD_ROWS)
+    if isinstance(result, CheckedOnly):
+        return result
+    trials, run = result
     metrics = {"ood_auroc": "AUROC (mean)", "ood_fpr95": "FPR95 (mean)"}
     names = trials["ood_datasets"].iloc[0] if not trials.empty else []
     for i, name in enumerate(names):

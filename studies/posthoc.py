@@ -55,7 +55,7 @@ from calib.datasets.synthetic_logits import write_synthetic_logits
 from calib.presets import Preset, base_config
 from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary, plot_calibration_sizes
-from calib.search import run_grid
+from calib.search import CheckedOnly, run_grid
 from calib.store import read_finished
 from calib.study_rows import POSTHOC_METHODS
 
@@ -150,7 +150,7 @@ def table_rank(label: str, size: int | None) -> int:
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="posthoc")
     parser.add_argument("--methods", nargs="+", default=list(POSTHOC_METHODS), choices=list(POSTHOC_METHODS),
                         metavar="METHOD", help=f"post-hoc methods, from: {', '.join(POSTHOC_METHODS)} (default: all)")
@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{' '.join('all' if s is None else str(s) for s in sizes)} · {args.draws} draws · seeds {seeds} "
           f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=options)
+    if isinstance(run, CheckedOnly):
+        return run
 
     trials = read_finished(paths.store, args.study, run.trial_ids)
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):

@@ -31,7 +31,7 @@ from calib.config import SEED_LIMIT, set_dotted
 from calib.metrics import higher_is_better
 from calib.presets import base_config
 from calib.report import format_mean_ci, report_step
-from calib.search import SAMPLERS, SCHEDULERS, SchedulerSettings, load_search_space, run_search
+from calib.search import SAMPLERS, SCHEDULERS, CheckedOnly, SchedulerSettings, load_search_space, run_search
 from calib.search.importance import importance_report
 from calib.search.journal import journal_location
 from calib.search.optimize import DEFAULT_TPE_WINDOW
@@ -66,7 +66,7 @@ def print_best(trials, space, objectives: list[str]) -> None:
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study=None, study_default="search_<name of the space file>")
     parser.add_argument("--space", required=True, help="search-space YAML file (search_spaces/*.yaml)")
     parser.add_argument("--num-trials", type=int, default=20,
@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     run = run_search(base, space, store=paths.store, study=study, num_trials=args.num_trials,
                      objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
                      options=options, scheduler=scheduler, tpe_window=args.tpe_window)
+    if isinstance(run, CheckedOnly):
+        return run
     trials = read_finished(paths.store, study, run.trial_ids)
     with report_step(study, "best-trials table"):
         print_best(trials, space, args.objective)

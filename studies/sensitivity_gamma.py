@@ -30,7 +30,7 @@ from calib.methods.mac_cal import STATS_SPLITS
 from calib.presets import base_config
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
-from calib.search import run_grid
+from calib.search import CheckedOnly, run_grid
 from calib.store import read_finished, read_history
 
 DEFAULT_GAMMAS = (0.8, 0.85, 0.9, 0.95, 1.0)
@@ -108,7 +108,7 @@ def with_estimated_gamma(trials: pd.DataFrame, store: str, study: str) -> pd.Dat
 
 
 @guarded_main
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="sensitivity_gamma")
     parser.add_argument("--gammas", type=float, nargs="+", default=list(DEFAULT_GAMMAS), help="γ values")
     parser.add_argument("--estimated-gamma", action="store_true",
@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{' + estimated' if args.estimated_gamma else ''} · q statistics from {args.stats_source} "
           f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=options)
+    if isinstance(run, CheckedOnly):
+        return run
 
     trials = read_finished(paths.store, args.study, run.trial_ids)
     trials = with_estimated_gamma(trials, paths.store, args.study)

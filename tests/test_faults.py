@@ -181,10 +181,10 @@ def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_i
     import io
 
     from calib.search.display import ProgressDisplay
-    from calib.search.tuner import StudyInterrupted, stoppable
+    from calib.search.stopping import StudyInterrupted, stoppable
 
     watchers = []
-    monkeypatch.setattr("calib.search.tuner._exit_when_ray_is_gone", lambda *args: watchers.append(args))
+    monkeypatch.setattr("calib.search.stopping._exit_when_ray_is_gone", lambda *args: watchers.append(args))
     before = signal.getsignal(signal.SIGTERM)
     previous_usr1 = signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # Tune has not installed its handler yet
     try:
@@ -222,7 +222,7 @@ def test_the_stopping_line_is_out_while_the_main_thread_is_in_c_code_and_before_
     waits inside Ray's C code, before Python runs the handler there. The line must be out by then. Here the main
     thread blocks SIGTERM and sleeps in libc (as inside Ray), and the process is killed 5 s after the signal."""
     code = ("import ctypes, signal\n"
-            "from calib.search.tuner import stoppable\n"
+            "from calib.search.stopping import stoppable\n"
             "signal.signal(signal.SIGUSR1, lambda *_: None)\n"  # Tune's handler: the run is listening
             "with stoppable('s', 3):\n"
             "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
@@ -254,7 +254,7 @@ def test_a_stopping_driver_whose_ray_head_is_gone_says_so_and_exits_3():
         port = probe.getsockname()[1]
     code = ("import threading, types, ray\n"
             f"ray.get_runtime_context = lambda: types.SimpleNamespace(gcs_address='127.0.0.1:{port}')\n"
-            "from calib.search.tuner import _exit_when_ray_is_gone\n"
+            "from calib.search.stopping import _exit_when_ray_is_gone\n"
             "ended = threading.Event()\n"
             "threading.Timer(0.5, ended.set).start()\n"
             "_exit_when_ray_is_gone('s', 'SIGTERM', ended)\n"  # the run ended first: no exit
@@ -286,6 +286,24 @@ def test_check_only_checks_and_counts_without_starting_ray(tmp_path, monkeypatch
     assert sorted(p.name for p in store.rglob("*")) == [], "--check-only wrote to the store"
     code = main(["--store", str(store), "--seeds", "1", "2", "--gammas", "0", *TINY, "--check-only"])
     assert code == 2 and "`method.accuracy_weight` must be > 0" in capsys.readouterr().err
+
+
+def test_a_study_returns_checked_only_and_guarded_main_prints_it_and_exits_0(capsys):
+    """``--check-only`` is a return value (``run_grid``/``run_search`` return it, the study's ``main`` returns it);
+    ``guarded_main`` prints its line and exits 0, passes other codes on, and turns bad input into exit 2."""
+    from calib._config import ConfigError
+    from calib.cli import guarded_main
+    from calib.exit_codes import ExitCode
+    from calib.search import CheckedOnly
+
+    assert guarded_main(lambda argv: CheckedOnly("s", 4))([]) == ExitCode.OK == 0
+    assert capsys.readouterr().out == "[s] checked: 4 trials to run; nothing was started (--check-only)\n"
+    assert guarded_main(lambda argv: ExitCode.FAILED)([]) == 1
+
+    def refused(argv):
+        raise ConfigError("`x` must be > 0")
+
+    assert guarded_main(refused)([]) == 2 and capsys.readouterr().err == "error: `x` must be > 0\n"
 
 
 # ---------------------------------------------------------------------------------- concurrent studies

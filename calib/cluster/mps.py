@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from calib._config import ConfigError
+from calib.exit_codes import ExitCode
 
 __all__ = ["MPS_CONTROL", "default_dir", "main", "parse_switch", "run", "start", "start_for_ray", "stop", "watch",
            "why_not"]
@@ -192,7 +193,7 @@ def watch(directory: Path, raylets: list[int], *, poll: float = 2.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The node's CLI (kept apart from ``python -m calib.cluster``, which imports torch: this runs in 0.2 s).
+    """The node's CLI, kept apart from ``python -m calib.cluster``'s launchers (it runs on every node, in 0.2 s).
     The command's exit code; 2 with one ``error:`` line for bad input."""
     parser = argparse.ArgumentParser(prog="python -m calib.cluster.mps", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["start", "run", "stop", "watch"],
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"mps {args.action} takes no command, got {' '.join(command)!r}.")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     if args.action == "run":
         return run(command, enabled=enabled, directory=directory)
     if args.action == "start":
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         watch(directory, [int(pid) for pid in args.raylets.split(",") if pid], poll=args.poll)
     else:
         stop(directory)
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -14,10 +14,12 @@ on-prem head only: a worker's raylet exits a minute after losing the head, its l
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,11 @@ from typing import Any
 import yaml
 
 from calib._config import ConfigError
+from calib.cluster.launcher import Launcher
+from calib.exit_codes import ExitCode
 
-__all__ = ["BOOTSTRAP_CONFIG", "NodeStartError", "alive_nodes", "autoscaler_status", "failed_nodes", "stop_workers",
-           "wait_for_nodes"]
+__all__ = ["BOOTSTRAP_CONFIG", "STOP_WORKERS", "WAIT", "NodeStartError", "alive_nodes", "autoscaler_status",
+           "failed_nodes", "stop_workers", "wait_for_nodes"]
 
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` puts the cluster file on the head
 
@@ -141,3 +145,47 @@ def stop_workers(config_path: str = BOOTSTRAP_CONFIG, *, timeout: float = 60.0) 
         except subprocess.TimeoutExpired:
             results.append((address, False, f"no answer within {timeout:g} s"))
     return results
+
+
+def _add_wait_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, required=True, help="nodes to wait for, the head included")
+    parser.add_argument("--address", default="auto", help="Ray cluster to ask")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up (exit 1)")
+
+
+def _wait(args: argparse.Namespace, argv: list[str]) -> int:
+    try:
+        lines = wait_for_nodes(args.nodes, address=args.address, timeout=args.timeout)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    except (TimeoutError, NodeStartError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return ExitCode.FAILED
+    print(f"{len(lines)} nodes up:")
+    for line in lines:
+        print(f"  {line}")
+    return ExitCode.OK
+
+
+WAIT = Launcher("wait", "on the head node: wait until the cluster has N nodes alive (exit 1 at once when the "
+                        "autoscaler reports a node it could not start)", _add_wait_arguments, _wait)
+"""``python -m calib.cluster wait --nodes N``."""
+
+
+def _add_stop_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=BOOTSTRAP_CONFIG, help="the cluster file `ray up` put on the head")
+
+
+def _stop_workers(args: argparse.Namespace, argv: list[str]) -> int:
+    results = stop_workers(args.config)
+    for address, stopped, output in results:
+        last = output.splitlines()[-1] if output else ""
+        print(f"stopped Ray on {address}" if stopped else f"error: could not stop Ray on {address}: {last}")
+    if not results:
+        print("no workers in the cluster file")
+    return ExitCode.OK if all(stopped for _, stopped, _ in results) else ExitCode.FAILED
+
+
+STOP_WORKERS = Launcher("stop-workers", "on an on-prem head: `ray stop` on every worker (before `ray down`, which "
+                                        "stops the head only)", _add_stop_arguments, _stop_workers)
+"""``python -m calib.cluster stop-workers``."""

@@ -16,18 +16,23 @@ Python is a venv rather than the system's.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import ipaddress
 import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from calib._config import ConfigError
+from calib.cluster.cluster_file import load_cluster_yaml
+from calib.cluster.launcher import Launcher
+from calib.exit_codes import ExitCode
 
-__all__ = ["HEAD_START_RAY_COMMANDS", "MPS_HEAD_START_RAY_COMMANDS", "MPS_WORKER_START_RAY_COMMANDS",
+__all__ = ["HEAD_START_RAY_COMMANDS", "LAUNCHER", "MPS_HEAD_START_RAY_COMMANDS", "MPS_WORKER_START_RAY_COMMANDS",
            "SHARED_CALIB_KEYS", "SHARED_KEYS", "onprem_text", "render_onprem", "venv_command"]
 
 # Launcher sections every provider runs the same way: what is copied to the nodes and what is installed.
@@ -126,3 +131,43 @@ def onprem_text(config: dict[str, Any], source_name: str, argv: list[str]) -> st
               f"# {source_name}, whose file_mounts, rsync filters, setup commands and metadata.calib it copies.\n"
               f"# Edit {source_name} and regenerate rather than editing this file:\n#     {command}\n\n")
     return header + yaml.safe_dump(config, sort_keys=False, width=120)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="the cluster file whose launcher sections to share, e.g. cluster.yaml")
+    parser.add_argument("--head-ip", required=True, help="address of the head node (runs the study driver)")
+    parser.add_argument("--worker-ips", nargs="*", default=[], metavar="IP",
+                        help="addresses of the worker nodes (none: a one-node cluster)")
+    parser.add_argument("--ssh-user", required=True, help="account the launcher logs in as on every host")
+    parser.add_argument("--ssh-key", required=True, help="private key that logs in to every host")
+    parser.add_argument("--store", default=None,
+                        help="store every host reaches: s3://<bucket>/calib or a path on a shared mount "
+                             "(default: the source's metadata.calib.store)")
+    parser.add_argument("--venv", default=None,
+                        help="run the hosts' commands in this virtual environment, e.g. ~/venv (default: the "
+                             "login shell's Python)")
+    parser.add_argument("--cluster-name", default="calib-onprem", help="Ray's cluster_name")
+    parser.add_argument("--mps", action=argparse.BooleanOptionalAction, default=True,
+                        help="start NVIDIA MPS on every node with GPUs before Ray, so trials sharing a GPU run at "
+                             "once; --no-mps where the site runs MPS itself or must not share GPUs")
+    parser.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    source = load_cluster_yaml(args.source)
+    config = render_onprem(source, head_ip=args.head_ip, worker_ips=args.worker_ips, ssh_user=args.ssh_user,
+                           ssh_key=args.ssh_key, store=args.store, venv=args.venv, cluster_name=args.cluster_name,
+                           mps=args.mps)
+    text = onprem_text(config, Path(args.source).name, argv[1:])
+    if args.output is None:
+        sys.stdout.write(text)
+        return ExitCode.OK
+    Path(args.output).write_text(text)
+    print(f"wrote {args.output}: {len(config['provider']['worker_ips'])} worker(s), head {args.head_ip}; "
+          f"check it with `python -m calib.cluster validate {args.output}`")
+    return ExitCode.OK
+
+
+LAUNCHER = Launcher("onprem", "write the launcher file for your own machines (Ray's local provider) from "
+                              "cluster.yaml's shared sections", _add_arguments, _run)
+"""``python -m calib.cluster onprem cluster.yaml --head-ip IP ... -o cluster-onprem.yaml``."""

@@ -3,11 +3,12 @@
 ``python -m calib.cluster slurm [settings] -- python studies/<study>.py ...`` writes
 ``<run dir>/slurm/<job name>.sbatch`` (``--submit`` also submits it). The script, on the job's nodes:
 
-1. runs the setup lines (``module load``, a virtual environment), then starts Ray: the head on the first
-   node and a worker on every other node, each through ``srun --overlap``, at the node's address from
-   Slurm (``scontrol show node``: ``hostname -i`` gives 127.0.0.1 on many nodes), with ports and a
-   temporary folder derived from the job id (two jobs on one node never share them; socket paths stay
-   under Ray's 107 bytes), and token authentication set explicitly for every node and the driver (a
+1. runs the setup lines (``module load``, a virtual environment), checks that calib imports on every node
+   (a node whose Python cannot import it ends the job at once, naming the node and the Python), then starts
+   Ray: the head on the first node and a worker on every other node, each through ``srun --overlap``, at
+   the node's address from Slurm (``scontrol show node``: ``hostname -i`` gives 127.0.0.1 on many nodes),
+   with ports and a temporary folder derived from the job id (two jobs on one node never share them;
+   socket paths stay under Ray's 107 bytes), and token authentication set explicitly for every node and the driver (a
    token in a shared ``~/.ray`` would otherwise switch it on for the head only);
 2. waits for every node (``python -m calib.cluster wait``, as on the other launchers), then runs the
    study with ``--address`` of the head;
@@ -21,43 +22,46 @@
    every Ray on the node, other users' too) and ends with one line saying how the study ended: exit 0
    when it finished, 3 when it was interrupted (never 0), the study's own code otherwise.
 
-Logs: ``<run dir>/slurm/<job name>-<job id>.out`` (every start appended) and one Ray log per node.
-Before writing, the settings, the study command (run with ``--check-only``), the partition and account
-(``sbatch --test-only``) and GPUs on the partition (``sinfo``) are checked: bad input exits 2 with one
-``error:`` line and nothing is submitted. A run directory, store or artifact folder on a node-local
-file system is a warning.
+The script is the template ``slurm_job.sh`` of this package (:data:`JOB_TEMPLATE`) with the settings filled in
+(:func:`render_script`). Logs: ``<run dir>/slurm/<job name>-<job id>.out`` (every start appended) and one Ray log
+per node. Before writing (:mod:`calib.cluster.slurm_checks`), the settings, the places every node must see (this
+Python, calib, the run directory, the store: refused under /tmp, /var/tmp, /dev/shm or on a memory file system),
+the study command (run with ``--check-only``), the partition and account (``sbatch --test-only``) and GPUs on
+the partition (``sinfo``) are checked: bad input exits 2 with one ``error:`` line and nothing is submitted. A run
+directory, store or artifact folder on a disk's file system the site may not export is a warning.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
 import shlex
 import shutil
-import subprocess
+import string
 import sys
-import tempfile
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from calib import storage
 from calib._config import ConfigError
+from calib.cluster.launcher import Launcher
+from calib.exit_codes import ExitCode
 
-__all__ = ["INTERRUPTED_EXIT_CODE", "SlurmSettings", "check_command", "check_with_slurm", "local_storage_warnings",
-           "parse_time", "render_script", "submit"]
+__all__ = ["JOB_TEMPLATE", "LAUNCHER", "SlurmSettings", "parse_time", "render_script"]
 
-INTERRUPTED_EXIT_CODE = 3  # calib.search.tuner.INTERRUPTED_EXIT_CODE, without importing Ray's side here
 PORTS_PER_JOB = 200
 FIRST_PORT = 20_000
+JOB_TEMPLATE = "slurm_job.sh"
+"""The job script's template, package data of :mod:`calib.cluster` (its ``@name@`` placeholders are filled by
+:func:`render_script`; shellcheck reads the template and every script rendered from it)."""
 _MEM = re.compile(r"[1-9][0-9]*[KMGT]?")
 _TIME_FORMATS = ("MINUTES", "MINUTES:SECONDS", "HOURS:MINUTES:SECONDS", "DAYS-HOURS", "DAYS-HOURS:MINUTES",
                  "DAYS-HOURS:MINUTES:SECONDS")
-# File systems a node keeps to itself: the job's other nodes (and a requeued job's) would not see files there.
-NODE_LOCAL_FILE_SYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "ramfs", "f2fs", "vfat"}
 
 
 def parse_time(text: str) -> int:
@@ -100,6 +104,10 @@ class SlurmSettings:
     """Where each node keeps Ray's files, ``<ray_tmp>/calib-<job id>``: short and node-local."""
     mps: bool = True
     """NVIDIA MPS on each node of a GPU job, for its Ray (:mod:`calib.cluster.mps`); no effect without GPUs."""
+    shared_paths: tuple[str, ...] = ()
+    """Folders every node of the job sees at the same path although they lie where calib takes a folder for
+    node-local (under /tmp, /var/tmp or /dev/shm, or on a memory file system): not refused
+    (:func:`calib.cluster.slurm_checks.check_shared_places`)."""
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> SlurmSettings:
@@ -118,7 +126,7 @@ class SlurmSettings:
         if unknown:
             raise ConfigError(f"--settings {path}: unknown setting(s) {', '.join(unknown)}; allowed: "
                               f"{', '.join(sorted(names))}.")
-        for key in ("setup", "sbatch_options"):
+        for key in ("setup", "sbatch_options", "shared_paths"):
             if key in values:
                 values[key] = tuple(values[key] if isinstance(values[key], list) else [values[key]])
         return cls(**values)
@@ -146,10 +154,15 @@ class SlurmSettings:
             raise ConfigError(f"--time {self.time} ({limit} s) must be longer than the warning before it "
                               f"(--signal-seconds {self.signal_seconds}) plus a minute (Slurm may send it up to 60 s "
                               f"early): the study would be stopped before it could start.")
+        for folder in self.shared_paths:
+            if not Path(str(folder)).expanduser().is_absolute():
+                raise ConfigError(f"--shared-path must be an absolute path (a folder every node sees there), got "
+                                  f"{folder!r}.")
         for name in ("partition", "account", "qos", "job_name"):
             value = getattr(self, name)
             if value is not None and not re.fullmatch(r"[A-Za-z0-9_.+-]+", str(value)):
                 raise ConfigError(f"--{name.replace('_', '-')} {value!r} has characters Slurm names do not use.")
+
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -182,353 +195,185 @@ def _object_store_bytes(mem: str | None) -> int | None:
     return int(int(number) * units[unit] * 0.3)
 
 
+
+class _JobTemplate(string.Template):
+    """``@name@`` placeholders, which the shell's own ``$`` and ``@`` (``"$@"``, ``${NODES[@]}``) never form."""
+
+    flags = 0
+    pattern = r"@(?:(?P<named>[a-z_]+)@|(?P<braced>(?!))|(?P<escaped>(?!))|(?P<invalid>(?!)))"
+
+
+_WHOLE_LINE = re.compile(r"@([a-z_]+)@")
+
+
+def _job_template() -> str:
+    return resources.files("calib.cluster").joinpath(JOB_TEMPLATE).read_text()
+
+
 def render_script(settings: SlurmSettings, command: list[str], *, name: str | None = None) -> str:
-    """The sbatch script that runs ``command`` (a study command line, run from the run directory)."""
+    """The sbatch script that runs ``command`` (a study command line, run from the run directory): the template
+    :data:`JOB_TEMPLATE` with the settings filled in. A placeholder alone on its line whose value is empty
+    leaves no line."""
     run_dir = Path(settings.run_dir).expanduser().resolve()
     name = name or settings.job_name or "calib"
-    study = " ".join(shlex.quote(token) for token in command)
-    return "\n".join([
-        "#!/bin/bash", *_sbatch_lines(settings, name, run_dir / "slurm"),
-        _header(settings, name, run_dir, study),
-        _signal_traps(),
-        _setup_lines(settings, run_dir),
-        _ray_settings(settings),
-        _ray_stop(settings),
-        _ray_start(settings),
-        _run_study(study),
-        _last_line(),
-    ])
-
-
-def _header(settings: SlurmSettings, name: str, run_dir: Path, study: str) -> str:
-    """What wrote the script and how to submit, follow and cancel it; the job's start line, and no start
-    beyond ``max_requeues``."""
     log_dir = run_dir / "slurm"
-    return f"""#
-# Written by `python -m calib.cluster slurm` for the study command:
-#   {study}
-# Submit: sbatch {log_dir / (name + ".sbatch")}    Follow: tail -f {log_dir}/{name}-<job id>.out
-# Cancel: scancel <job id>    What it does: docs/how-to/slurm.md.
-set -uo pipefail
-
-RUN_DIR={shlex.quote(str(run_dir))}
-LOG_DIR="$RUN_DIR/slurm"
-MAX_REQUEUES={settings.max_requeues}
-INTERRUPTED={INTERRUPTED_EXIT_CODE}
-RESTARTS=${{SLURM_RESTART_COUNT:-0}}
-say() {{ echo "[calib-slurm $(date +%H:%M:%S)] $*"; }}
-say "job $SLURM_JOB_ID, start $((RESTARTS + 1)) of at most $((MAX_REQUEUES + 1)), nodes $SLURM_JOB_NODELIST"
-if (( RESTARTS > MAX_REQUEUES )); then
-  say "not run: started more often than the $MAX_REQUEUES requeues allowed; the study is not finished:" \\
-    "submit this script again to continue it"
-  exit $INTERRUPTED
-fi"""
-
-
-def _signal_traps() -> str:
-    """Slurm's warning (USR1) and SIGTERM remembered, passed on to the study once it runs, and why Slurm
-    sent SIGTERM, from its record of the job."""
-    return """# Slurm's warning before the time limit (USR1): the study stops cleanly, the job requeues itself.
-# SIGTERM (scontrol requeue, a preemption, scancel, the time limit): Slurm is ending the job and kills whatever
-# is left KillWait seconds later. Until the study starts, only remembered.
-SIGNALLED=""
-ENDING=""
-DRIVER=""
-# Why Slurm sent SIGTERM, from its record of the job: a requeue counts one more restart, the time limit is the
-# reason; a job still running was only signalled (scancel --signal=TERM); any other was cancelled.
-why_sigterm() {
-  local record
-  record=$(timeout 2 scontrol show job "$SLURM_JOB_ID" 2>/dev/null) || { echo unknown; return; }
-  if [[ $record =~ Restarts=([0-9]+) ]] && (( BASH_REMATCH[1] > RESTARTS )); then echo requeued
-  elif [[ $record == *Reason=TimeLimit* ]]; then echo time-limit
-  elif [[ $record == *JobState=RUNNING* ]]; then echo signalled
-  else echo cancelled; fi
-}
-on_signal() {
-  SIGNALLED=$1
-  [[ -n $DRIVER ]] && kill -TERM "$DRIVER" 2>/dev/null
-  if [[ $1 == USR1 ]]; then
-    say "USR1: stopping the study cleanly"
-    return
-  fi
-  ENDING=$(why_sigterm)
-  case $ENDING in
-    requeued) say "SIGTERM: Slurm requeued the job (scontrol requeue or a preemption); stopping the study" ;;
-    time-limit) say "SIGTERM: the job reached its time limit; stopping the study" ;;
-    cancelled) say "SIGTERM: Slurm cancelled the job (scancel, or a preemption that cancels); stopping the study" ;;
-    *) say "SIGTERM: stopping the study" ;;
-  esac
-}
-trap 'on_signal USR1' USR1
-trap 'on_signal TERM' TERM
-"""
-
-
-def _setup_lines(settings: SlurmSettings, run_dir: Path) -> str:
-    """The user's setup lines (``module load``, a virtual environment), then into the run directory."""
-    setup = "\n".join(settings.setup) if settings.setup else "# (no setup lines: python and ray from the PATH)"
-    return f"""{setup}
-cd "$RUN_DIR" || {{ say "the run directory $RUN_DIR is not reachable on $(hostname)"; exit 1; }}
-"""
-
-
-def _ray_settings(settings: SlurmSettings) -> str:
-    """Each node's address from Slurm, Ray's ports and folder from the job id, token authentication, the
-    handover period, and the CPUs and GPUs Slurm gave each node."""
-    return f"""# Node addresses from Slurm: `hostname --ip-address` gives 127.0.0.1 on many nodes.
-mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-node_addr() {{ scontrol show node "$1" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p'; }}
-HEAD_IP=$(node_addr "${{NODES[0]}}")
-
-# Ray's ports and folder from the job id: two jobs on one node never share them, and its socket paths stay
-# under 107 bytes whatever $TMPDIR is.
-BASE=$(( {FIRST_PORT} + SLURM_JOB_ID % {(65_000 - FIRST_PORT) // PORTS_PER_JOB} * {PORTS_PER_JOB} ))
-RAY_TMP={shlex.quote(settings.ray_tmp.rstrip("/") or "/")}/calib-$SLURM_JOB_ID
-PORTS="--node-manager-port=$((BASE + 1)) --object-manager-port=$((BASE + 2))
-  --dashboard-agent-grpc-port=$((BASE + 4)) --dashboard-agent-listen-port=$((BASE + 5))
-  --metrics-export-port=$((BASE + 6)) --runtime-env-agent-port=$((BASE + 7))
-  --min-worker-port=$((BASE + 20)) --max-worker-port=$((BASE + {PORTS_PER_JOB - 1}))"
-# Ray's client server (10001 by default) runs when its dependency is installed: on the job's port then.
-CLIENT=""
-python -c 'import grpc' 2>/dev/null && CLIENT="--ray-client-server-port=$((BASE + 3))"
-
-# Token authentication, explicit and the same on every node and the driver.
-export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$LOG_DIR/.ray-token-$SLURM_JOB_ID" RAY_USAGE_STATS_ENABLED=0
-# Ray stops at once on SIGTERM: its drain (up to 30 s, for Ray Serve) would outlast a short KillWait.
-export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
-(umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH")
-export CALIB_STAGE1_HANDOVER_SECONDS=${{CALIB_STAGE1_HANDOVER_SECONDS:-{settings.handover_seconds}}}
-CPUS=${{SLURM_CPUS_PER_TASK:-${{SLURM_CPUS_ON_NODE:-1}}}}
-GPUS=${{SLURM_GPUS_ON_NODE:-0}}
-"""
-
-
-def _ray_stop(settings: SlurmSettings) -> str:
-    """How this job's Ray stops: each node's Ray step removes its folder when Ray ends, and ``stop_ray``
-    stops it on every node, unless Slurm's SIGTERM (the job is ending) already did. A GPU job's Ray runs
-    under NVIDIA MPS (:func:`_mps_lines`), stopped with it."""
     mps = settings.mps and settings.gpus_per_node > 0
-    run_ray = 'python -m calib.cluster.mps run --dir "$RAY_TMP/mps" -- "$@"' if mps else '"$@"'
-    stop_mps = 'python -m calib.cluster.mps stop --dir "$RAY_TMP/mps"; ' if mps else ""
-    return """STEPS=()
-# This job's Ray only: its processes name $RAY_TMP ("[/]": the pattern does not match a command line holding it).
-# The steps that run them take it from the environment: stopping Ray never kills srun (bash would log it).
-export RAY_TMP RAY_PATTERN="[${RAY_TMP:0:1}]${RAY_TMP:1}"
-# Ray's folder goes after its processes; a worker process still writing its last log can outlast them a moment.
-REMOVE_TMP='for _ in $(seq 10); do rm -rf -- "$RAY_TMP" 2>/dev/null; [[ -e $RAY_TMP ]] || break; sleep 0.5; done'
-""" + (_mps_lines() if mps else "") + """\
-STOP_NODE='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 20); do pgrep -f -- "$RAY_PATTERN" >/dev/null || break
-  sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; """ + stop_mps + """'"$REMOVE_TMP"
-# Each node's Ray runs in a step that removes the folder when Ray ends, also when Slurm ends the step (preemption,
-# requeue: the batch script can start no step then, so only the node itself can clean up).
-export NODE_RAY='trap : TERM; """ + run_ray + """ --temp-dir="$RAY_TMP"; rc=$?; '"$REMOVE_TMP"'; exit $rc'
-stop_ray() {
-  # After Slurm's SIGTERM every Ray process of the job has it too and stops at once (no drain), and Slurm
-  # ends the steps: nothing to wait for. Otherwise SIGTERM to the steps (srun passes it to every process of
-  # its step, Ray's agents included, which would outlive a raylet stopped alone), then Ray stopped and its
-  # folder removed on every node.
-  if [[ $SIGNALLED != TERM || $ENDING == signalled ]]; then
-    kill "${STEPS[@]}" 2>/dev/null
-    srun --overlap --nodes=${#NODES[@]} --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c "$STOP_NODE" >/dev/null 2>&1
-    wait "${STEPS[@]}" 2>/dev/null
-  fi
-  rm -f -- "$RAY_AUTH_TOKEN_PATH"
-}
-"""
+    store = _object_store_bytes(settings.mem_per_node)
+    values = {
+        "sbatch_lines": "\n".join(_sbatch_lines(settings, name, log_dir)),
+        "study": " ".join(shlex.quote(token) for token in command),
+        "script_path": str(log_dir / (name + ".sbatch")),
+        "log_dir": str(log_dir),
+        "name": name,
+        "run_dir": shlex.quote(str(run_dir)),
+        "max_requeues": str(settings.max_requeues),
+        "interrupted": str(int(ExitCode.INTERRUPTED)),
+        "failed": str(int(ExitCode.FAILED)),
+        "setup": "\n".join(settings.setup) if settings.setup else "# (no setup lines: python and ray from the PATH)",
+        # Ray's ports from the job id: PORTS_PER_JOB of them from BASE, in one of the blocks below 65,000.
+        "port_base": f"$(( {FIRST_PORT} + SLURM_JOB_ID % {(65_000 - FIRST_PORT) // PORTS_PER_JOB} * {PORTS_PER_JOB} ))",
+        "max_worker_port": f"$((BASE + {PORTS_PER_JOB - 1}))",
+        "ray_tmp": shlex.quote(settings.ray_tmp.rstrip("/") or "/"),
+        "handover_seconds": str(settings.handover_seconds),
+        # A GPU job's Ray runs under NVIDIA MPS (calib.cluster.mps), stopped with it; --no-mps writes none of it.
+        "mps_note": _MPS_NOTE if mps else "",
+        "run_ray": 'python -m calib.cluster.mps run --dir "$RAY_TMP/mps" -- "$@"' if mps else '"$@"',
+        "stop_mps": 'python -m calib.cluster.mps stop --dir "$RAY_TMP/mps"; ' if mps else "",
+        "object_store": f" --object-store-memory={store}" if store else "",
+    }
+    lines = [line for line in _job_template().split("\n")
+             if not ((whole := _WHOLE_LINE.fullmatch(line)) and values[whole.group(1)] == "")]
+    return _JobTemplate("\n".join(lines)).substitute(values)
 
 
-def _mps_lines() -> str:
-    """Why each node's Ray runs under ``mps run``, and ``STOP_NODE`` stops MPS too."""
-    return """\
+_MPS_NOTE = """\
 # NVIDIA MPS on each node, so trials sharing a GPU run at once: `mps run` starts its daemon, then the node's Ray
 # (whose workers inherit CUDA_MPS_PIPE_DIRECTORY), and stops it when Ray ends, SIGTERM too; STOP_NODE stops one a
 # killed step left. Pipes and logs in this job's $RAY_TMP/mps. A node without nvidia-cuda-mps-control or a GPU
-# says so in its Ray log and runs Ray alone. Written without it by --no-mps.
-"""
-
-
-def _ray_start(settings: SlurmSettings) -> str:
-    """Ray's head on the first node, a worker on every other, each in an ``srun --overlap`` step with its
-    log; then wait until every node has joined."""
-    store = _object_store_bytes(settings.mem_per_node)
-    head_options = f" --object-store-memory={store}" if store else ""
-    return f"""RAY_LOGS="$LOG_DIR/$SLURM_JOB_ID-start$((RESTARTS + 1))-ray"  # one log per node and start
-say "Ray head on ${{NODES[0]}} ($HEAD_IP:$BASE), $((${{#NODES[@]}} - 1)) worker node(s); logs $RAY_LOGS-*.log"
-srun --overlap --nodes=1 --ntasks=1 -w "${{NODES[0]}}" bash -c "$NODE_RAY" ray \\
-  ray start --head --block --node-ip-address="$HEAD_IP" --port=$BASE $PORTS $CLIENT \\
-  --num-cpus="$CPUS" --num-gpus="$GPUS" --include-dashboard=false \\
-  --disable-usage-stats{head_options} >"$RAY_LOGS-${{NODES[0]}}.log" 2>&1 &
-STEPS+=($!)
-for _ in $(seq 120); do (exec 3<>"/dev/tcp/$HEAD_IP/$BASE") 2>/dev/null && break; sleep 1; done
-for node in "${{NODES[@]:1}}"; do
-  srun --overlap --nodes=1 --ntasks=1 -w "$node" bash -c "$NODE_RAY" ray ray start --block --address="$HEAD_IP:$BASE" \\
-    --node-ip-address="$(node_addr "$node")" $PORTS --num-cpus="$CPUS" --num-gpus="$GPUS" \\
-    --disable-usage-stats{head_options} >"$RAY_LOGS-$node.log" 2>&1 &
-  STEPS+=($!)
-done
-if ! python -m calib.cluster wait --nodes ${{#NODES[@]}} --address "$HEAD_IP:$BASE" --timeout 300; then
-  say "Ray did not start on every node: see $RAY_LOGS-*.log"
-  stop_ray
-  exit 1
-fi
-"""
-
-
-def _run_study(study: str) -> str:
-    """The study with ``--address`` of the head, unless a signal came first; its exit code in ``RC``."""
-    return f"""RC=$INTERRUPTED
-if [[ -z $SIGNALLED ]]; then
-  say "study: {study} --address $HEAD_IP:$BASE"
-  {study} --address "$HEAD_IP:$BASE" &
-  DRIVER=$!
-  while true; do
-    wait "$DRIVER"
-    RC=$?
-    kill -0 "$DRIVER" 2>/dev/null || break  # wait returned for a signal: the driver is still stopping
-  done
-fi
-trap '' USR1
-stop_ray
-"""
-
-
-def _last_line() -> str:
-    """The log's last line and the exit code: how the study ended, and what continues it."""
-    return """if (( RC == 0 )); then
-  say "the study finished"
-  exit 0
-elif (( RC == INTERRUPTED )) && [[ $SIGNALLED == USR1 ]]; then
-  if (( RESTARTS < MAX_REQUEUES )); then
-    say "interrupted before the time limit: the study is not finished; requeued, start $((RESTARTS + 2)) continues it"
-    trap 'exit $INTERRUPTED' TERM  # the requeue's own SIGTERM ends this script, with the same exit code
-    scontrol requeue "$SLURM_JOB_ID"
-  else
-    say "interrupted before the time limit, after $((RESTARTS + 1)) starts (no requeue left): the study is not" \\
-      "finished; submit this script again to continue it"
-  fi
-  exit $INTERRUPTED
-elif [[ $SIGNALLED == TERM ]]; then
-  case $ENDING in
-    requeued) say "the study stopped after SIGTERM: the job was requeued; start $((RESTARTS + 2)) continues it" ;;
-    time-limit) say "the study stopped at the time limit, before Slurm's warning could stop it: the job is not" \\
-      "requeued; submit this script again, or run the same study command, to continue it" ;;
-    cancelled) say "the study stopped after SIGTERM: the job was cancelled; submit this script again, or run the" \\
-      "same study command, to continue it" ;;
-    signalled) say "the study stopped after a SIGTERM sent to the job (not a requeue): submit this script again," \\
-      "or run the same study command, to continue it" ;;
-    *) say "the study stopped after SIGTERM (Slurm did not say why): a requeued job continues it; otherwise submit" \\
-      "this script again, or run the same study command" ;;
-  esac
-  exit $INTERRUPTED
-fi
-say "the study exited with $RC"
-exit $RC
-"""
+# says so in its Ray log and runs Ray alone. Written without it by --no-mps."""
 
 
 # ---------------------------------------------------------------------------------------------------
-# Checks before submission
+# The command
 
 
-def check_command(command: list[str], run_dir: Path) -> str:
-    """Check the study command as calib does before it runs (``--check-only``, from ``run_dir``); its
-    summary line. ``ConfigError`` with the study's own error for bad input."""
-    if len(command) < 2 or not command[1].endswith(".py") or (Path(command[0]).name not in (
-            "python", "python3", Path(sys.executable).name) and not command[0].startswith("python")):
-        raise ConfigError(f"The command to run must be a study, `python studies/<study>.py ...`, got "
-                          f"{' '.join(command) or 'nothing'!r} (put it after `--`).")
-    if any(token == "--address" or token.startswith("--address=") for token in command):
-        raise ConfigError("The study command must not have --address: the job script passes the address of the "
-                          "Ray it starts on the job's nodes.")
-    script = run_dir / command[1]
-    if not script.is_file():
-        raise ConfigError(f"{command[1]} is not a file in the run directory {run_dir}: the job runs the command "
-                          f"from there (--run-dir).")
-    proc = subprocess.run([sys.executable, str(script), *command[2:], "--check-only"], cwd=run_dir,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        errors = [line.removeprefix("error: ") for line in proc.stderr.splitlines() if line.startswith("error:")]
-        usage = [line for line in proc.stderr.splitlines() if ": error: " in line]  # argparse's
-        reason = " ".join(errors or [u.split(": error: ", 1)[1] for u in usage]) or proc.stderr.strip()[-500:]
-        raise ConfigError(f"The study command fails calib's checks: {reason}")
-    return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "checked"
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--settings", default=None, metavar="FILE",
+                        help="a YAML file of these settings (keys as below, dashes or underscores); flags override it")
+    parser.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's default)")
+    parser.add_argument("--account", default=None, help="account to charge")
+    parser.add_argument("--qos", default=None, help="quality of service")
+    parser.add_argument("--nodes", type=int, default=None, help="nodes of the job (default 1): Ray's head and workers")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs on each node (default 0)")
+    parser.add_argument("--cpus-per-node", type=int, default=None,
+                        help="CPUs on each node (default: Slurm's default for one task)")
+    parser.add_argument("--mem-per-node", default=None, help="memory on each node, e.g. 64G")
+    parser.add_argument("--time", default=None, help="time limit of each start of the job (default 24:00:00)")
+    parser.add_argument("--signal-seconds", type=int, default=None,
+                        help="Slurm's warning this long before the time limit: the study stops cleanly and the job "
+                             "requeues itself (default 300)")
+    parser.add_argument("--max-requeues", type=int, default=None,
+                        help="starts after the first the job may have, time limits and preemptions together "
+                             "(default 3)")
+    parser.add_argument("--handover-seconds", type=int, default=None,
+                        help="how often a Stage I being trained saves the state a requeued job continues from "
+                             "(default 120)")
+    parser.add_argument("--setup", action="append", default=None, metavar="LINE",
+                        help="a shell line run before anything else on the job (repeatable), e.g. "
+                             "'module load cuda/12.4' and 'source ~/venv/bin/activate'")
+    parser.add_argument("--run-dir", default=None,
+                        help="the folder the job runs the command from, on the cluster's shared file system; logs "
+                             "go to <run dir>/slurm/ (default: this folder)")
+    parser.add_argument("--job-name", default=None, help="job name (default calib-<study>)")
+    parser.add_argument("--sbatch-option", action="append", default=None, dest="sbatch_options", metavar="OPTION",
+                        help="another #SBATCH option, as given (repeatable), e.g. --sbatch-option=--constraint=a100")
+    parser.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
+                        help="start NVIDIA MPS on every node of a GPU job before Ray, so trials sharing a GPU run at "
+                             "once (default: on); --no-mps where the site runs MPS itself or must not share GPUs")
+    parser.add_argument("--shared-path", action="append", default=None, dest="shared_paths", metavar="PATH",
+                        help="a folder every node of the job sees at this path although calib takes it for "
+                             "node-local (under /tmp, /var/tmp or /dev/shm, or on a memory file system), where the "
+                             "Python, calib, the run directory and the store are refused (repeatable)")
+    parser.add_argument("-o", "--output", default=None,
+                        help="the script to write (default <run dir>/slurm/<job name>.sbatch)")
+    parser.add_argument("--submit", action="store_true", help="also submit it with sbatch and say how to follow it")
+    parser.add_argument("study_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                        help="after --: the study command, e.g. -- python studies/sensitivity_gamma.py --preset "
+                             "paper")
 
 
-def _file_system(path: Path) -> str | None:
-    """The type of the file system holding ``path`` (its nearest existing parent), from /proc/mounts."""
-    path = path.resolve()
-    while not path.exists():
-        path = path.parent
-    best, kind = "", None
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return None
-    for line in mounts:
-        fields = line.split()
-        if len(fields) >= 3:
-            mount = fields[1].replace("\\040", " ")
-            if (str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
-                best, kind = mount, fields[2]
-    return kind
+def _settings(args: argparse.Namespace) -> SlurmSettings:
+    """The settings file's values, overridden by the flags given."""
+    base = SlurmSettings.from_file(args.settings) if args.settings else SlurmSettings()
+    given = {name: getattr(args, name) for name in ("partition", "account", "qos", "nodes", "gpus_per_node",
+                                                    "cpus_per_node", "mem_per_node", "time", "signal_seconds",
+                                                    "max_requeues", "handover_seconds", "run_dir", "job_name", "mps")}
+    given.update({name: tuple(getattr(args, name)) for name in ("setup", "sbatch_options", "shared_paths")
+                  if getattr(args, name)})
+    settings = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    settings.check()
+    return settings
 
 
-def local_storage_warnings(run_dir: Path, command: list[str]) -> list[str]:
-    """Warnings for the run directory and the command's --store, --artifacts and --storage when they are on
-    a node-local file system (the job's nodes, and a requeued job's, would each see their own)."""
-    places = {"the run directory": str(run_dir)}
-    for flag in ("--store", "--artifacts", "--storage"):
-        for i, token in enumerate(command):
-            if token == flag and i + 1 < len(command):
-                places[flag] = command[i + 1]
-            elif token.startswith(flag + "="):
-                places[flag] = token.split("=", 1)[1]
-    if "--store" not in places:
-        places["--store (default results)"] = "results"
-    warnings = []
-    for what, where in places.items():
-        if storage.is_remote(where):
-            continue
-        path = Path(where) if Path(where).is_absolute() else run_dir / where
-        kind = _file_system(path)
-        if kind in NODE_LOCAL_FILE_SYSTEMS:
-            warnings.append(f"warning: {what} {path} is on a node-local file system ({kind}): each node of the job, "
-                            f"and a requeued job's, would see its own copy. Put it on the cluster's shared file "
-                            f"system, or use an s3:// store.")
-    return warnings
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from calib.cluster.slurm_checks import (
+        check_command,
+        check_shared_places,
+        check_with_slurm,
+        local_storage_warnings,
+        submit,
+    )
+
+    settings = _settings(args)
+    command = args.study_command[1:] if args.study_command[:1] == ["--"] else args.study_command
+    run_dir = Path(settings.run_dir).expanduser().resolve()
+    if not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is not a folder.")
+    check_shared_places(run_dir, command, settings.shared_paths)
+    name = settings.job_name or f"calib-{study_name(command)}"
+    script = render_script(settings, command, name=name)
+    if shutil.which("sbatch"):
+        check_with_slurm(settings, script)
+    elif args.submit:
+        raise ConfigError("sbatch is not on this machine's PATH: run this on a login node of the cluster, or write "
+                          "the script here (without --submit) and submit it there with sbatch.")
+    checked = check_command(command, run_dir)
+    for warning in local_storage_warnings(run_dir, command, settings.shared_paths):
+        print(warning, file=sys.stderr)
+    path = Path(args.output).resolve() if args.output else run_dir / "slurm" / f"{name}.sbatch"
+    (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    print(checked)
+    if not args.submit:
+        print(f"wrote {path}: submit it with `sbatch {path}`")
+        return ExitCode.OK
+    job = submit(path)
+    log = run_dir / "slurm" / f"{name}-{job}.out"
+    print(f"submitted job {job} ({path})\n  log:    {log}\n  follow: squeue -j {job}; tail -f {log}\n"
+          f"  cancel: scancel {job}")
+    return ExitCode.OK
 
 
-def check_with_slurm(settings: SlurmSettings, script: str) -> None:
-    """Ask Slurm whether it would accept the job (``sbatch --test-only``: partition, account, QOS, time,
-    resources) and whether the partition has GPUs when the job asks for them; ``ConfigError`` with
-    Slurm's own message if not. Nothing is submitted."""
-    if settings.gpus_per_node and shutil.which("sinfo"):
-        query = ["sinfo", "--noheader", "--format=%P %G"] + (["--partition", settings.partition]
-                                                             if settings.partition else [])
-        rows = subprocess.run(query, capture_output=True, text=True).stdout.split("\n")
-        rows = [r.split(None, 1) for r in rows if r.strip()]
-        if settings.partition is None:
-            rows = [r for r in rows if r[0].endswith("*")] or rows
-        if rows and not any("gpu" in (r[1] if len(r) > 1 else "") for r in rows):
-            partition = rows[0][0].rstrip("*")
-            raise ConfigError(f"--gpus-per-node {settings.gpus_per_node}: partition {partition} has no GPUs (its "
-                              f"nodes' GRES: {', '.join(sorted({r[1] if len(r) > 1 else '(null)' for r in rows}))}). "
-                              f"Choose a GPU partition (`sinfo -o '%P %G'` lists them) or drop --gpus-per-node.")
-    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", delete=False) as out:
-        out.write(script)
-    try:
-        proc = subprocess.run(["sbatch", "--test-only", out.name], capture_output=True, text=True)
-    finally:
-        os.unlink(out.name)
-    if proc.returncode != 0:
-        message = " ".join(line.removeprefix("sbatch: error: ").strip() for line in proc.stderr.splitlines()
-                           if "error" in line) or proc.stderr.strip()
-        raise ConfigError(f"Slurm would not accept the job: {message}")
+def _flag_value(command: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in a command line (``--flag VALUE`` or ``--flag=VALUE``), None without it."""
+    for i, token in enumerate(command):
+        if token == flag and i + 1 < len(command):
+            return command[i + 1]
+        if token.startswith(flag + "="):
+            return token.split("=", 1)[1]
+    return None
 
 
-def submit(path: Path) -> str:
-    """Submit the script at ``path``; its job id."""
-    proc = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ConfigError(f"sbatch refused the job: {proc.stderr.strip()}")
-    return proc.stdout.strip().split(";")[0]
+def study_name(command: list[str]) -> str:
+    """The study a command runs: its --study, else the script's default (its file name; search_<space>)."""
+    script = Path(command[1]).stem if len(command) > 1 else "study"
+    space = _flag_value(command, "--space")
+    return _flag_value(command, "--study") or (f"search_{Path(space).stem}" if script == "search" and space
+                                              else script)
+
+
+LAUNCHER = Launcher("slurm", "write (and with --submit, submit) an sbatch script that runs a study on a Slurm job's "
+                             "nodes: python -m calib.cluster slurm [settings] -- python studies/<study>.py ...",
+                    _add_arguments, _run)
+"""``python -m calib.cluster slurm [settings] -- python studies/<study>.py ...``."""

@@ -14,21 +14,14 @@ from typing import Any
 from calib import storage
 from calib.artifacts import stage1_exists
 from calib.config import config_hash, parse_trial_config, stage1_identity
+from calib.search.compaction import compact_study_store
 from calib.search.display import ProgressDisplay
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions, placement, run_configs
+from calib.search.progress import progress_callback
 from calib.search.resources import wait_for_resources
 from calib.search.runtime import check_address, init_ray
-from calib.search.tuner import (
-    CheckedOnly,
-    StudyInterrupted,
-    StudyRun,
-    compact_study_store,
-    interrupted_message,
-    progress_callback,
-    run_config,
-    stoppable,
-    trial_dirname,
-)
+from calib.search.stopping import StudyInterrupted, interrupted_message, stoppable
+from calib.search.tuner import CheckedOnly, StudyRun, run_config, trial_dirname
 from calib.store import completed_trial_ids
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
 from calib.trial import trial_id
@@ -104,13 +97,14 @@ def run_grid(
     options: ExecutionOptions | None = None,
     objective: str = "val_ece",
     table: Sequence[dict[str, Any]] | None = None,
-) -> StudyRun:
+) -> StudyRun | CheckedOnly:
     """Run every config (validated first) through Ray Tune, skipping those already stored as ok.
 
     Every Stage I is trained by one trial: its dependents are created once that trial has ended
     (:class:`calib.search.searcher.Stage1FirstSearcher`). ``table``: when ``configs`` are a selection
     of a study's fixed rows, configs of every row; the study's manifest (:mod:`calib.store.manifest`)
-    is computed from them instead of ``configs``.
+    is computed from them instead of ``configs``. With ``options.check_only``: the :class:`CheckedOnly`
+    that says how many would run, nothing started.
     """
     from ray import tune
 
@@ -135,7 +129,7 @@ def run_grid(
     if options.verbose:
         print(f"[{study}] {len(configs)} trials: {run.skipped} already in the store, {len(pending)} to run", flush=True)
     if options.check_only:
-        raise CheckedOnly(study, len(pending))
+        return CheckedOnly(study, len(pending))
     if not pending:
         compact_study_store(store, study, verbose=options.verbose)
         return run

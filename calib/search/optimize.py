@@ -16,6 +16,7 @@ from calib._config import ConfigError
 from calib.artifacts import stage1_exists
 from calib.config import config_hash, parse_trial_config, set_dotted, stage1_identity
 from calib.metrics import higher_is_better
+from calib.search.compaction import compact_study_store
 from calib.search.display import ProgressDisplay
 from calib.search.execution import (
     DEFAULT_CONFIGS_PER_TRIAL,
@@ -25,20 +26,12 @@ from calib.search.execution import (
     run_configs,
     stored_summaries,
 )
+from calib.search.progress import progress_callback
 from calib.search.resources import wait_for_resources
 from calib.search.runtime import check_address, init_ray
 from calib.search.space import SearchSpace
-from calib.search.tuner import (
-    CheckedOnly,
-    StudyInterrupted,
-    StudyRun,
-    compact_study_store,
-    interrupted_message,
-    progress_callback,
-    run_config,
-    stoppable,
-    trial_dirname,
-)
+from calib.search.stopping import StudyInterrupted, interrupted_message, stoppable
+from calib.search.tuner import CheckedOnly, StudyRun, run_config, trial_dirname
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
 from calib.trial import trial_id
 
@@ -310,7 +303,7 @@ def run_search(
     options: ExecutionOptions | None = None,
     scheduler: SchedulerSettings | None = None,
     tpe_window: int = DEFAULT_TPE_WINDOW,
-) -> StudyRun:
+) -> StudyRun | CheckedOnly:
     """Search ``space`` with Optuna: run the trials the study lacks to hold ``num_trials`` finished ones
     (a trial that fails leaves the study short; a re-run tries again).
 
@@ -321,7 +314,8 @@ def run_search(
     the test split never drives the search. TPE conditions on at most ``tpe_window`` finished trials
     (:mod:`calib.search.tpe`; 0: all). ``scheduler`` stops unpromising trials during Stage I
     (stored as ``pruned``); a space that leaves Stage I alone gets none and runs its configs
-    ``options.configs_per_trial`` per Tune trial (populations).
+    ``options.configs_per_trial`` per Tune trial (populations). With ``options.check_only``: the
+    :class:`CheckedOnly` that says how many would run, nothing started.
     """
     import optuna
 
@@ -356,7 +350,7 @@ def run_search(
         for note in notes:
             print(f"[{study}] {note}", flush=True)
     if options.check_only:
-        raise CheckedOnly(study, remaining)
+        return CheckedOnly(study, remaining)
     if remaining == 0:
         compact_study_store(store, study, verbose=options.verbose)
         return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=len(finished),

@@ -13,19 +13,22 @@ import sys
 from calib import storage
 from calib._config import ConfigError
 from calib._help import HelpFormatter
+from calib.exit_codes import ExitCode
 from calib.store.compaction import compact, stored_studies
 
-SKIPPED_EXIT_CODE = 4
+SKIPPED_EXIT_CODE = ExitCode.COMPACTION_SKIPPED
 """The exit code when a study was skipped because another process compacts it (the other studies were
 compacted): not a failure, the store is sound and that process compacts the study. 1 and 2 mean what they
-mean for studies (an error, bad input); 3 is a study stopped by SIGTERM."""
+mean for studies (an error, bad input); 3 is a study stopped by SIGTERM (:mod:`calib.exit_codes`)."""
 
-EXIT_CODES = f"""exit codes:
-  0  every study compacted (or had nothing to compact)
-  1  an error stopped it (a traceback); what a compaction left is read correctly, the next one finishes it
-  2  bad input: no store there, an unknown --study, a negative --wait
-  {SKIPPED_EXIT_CODE}  a study was skipped: another process held its compaction lease for all of --wait
-     (the other studies were compacted)"""
+EXIT_CODES = "\n".join([
+    "exit codes:",
+    f"  {ExitCode.OK:d}  every study compacted (or had nothing to compact)",
+    f"  {ExitCode.FAILED:d}  an error stopped it (a traceback); what a compaction left is read correctly, the next one "
+    "finishes it",
+    f"  {ExitCode.BAD_INPUT:d}  bad input: no store there, an unknown --study, a negative --wait",
+    f"  {SKIPPED_EXIT_CODE:d}  a study was skipped: another process held its compaction lease for all of --wait",
+    "     (the other studies were compacted)"])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         reports = compact(store, args.study, full=args.full, wait_seconds=args.wait)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     for report in reports:
         print(report.line())
-    return SKIPPED_EXIT_CODE if any(r.skipped for r in reports) else 0
+    return SKIPPED_EXIT_CODE if any(r.skipped for r in reports) else ExitCode.OK
 
 
 if __name__ == "__main__":

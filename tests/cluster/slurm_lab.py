@@ -3,8 +3,10 @@
 ``slurmctld`` runs on a bridge; each compute node is a ``slurmd`` in a network namespace of its own on that
 bridge (``nsenter --net``: ``ip netns exec`` remounts /sys and slurmd 22.05 then aborts), with a private
 ``/tmp`` (a mount namespace binding a folder of the lab over it: Ray's per-node files live there, as on
-real nodes). Debian's slurm-wlm 22.05, no munge (``auth/none``, ``cred/none``), no accounting, one
-partition. Client commands find the lab through ``SLURM_CONF`` (:attr:`SlurmLab.env`). Everything is
+real nodes). The lab's own folder and the folders given as ``shared`` (the checkout, the Python's environment)
+are seen by every node at the same path, as on a cluster's shared file system: those under ``/tmp`` are bound
+into each node's own ``/tmp`` at their place. Debian's slurm-wlm 22.05, no munge (``auth/none``, ``cred/none``),
+no accounting, one partition. Client commands find the lab through ``SLURM_CONF`` (:attr:`SlurmLab.env`). Everything is
 created under one directory outside ``/tmp`` and torn down by :meth:`SlurmLab.close`: the daemons (by
 PID), whatever the jobs left in the namespaces, the namespaces, the bridge and the directory.
 """
@@ -15,6 +17,7 @@ import contextlib
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -63,9 +66,17 @@ class SlurmLab:
     gateway: str
     nodes: list[SlurmNode]
     conf: Path
+    shared: tuple[Path, ...] = ()
+    """Folders of this machine the nodes see at the same path (bound into their own /tmp when under /tmp)."""
     partition: str = "debug"
     controller: subprocess.Popen | None = None
     _links: list[str] = field(default_factory=list)
+
+    @property
+    def shared_paths(self) -> list[Path]:
+        """Every folder the nodes see as this machine does: the lab's own and :attr:`shared`; what a launch names
+        with ``--shared-path`` (the lab's folder is under /var/tmp, which real nodes keep to themselves)."""
+        return [self.root, *self.shared]
 
     @property
     def env(self) -> dict[str, str]:
@@ -77,13 +88,15 @@ class SlurmLab:
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=check, **kwargs)
 
     @classmethod
-    def create(cls, nodes: int = 2, cpus: int = 2, kill_wait: int = 60) -> SlurmLab:
+    def create(cls, nodes: int = 2, cpus: int = 2, kill_wait: int = 60, shared: tuple[Path, ...] = ()) -> SlurmLab:
         """A lab of ``nodes`` nodes with ``cpus`` CPUs each; Slurm kills a job's processes ``kill_wait``
-        seconds after its SIGTERM (``KillWait``: sites set 5 to 120 s)."""
+        seconds after its SIGTERM (``KillWait``: sites set 5 to 120 s). The nodes see the folders ``shared``
+        at the same path, as on a shared file system, wherever they are (under /tmp too)."""
         tag = secrets.token_hex(3)
         root = Path(tempfile.mkdtemp(prefix=f"sl{tag}", dir="/var/tmp"))
         subnet = free_subnet()
-        lab = cls(root=root, tag=tag, gateway=f"{subnet}.1", nodes=[], conf=root / "slurm.conf")
+        lab = cls(root=root, tag=tag, gateway=f"{subnet}.1", nodes=[], conf=root / "slurm.conf",
+                  shared=tuple(dict.fromkeys(Path(p).resolve() for p in shared)))
         try:
             lab._build(nodes, cpus, subnet, kill_wait)
         except BaseException:
@@ -130,7 +143,8 @@ class SlurmLab:
             log = open(self.root / "log" / f"{node.name}.out", "wb")
             node.process = subprocess.Popen(
                 ["nsenter", f"--net=/var/run/netns/{node.netns}", "unshare", "--mount", "--propagation", "private",
-                 "sh", "-c", f"mount --bind {node.tmp} /tmp && exec slurmd -D -N {node.name} -f {self.conf}"],
+                 "sh", "-c", f"{self._bind_shared(node)}mount --rbind {node.tmp} /tmp && "
+                             f"exec slurmd -D -N {node.name} -f {self.conf}"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
             log.close()
         deadline = time.monotonic() + 60
@@ -142,6 +156,19 @@ class SlurmLab:
                 raise TimeoutError(f"the lab's nodes are not idle after 60 s: sinfo says {states}; logs in "
                                    f"{self.root / 'log'}")
             time.sleep(0.5)
+
+    def _bind_shared(self, node: SlurmNode) -> str:
+        """Shell commands binding each shared folder under /tmp into the node's own /tmp (its folder of the lab),
+        before that replaces /tmp: the node then sees the folder at its path, as every node sees a shared file
+        system. The binds live in the node's mount namespace only: on this machine its folder stays empty."""
+        binds = []
+        for folder in self.shared:
+            if Path("/tmp") not in folder.parents:
+                continue
+            target = node.tmp / folder.relative_to("/tmp")
+            target.mkdir(parents=True, exist_ok=True)
+            binds.append(f"mount --bind {shlex.quote(str(folder))} {shlex.quote(str(target))} && ")
+        return "".join(binds)
 
     def _node_count(self) -> int:
         return len(self.run("sinfo", "--noheader", "--Node", "--format=%N", check=False).stdout.split())

@@ -7,7 +7,11 @@ the time limit (``scancel --batch --signal=USR1``: the signal ``--signal=B:USR1@
 and finishes on its third start with every row once and every Stage I trained once, its takeovers of the
 earlier starts' Stage-I claims in its own output and one Ray log per node and start. Meanwhile a second job runs
 and ends on its head node without touching its Ray (ports, temporary folder, stop), and a third is cancelled
-with ``scancel`` and says so. Bad input exits 2 before anything is submitted.
+with ``scancel`` and says so. Bad input exits 2 before anything is submitted, a node-local Python or store
+among it; a job whose nodes' Python cannot import calib ends at once, naming the node and the Python.
+
+The nodes see the checkout and the Python's environment at their paths (:data:`SHARED`), as a cluster's shared
+file system would, wherever they are: under /tmp, which each node has to itself, the lab binds them into it.
 """
 
 from __future__ import annotations
@@ -29,13 +33,16 @@ EPOCHS = 170
 """Stage I of jobs A and C: long enough that both interruptions of A fall inside it (here A reached epoch 70 of
 the first start while B ran, and 75 at the requeue), short enough that A's third start does not train for minutes."""
 
+SHARED = (ROOT, Path(sys.prefix), Path(sys.base_prefix))
+"""What the job's nodes import calib from: the checkout and the Python's environments (a venv and its base)."""
+
 pytestmark = [pytest.mark.ray, pytest.mark.skipif(missing_slurm() is not None,
                                                   reason=f"Slurm test: {missing_slurm()}")]
 
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = SlurmLab.create(nodes=2, cpus=2, kill_wait=10)
+    lab = SlurmLab.create(nodes=2, cpus=2, kill_wait=10, shared=SHARED)
     try:
         yield lab
     finally:
@@ -48,8 +55,14 @@ def launch(lab: SlurmLab, run_dir: Path, *flags: str, study: list[str]) -> subpr
     run_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
         [sys.executable, "-m", "calib.cluster", "slurm", "--run-dir", str(run_dir),
-         "--setup", f"export PATH={Path(sys.executable).parent}:$PATH", *flags, "--", "python", STUDY, *study],
+         "--setup", f"export PATH={Path(sys.executable).parent}:$PATH", *shared_flags(lab), *flags, "--", "python",
+         STUDY, *study],
         env=lab.env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def shared_flags(lab: SlurmLab, *folders: Path) -> list[str]:
+    """``--shared-path`` for every folder the lab's nodes see as this machine does, and ``folders``."""
+    return [f"--shared-path={folder}" for folder in (*lab.shared_paths, *folders)]
 
 
 def job_of(proc: subprocess.CompletedProcess) -> str:
@@ -224,8 +237,8 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
     assert rows["stage1_resumed_from_epoch"].notna().sum() == 2  # both trainings continued a handover
     assert not left_running(lab), left_running(lab)
     assert not list((run_dir / "slurm").glob(".ray-token-*"))
-    left = [str(p) for node in lab.nodes for p in node.tmp.glob("calib-*/*")]
-    assert not [p for node in lab.nodes for p in node.tmp.glob("calib-*")], left  # every job's Ray folder removed
+    left = [str(p) for node in lab.nodes for p in node.tmp.glob("calib-[0-9]*/*")]
+    assert not [p for node in lab.nodes for p in node.tmp.glob("calib-[0-9]*")], left  # every job's Ray folder removed
 
 
 @pytest.mark.parametrize(("flags", "study", "message"), [
@@ -246,8 +259,60 @@ def test_bad_input_exits_2_before_anything_is_submitted(lab: SlurmLab, tmp_path:
     monkeypatch.setenv("SLURM_CONF", lab.env["SLURM_CONF"])
     monkeypatch.chdir(ROOT)
     code = main(["slurm", "--run-dir", str(tmp_path), "--setup", f"export PATH={Path(sys.executable).parent}:$PATH",
-                 *flags, "--submit", "--", "python", STUDY, "--store", str(tmp_path / "store"), *study])
+                 *shared_flags(lab, tmp_path), *flags, "--submit", "--", "python", STUDY, "--store",
+                 str(tmp_path / "store"), *study])
     stderr = capsys.readouterr().err
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and message in errors[0], stderr
     assert lab.run(*jobs).stdout == before and not (tmp_path / "slurm").exists()
+
+
+@pytest.mark.parametrize(("python", "study", "message"), [
+    ("/tmp/calib-venv/bin/python", [], "node-local path: the Python /tmp/calib-venv/bin/python (under /tmp). Each "
+     "node of a Slurm job has its own there"),
+    (None, ["--store", "/dev/shm/calib-store"], "node-local path: --store /dev/shm/calib-store (under /dev/shm)."),
+], ids=["python under /tmp", "store under /dev/shm"])
+def test_a_node_local_environment_is_refused_before_submission(lab: SlurmLab, python: str | None, study: list[str],
+                                                               message: str, monkeypatch: pytest.MonkeyPatch, capsys):
+    """The Python this command runs (the job's) or the store where each node has its own: exit 2, one line, no
+    job, no script; before the study's own check and Slurm's (in process, against the lab)."""
+    from calib.cluster import main
+
+    jobs = ("squeue", "--noheader", "--all", "--format=%i")
+    before = lab.run(*jobs).stdout
+    monkeypatch.setenv("SLURM_CONF", lab.env["SLURM_CONF"])
+    monkeypatch.chdir(ROOT)
+    run_dir = lab.root / "refused"
+    run_dir.mkdir(exist_ok=True)
+    if python:
+        monkeypatch.setattr(sys, "executable", python)
+    code = main(["slurm", "--run-dir", str(run_dir), *shared_flags(lab), "--submit", "--", "python", STUDY, *study])
+    stderr = capsys.readouterr().err
+    assert code == 2 and len(stderr.splitlines()) == 1 and stderr.startswith(f"error: {message}"), stderr
+    assert lab.run(*jobs).stdout == before and not (run_dir / "slurm").exists()
+
+
+def test_a_job_whose_nodes_cannot_import_calib_ends_at_once_naming_the_node_and_the_python(lab: SlurmLab):
+    """The job's setup puts a Python without calib first on the PATH (the interpreter of this one's environment,
+    without PYTHONPATH): the job ends before Ray starts, with one line naming the node and that Python."""
+    bare = lab.root / "bare-python"
+    bare.mkdir(exist_ok=True)
+    (bare / "python").unlink(missing_ok=True)
+    (bare / "python").symlink_to(Path(sys.base_prefix) / "bin" / "python3")
+    run_dir = lab.root / "run-bare"
+    run_dir.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "calib.cluster", "slurm", "--run-dir", str(run_dir), "--setup",
+         f"unset PYTHONPATH; export PATH={bare}:$PATH", *shared_flags(lab), "--cpus-per-node", "1", "--submit", "--",
+         "python", STUDY, "--store", str(lab.root / "shared" / "store-bare"), "--seeds", "1", "--gammas", "0.9"],
+        env=lab.env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    job = job_of(proc)
+    log = run_dir / "slurm" / f"calib-sensitivity_gamma-{job}.out"
+    assert lab.wait_job(job, timeout=60) == "FAILED", log.read_text()[-3000:] if log.exists() else "(no log)"
+    said = slurm_lines(log.read_text())
+    nodes = "|".join(node.name for node in lab.nodes)
+    assert re.fullmatch(rf"\[calib-slurm [\d:]+\] calib does not import on node ({nodes}) with "
+                        rf"{re.escape(str(bare / 'python'))} \(ModuleNotFoundError: No module named 'calib'\): "
+                        rf"install calib where every node sees it .*", said[-1]), "\n".join(said)
+    assert not any("Ray head on" in line for line in said), "\n".join(said)  # ended before Ray started
+    assert lab.batch_exit_codes(job) == ["exit 1"]

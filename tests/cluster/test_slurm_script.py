@@ -1,9 +1,12 @@
 """The Slurm launcher without a Slurm: the generated script for a GPU partition against a reviewed golden
-file, the settings and their checks, and the command's paths that need no ``sbatch``."""
+file, shellcheck on the template and the scripts of the main configurations, the settings and their checks, the
+places every node must see, and the command's paths that need no ``sbatch``."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from calib._config import ConfigError
-from calib.cluster.slurm import SlurmSettings, local_storage_warnings, parse_time, render_script
+from calib.cluster import slurm_checks
+from calib.cluster.slurm import JOB_TEMPLATE, SlurmSettings, parse_time, render_script
+from calib.cluster.slurm_checks import local_storage_warnings, node_local_places
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden" / "slurm_gpu.sbatch"
@@ -30,6 +35,31 @@ def test_the_script_for_a_gpu_partition_is_the_reviewed_golden_file():
         GOLDEN.write_text(script)
     assert script == GOLDEN.read_text()
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+CONFIGURATIONS = {
+    "gpu": GPU_SETTINGS,
+    "gpu without MPS": dataclasses.replace(GPU_SETTINGS, mps=False),
+    "cpu, defaults": SlurmSettings(run_dir="/shared/alice/calib"),
+    "cpu, one node, settings file": SlurmSettings(nodes=1, cpus_per_node=8, mem_per_node="500", setup=(
+        ". /etc/profile.d/modules.sh", "conda activate calib"), run_dir="/shared/alice/calib", ray_tmp="/scratch/",
+        sbatch_options=("--exclusive",)),
+}
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None and not os.environ.get("CALIB_CI"),
+                    reason="shellcheck is not installed (apt-get install shellcheck); .ci/run installs it, runs this")
+def test_shellcheck_passes_the_template_and_the_scripts_of_the_main_configurations(tmp_path: Path):
+    """shellcheck (Debian's package) at its default severity, every warning fixed or disabled in the template with
+    its reason. Never skipped in CI (.ci/run sets ``CALIB_CI``): there a missing shellcheck fails."""
+    assert shutil.which("shellcheck"), "shellcheck is not installed: apt-get install shellcheck"
+    template = Path(slurm_checks.__file__).parent / JOB_TEMPLATE
+    scripts = [template]
+    for name, settings in CONFIGURATIONS.items():
+        scripts.append(tmp_path / f"{name.replace(' ', '_').replace(',', '')}.sbatch")
+        scripts[-1].write_text(render_script(settings, GPU_COMMAND, name="calib-compare_methods"))
+    proc = subprocess.run(["shellcheck", "--shell=bash", *map(str, scripts)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_the_gpu_script_asks_slurm_for_what_the_settings_say():
@@ -81,23 +111,50 @@ def test_a_settings_file_takes_dashes_or_underscores_and_rejects_unknown_keys(tm
         SlurmSettings.from_file(bad)
 
 
-def test_a_node_local_store_is_a_warning(tmp_path: Path):
-    mounts = {line.split()[1]: line.split()[2] for line in Path("/proc/mounts").read_text().splitlines()}
-    if mounts.get("/dev/shm") != "tmpfs":
-        pytest.skip("no tmpfs at /dev/shm")
-    warnings = local_storage_warnings(tmp_path, ["python", "s.py", "--store", "/dev/shm/calib-results",
-                                                 "--artifacts", "s3://bucket/artifacts"])
-    assert any(w.startswith("warning: --store /dev/shm/calib-results is on a node-local file system (tmpfs)")
-               for w in warnings)
-    assert not any("--artifacts" in w for w in warnings)  # on S3
+def test_places_under_a_node_local_folder_or_in_memory_are_found_and_a_disks_are_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Under /tmp, /var/tmp or /dev/shm, or on a memory file system wherever it is mounted: node-local, refused;
+    on a disk's file system: a warning (the site may export it); s3:// and --shared-path folders: neither."""
+    kinds = {"/scratch/alice": "tmpfs", "/home/alice": "ext4", "/shared": "nfs4"}
+    monkeypatch.setattr(slurm_checks, "_file_system", lambda path: next(
+        (kind for mount, kind in kinds.items() if str(path).startswith(mount)), "nfs4"))
+    command = ["python", "studies/s.py", "--store", "/dev/shm/calib-results", "--artifacts", "s3://bucket/artifacts",
+               "--storage=/scratch/alice/ray"]
+    found = node_local_places(Path("/shared/run"), command)
+    assert found == ["--store /dev/shm/calib-results (under /dev/shm)",
+                     "--storage /scratch/alice/ray (on tmpfs, in the node's memory)"]
+    assert node_local_places(Path("/var/tmp/run"), ["python", "/var/tmp/run/s.py"]) == [
+        "the run directory /var/tmp/run (under /var/tmp)", "--store (default results) /var/tmp/run/results (under "
+        "/var/tmp)"]  # the study script: in the run directory, said once
+    assert node_local_places(Path("/shared/run"), command, shared=["/dev/shm", "/scratch/alice"]) == []
+    warnings = local_storage_warnings(Path("/home/alice/run"), ["python", "s.py", "--store", "s3://b/r"])
+    assert warnings == ["warning: the run directory /home/alice/run is on a node-local file system (ext4): each "
+                        "node of the job, and a requeued job's, would see its own copy. Put it on the cluster's "
+                        "shared file system, or use an s3:// store."]  # the store on S3: nothing to say
+    assert local_storage_warnings(Path("/home/alice/run"), ["python", "s.py"], shared=["/home/alice"]) == []
+
+
+def test_the_python_and_calib_are_places_every_node_must_see(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(sys, "executable", "/tmp/venv/bin/python")
+    found = node_local_places(ROOT, ["python", "studies/s.py", "--store", "s3://b/r"])
+    assert found[0] == "the Python /tmp/venv/bin/python (under /tmp)"
+    import calib
+
+    if str(Path(calib.__file__).resolve()).startswith(("/tmp/", "/var/tmp/", "/dev/shm/")):  # a checkout there
+        assert found[1].startswith(f"calib {Path(calib.__file__).resolve().parent} (under /")
+
+
+SHARED = [f"--shared-path={folder}" for folder in (ROOT, Path(sys.prefix), Path(sys.base_prefix))]
+"""This checkout and its Python, taken as on the cluster's shared file system wherever they are (under /tmp too)."""
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python -m calib.cluster slurm`` on a PATH without Slurm's commands (this machine's login node)."""
+    """``python -m calib.cluster slurm`` on a PATH without Slurm's commands (this machine's login node), with
+    ``tmp_path`` taken as a folder every node sees."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "calib.cluster", "slurm", *args], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "PATH": str(bin_dir)})
+    return subprocess.run([sys.executable, "-m", "calib.cluster", "slurm", *SHARED, f"--shared-path={tmp_path}", *args],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PATH": str(bin_dir)})
 
 
 def test_without_slurm_the_command_writes_the_script_and_says_how_to_submit_it(tmp_path: Path):
@@ -116,13 +173,39 @@ def test_without_slurm_the_command_writes_the_script_and_says_how_to_submit_it(t
     assert proc.returncode == 2 and proc.stderr.startswith("error: sbatch is not on this machine's PATH")
 
 
-def test_the_job_is_named_after_the_study_the_command_runs():
-    from calib.cluster import _study_name
+def test_a_node_local_environment_is_refused_before_anything_is_written_or_submitted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
+    """A Python under /tmp and a store in /dev/shm: exit 2, one line naming both, no script, and the ``sbatch``
+    on the PATH never called (nor the study's own check)."""
+    from calib.cluster import main
 
-    assert _study_name(["python", "studies/search.py", "--space", "search_spaces/mac_cal_head.yaml"]) == (
+    bin_dir, called = tmp_path / "bin", tmp_path / "sbatch-called"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" >> {called}\necho 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(sys, "executable", "/tmp/calib-venv/bin/python")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    code = main(["slurm", *SHARED, f"--shared-path={run_dir}", "--run-dir", str(run_dir), "--submit", "--",
+                 "python", str(ROOT / "studies" / "sensitivity_gamma.py"), "--store", "/dev/shm/calib-store"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.splitlines() == [
+        "error: node-local paths: the Python /tmp/calib-venv/bin/python (under /tmp), --store /dev/shm/calib-store "
+        "(under /dev/shm). Each node of a Slurm job has its own there: the job's other nodes, and a requeued job's, "
+        "would not see them. Put the Python (a virtual environment), calib, the run directory and the store on the "
+        "cluster's shared file system (a store may also be s3://), or name a folder every node does see at the "
+        "same path with --shared-path."]
+    assert not called.exists() and not (run_dir / "slurm").exists()
+
+
+def test_the_job_is_named_after_the_study_the_command_runs():
+    from calib.cluster.slurm import study_name
+
+    assert study_name(["python", "studies/search.py", "--space", "search_spaces/mac_cal_head.yaml"]) == (
         "search_mac_cal_head")  # search.py's own default
-    assert _study_name(["python", "studies/ablation.py", "--study=ladder-a"]) == "ladder-a"
-    assert _study_name(["python", "studies/compare_methods.py", "--preset", "paper"]) == "compare_methods"
+    assert study_name(["python", "studies/ablation.py", "--study=ladder-a"]) == "ladder-a"
+    assert study_name(["python", "studies/compare_methods.py", "--preset", "paper"]) == "compare_methods"
 
 
 @pytest.mark.parametrize(("record", "ending"), [
@@ -145,3 +228,27 @@ def test_the_script_tells_why_slurm_sent_sigterm_from_its_record_of_the_job(tmp_
     proc = subprocess.run(["bash", "-c", f"RESTARTS=1 SLURM_JOB_ID=7\n{function}why_sigterm"], capture_output=True,
                           text=True, env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert proc.stdout == f"{ending}\n", proc.stderr
+
+
+def test_the_script_checks_on_a_node_that_calib_imports_as_the_study_imports_it(tmp_path: Path):
+    """``CHECK_NODE`` of the script, run as each node's step runs it: silent where the node's python imports calib,
+    else ``<node> <python> <error>``; a ``calib`` folder in the current one does not count (the study's
+    ``python studies/<study>.py`` would not import it from there)."""
+    script = render_script(GPU_SETTINGS, GPU_COMMAND, name="calib-compare_methods")
+    start = script.index("CHECK_NODE='")
+    assignment = script[start:script.index("'\n", start) + 1]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "python").symlink_to(Path(sys.base_prefix) / "bin" / "python3")
+    (tmp_path / "calib").mkdir()  # the current folder's: not what the study imports
+    (tmp_path / "calib" / "__init__.py").write_text("")
+
+    def check(path: str, pythonpath: str | None) -> str:
+        env = {**os.environ, "PATH": f"{path}:{os.environ['PATH']}", "SLURMD_NODENAME": "n7"}
+        env.pop("PYTHONPATH", None)
+        env.update({"PYTHONPATH": pythonpath} if pythonpath else {})
+        return subprocess.run(["bash", "-c", f'{assignment}\nbash -c "$CHECK_NODE"'], cwd=tmp_path, env=env,
+                              capture_output=True, text=True).stdout
+
+    assert check(str(Path(sys.executable).parent), str(ROOT)) == ""
+    assert check(str(bare), None) == f"n7 {bare / 'python'} ModuleNotFoundError: No module named 'calib'\n"

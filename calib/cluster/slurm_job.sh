@@ -1,0 +1,194 @@
+#!/bin/bash
+@sbatch_lines@
+#
+# Written by `python -m calib.cluster slurm` for the study command:
+#   @study@
+# Submit: sbatch @script_path@    Follow: tail -f @log_dir@/@name@-<job id>.out
+# Cancel: scancel <job id>    What it does: docs/how-to/slurm.md.
+# shellcheck disable=SC1090,SC1091  # the setup lines may source the site's files, which shellcheck cannot follow
+set -uo pipefail
+
+RUN_DIR=@run_dir@
+LOG_DIR="$RUN_DIR/slurm"
+MAX_REQUEUES=@max_requeues@
+INTERRUPTED=@interrupted@
+FAILED=@failed@
+RESTARTS=${SLURM_RESTART_COUNT:-0}
+say() { echo "[calib-slurm $(date +%H:%M:%S)] $*"; }
+say "job $SLURM_JOB_ID, start $((RESTARTS + 1)) of at most $((MAX_REQUEUES + 1)), nodes $SLURM_JOB_NODELIST"
+if (( RESTARTS > MAX_REQUEUES )); then
+  say "not run: started more often than the $MAX_REQUEUES requeues allowed; the study is not finished:" \
+    "submit this script again to continue it"
+  exit $INTERRUPTED
+fi
+# Slurm's warning before the time limit (USR1): the study stops cleanly, the job requeues itself.
+# SIGTERM (scontrol requeue, a preemption, scancel, the time limit): Slurm is ending the job and kills whatever
+# is left KillWait seconds later. Until the study starts, only remembered.
+SIGNALLED=""
+ENDING=""
+DRIVER=""
+# Why Slurm sent SIGTERM, from its record of the job: a requeue counts one more restart, the time limit is the
+# reason; a job still running was only signalled (scancel --signal=TERM); any other was cancelled.
+# shellcheck disable=SC2317  # called from on_signal, which the traps below call
+why_sigterm() {
+  local record
+  record=$(timeout 2 scontrol show job "$SLURM_JOB_ID" 2>/dev/null) || { echo unknown; return; }
+  if [[ $record =~ Restarts=([0-9]+) ]] && (( BASH_REMATCH[1] > RESTARTS )); then echo requeued
+  elif [[ $record == *Reason=TimeLimit* ]]; then echo time-limit
+  elif [[ $record == *JobState=RUNNING* ]]; then echo signalled
+  else echo cancelled; fi
+}
+# shellcheck disable=SC2317  # called by the traps below
+on_signal() {
+  SIGNALLED=$1
+  [[ -n $DRIVER ]] && kill -TERM "$DRIVER" 2>/dev/null
+  if [[ $1 == USR1 ]]; then
+    say "USR1: stopping the study cleanly"
+    return
+  fi
+  ENDING=$(why_sigterm)
+  case $ENDING in
+    requeued) say "SIGTERM: Slurm requeued the job (scontrol requeue or a preemption); stopping the study" ;;
+    time-limit) say "SIGTERM: the job reached its time limit; stopping the study" ;;
+    cancelled) say "SIGTERM: Slurm cancelled the job (scancel, or a preemption that cancels); stopping the study" ;;
+    *) say "SIGTERM: stopping the study" ;;
+  esac
+}
+trap 'on_signal USR1' USR1
+trap 'on_signal TERM' TERM
+
+@setup@
+cd "$RUN_DIR" || { say "the run directory $RUN_DIR is not reachable on $(hostname)"; exit $FAILED; }
+
+# Node addresses from Slurm: `hostname --ip-address` gives 127.0.0.1 on many nodes.
+mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+node_addr() { scontrol show node "$1" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p'; }
+HEAD_IP=$(node_addr "${NODES[0]}")
+# calib on every node before Ray starts, imported as the study imports it (not from the current folder): a node whose
+# python cannot (a Python or checkout it does not see, such as one under another node's /tmp) ends the job at once.
+# shellcheck disable=SC2016  # expanded by bash -c on each node
+CHECK_NODE='error=$(python -c "import sys; sys.path[:] = [p for p in sys.path if p]; import calib" 2>&1) ||
+  echo "$SLURMD_NODENAME $(command -v python || echo python) $(tail -n 1 <<<"$error")"'
+UNFIT=$(srun --overlap --nodes=${#NODES[@]} --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c "$CHECK_NODE" 2>/dev/null |
+  head -n 1)
+if [[ -n $UNFIT ]]; then
+  read -r UNFIT_NODE UNFIT_PYTHON UNFIT_ERROR <<<"$UNFIT"
+  say "calib does not import on node $UNFIT_NODE with $UNFIT_PYTHON ($UNFIT_ERROR): install calib where every node" \
+    "sees it (the cluster's shared file system) and make the setup lines (--setup) put that Python on the PATH"
+  exit $FAILED
+fi
+
+# Ray's ports and folder from the job id: two jobs on one node never share them, and its socket paths stay
+# under 107 bytes whatever $TMPDIR is.
+BASE=@port_base@
+RAY_TMP=@ray_tmp@/calib-$SLURM_JOB_ID
+PORTS="--node-manager-port=$((BASE + 1)) --object-manager-port=$((BASE + 2))
+  --dashboard-agent-grpc-port=$((BASE + 4)) --dashboard-agent-listen-port=$((BASE + 5))
+  --metrics-export-port=$((BASE + 6)) --runtime-env-agent-port=$((BASE + 7))
+  --min-worker-port=$((BASE + 20)) --max-worker-port=@max_worker_port@"
+# Ray's client server (10001 by default) runs when its dependency is installed: on the job's port then.
+CLIENT=""
+python -c 'import grpc' 2>/dev/null && CLIENT="--ray-client-server-port=$((BASE + 3))"
+
+# Token authentication, explicit and the same on every node and the driver.
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$LOG_DIR/.ray-token-$SLURM_JOB_ID" RAY_USAGE_STATS_ENABLED=0
+# Ray stops at once on SIGTERM: its drain (up to 30 s, for Ray Serve) would outlast a short KillWait.
+export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
+(umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH")
+export CALIB_STAGE1_HANDOVER_SECONDS=${CALIB_STAGE1_HANDOVER_SECONDS:-@handover_seconds@}
+CPUS=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
+GPUS=${SLURM_GPUS_ON_NODE:-0}
+
+STEPS=()
+# This job's Ray only: its processes name $RAY_TMP ("[/]": the pattern does not match a command line holding it).
+# The steps that run them take it from the environment: stopping Ray never kills srun (bash would log it).
+export RAY_TMP RAY_PATTERN="[${RAY_TMP:0:1}]${RAY_TMP:1}"
+# Ray's folder goes after its processes; a worker process still writing its last log can outlast them a moment.
+# shellcheck disable=SC2016  # these commands are expanded where they run (bash -c on each node)
+REMOVE_TMP='for _ in $(seq 10); do rm -rf -- "$RAY_TMP" 2>/dev/null; [[ -e $RAY_TMP ]] || break; sleep 0.5; done'
+@mps_note@
+# shellcheck disable=SC2016
+STOP_NODE='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 20); do pgrep -f -- "$RAY_PATTERN" >/dev/null || break
+  sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; @stop_mps@'"$REMOVE_TMP"
+# Each node's Ray runs in a step that removes the folder when Ray ends, also when Slurm ends the step (preemption,
+# requeue: the batch script can start no step then, so only the node itself can clean up).
+# shellcheck disable=SC2016
+export NODE_RAY='trap : TERM; @run_ray@ --temp-dir="$RAY_TMP"; rc=$?; '"$REMOVE_TMP"'; exit $rc'
+stop_ray() {
+  # After Slurm's SIGTERM every Ray process of the job has it too and stops at once (no drain), and Slurm
+  # ends the steps: nothing to wait for. Otherwise SIGTERM to the steps (srun passes it to every process of
+  # its step, Ray's agents included, which would outlive a raylet stopped alone), then Ray stopped and its
+  # folder removed on every node.
+  if [[ $SIGNALLED != TERM || $ENDING == signalled ]]; then
+    kill "${STEPS[@]}" 2>/dev/null
+    srun --overlap --nodes=${#NODES[@]} --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c "$STOP_NODE" >/dev/null 2>&1
+    wait "${STEPS[@]}" 2>/dev/null
+  fi
+  rm -f -- "$RAY_AUTH_TOKEN_PATH"
+}
+
+RAY_LOGS="$LOG_DIR/$SLURM_JOB_ID-start$((RESTARTS + 1))-ray"  # one log per node and start
+say "Ray head on ${NODES[0]} ($HEAD_IP:$BASE), $((${#NODES[@]} - 1)) worker node(s); logs $RAY_LOGS-*.log"
+# shellcheck disable=SC2086  # $PORTS and $CLIENT hold several flags (or none): split into words on purpose
+srun --overlap --nodes=1 --ntasks=1 -w "${NODES[0]}" bash -c "$NODE_RAY" ray \
+  ray start --head --block --node-ip-address="$HEAD_IP" --port=$BASE $PORTS $CLIENT \
+  --num-cpus="$CPUS" --num-gpus="$GPUS" --include-dashboard=false \
+  --disable-usage-stats@object_store@ >"$RAY_LOGS-${NODES[0]}.log" 2>&1 &
+STEPS+=($!)
+for _ in $(seq 120); do (exec 3<>"/dev/tcp/$HEAD_IP/$BASE") 2>/dev/null && break; sleep 1; done
+for node in "${NODES[@]:1}"; do
+  # shellcheck disable=SC2086  # as above
+  srun --overlap --nodes=1 --ntasks=1 -w "$node" bash -c "$NODE_RAY" ray ray start --block --address="$HEAD_IP:$BASE" \
+    --node-ip-address="$(node_addr "$node")" $PORTS --num-cpus="$CPUS" --num-gpus="$GPUS" \
+    --disable-usage-stats@object_store@ >"$RAY_LOGS-$node.log" 2>&1 &
+  STEPS+=($!)
+done
+if ! python -m calib.cluster wait --nodes ${#NODES[@]} --address "$HEAD_IP:$BASE" --timeout 300; then
+  say "Ray did not start on every node: see $RAY_LOGS-*.log"
+  stop_ray
+  exit $FAILED
+fi
+
+RC=$INTERRUPTED
+if [[ -z $SIGNALLED ]]; then
+  say "study: @study@ --address $HEAD_IP:$BASE"
+  @study@ --address "$HEAD_IP:$BASE" &
+  DRIVER=$!
+  while true; do
+    wait "$DRIVER"
+    RC=$?
+    kill -0 "$DRIVER" 2>/dev/null || break  # wait returned for a signal: the driver is still stopping
+  done
+fi
+trap '' USR1
+stop_ray
+
+if (( RC == 0 )); then
+  say "the study finished"
+  exit 0
+elif (( RC == INTERRUPTED )) && [[ $SIGNALLED == USR1 ]]; then
+  if (( RESTARTS < MAX_REQUEUES )); then
+    say "interrupted before the time limit: the study is not finished; requeued, start $((RESTARTS + 2)) continues it"
+    trap 'exit $INTERRUPTED' TERM  # the requeue's own SIGTERM ends this script, with the same exit code
+    scontrol requeue "$SLURM_JOB_ID"
+  else
+    say "interrupted before the time limit, after $((RESTARTS + 1)) starts (no requeue left): the study is not" \
+      "finished; submit this script again to continue it"
+  fi
+  exit $INTERRUPTED
+elif [[ $SIGNALLED == TERM ]]; then
+  case $ENDING in
+    requeued) say "the study stopped after SIGTERM: the job was requeued; start $((RESTARTS + 2)) continues it" ;;
+    time-limit) say "the study stopped at the time limit, before Slurm's warning could stop it: the job is not" \
+      "requeued; submit this script again, or run the same study command, to continue it" ;;
+    cancelled) say "the study stopped after SIGTERM: the job was cancelled; submit this script again, or run the" \
+      "same study command, to continue it" ;;
+    signalled) say "the study stopped after a SIGTERM sent to the job (not a requeue): submit this script again," \
+      "or run the same study command, to continue it" ;;
+    *) say "the study stopped after SIGTERM (Slurm did not say why): a requeued job continues it; otherwise submit" \
+      "this script again, or run the same study command" ;;
+  esac
+  exit $INTERRUPTED
+fi
+say "the study exited with $RC"
+exit $RC
