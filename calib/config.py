@@ -423,6 +423,7 @@ def _check_config_fits_given_stage1(cfg: TrialConfig) -> None:
 
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "stage1": {"train_size": None},
+    "source": {"labels_sha256": None, "calibration_fraction": None},
     "mac_cal": {"stats_source": "train", "accuracy_weight_source": "fixed", "mask_mode": "forward"},
     "temperature_scaling": {"calibration_size": None, "calibration_draw": 0},
     "smart": {"calibration_size": None, "calibration_draw": 0},
@@ -474,7 +475,8 @@ def trial_identity(cfg: TrialConfig) -> dict[str, Any]:
     if cfg.source == Stage1Source():
         del identity["source"]
     else:  # the file is its hash; where it lies is placement
-        identity["source"] = {k: v for k, v in identity["source"].items() if k != "path"}
+        source = {k: v for k, v in identity["source"].items() if k not in ("path", "labels_path")}
+        identity["source"] = _without_added(source, "source")
     if not cfg.dataset_options:
         del identity["dataset_options"]
     return {**identity, "stage1": _trained(identity["stage1"]), "method": _without_added(method, method["name"])}

@@ -160,3 +160,16 @@ def test_a_predictions_stage1_is_the_split_of_its_seed(tmp_path):
         config(0, "tst")
     with pytest.raises(ConfigError, match=re.escape("`source.calibration_fraction` must be a number in (0, 1)")):
         config(0, calibration_fraction=1.0)
+
+
+def test_the_predictions_fields_leave_the_ids_of_other_given_stage1s_as_they_were(tmp_path):
+    from calib.config import trial_identity
+
+    np.savez(tmp_path / "f.npz", **{f"{s}_{p}": np.ones((4, 2)) for s in ("train", "val", "test")
+                                    for p in ("features", "logits")},
+             **{f"{s}_labels": np.array([0, 1, 0, 1]) for s in ("train", "val", "test")})
+    base = tiny_config(tmp_path, method={"name": "vanilla"})
+    base.update(dataset="f", arch="features", source=resolve_source("features", str(tmp_path / "f.npz")))
+    # as before predictions existed: the source is its kind, hash and head (the path is placement)
+    assert trial_identity(parse_trial_config(base))["source"] == {
+        "kind": "features", "sha256": base["source"]["sha256"], "head": None}
