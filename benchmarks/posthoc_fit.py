@@ -1,0 +1,250 @@
+"""Every post-hoc calibrator's fit time and test NLL on real model outputs, next to probmetrics 1.3's same method.
+
+Each file is a netcal-format ``.npz`` (``predictions``: softmax probabilities (N, K); ``ground_truth``: labels),
+e.g. the records of netcal's repository (EFS-OpenSource/calibration-framework,
+``examples/classification/records/``: densenet-bc-100-cifar-100.npz, wideresnet-16-4-cifar-10.npz,
+lenet-5-cifar-10.npz). Per file, one stratified 50/50 calibration/test split seeded by ``--seed``; per calibrator,
+side by side in this process: calib's fit seconds (wall and CPU) and test NLL, and those of probmetrics' counterpart
+where it has one (:data:`METHODS`), with netcal 1.4's temperature scaling as a second reference for TS. calib's
+calibrators get the log-probabilities (floored at calib.posthoc.PROBABILITY_FLOOR), probmetrics' and netcal's the
+probabilities; both the same float64 rows, renormalised to sum 1. Prints a Markdown table per file, then the TS
+test-NLL differences:
+
+    python benchmarks/posthoc_fit.py records/densenet-bc-100-cifar-100.npz records/lenet-5-cifar-10.npz
+    python benchmarks/posthoc_fit.py records/wideresnet-16-4-cifar-10.npz --methods TS VS MS-ODIR --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calib.cli import HelpFormatter
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row: calib's registered calibrator ``name`` under ``label``, and probmetrics' counterpart (``reference``,
+    how the table names it, built by ``build``; None: probmetrics has none)."""
+
+    label: str
+    name: str
+    reference: str | None = None
+    build: Callable[[], Any] | None = None
+
+
+def _probmetrics(method: str, **config: Any) -> Callable[[], Any]:
+    def build() -> Any:
+        from probmetrics.calibrators import get_calibrator
+
+        return get_calibrator(method, **config)
+
+    return build
+
+
+def _probmetrics_class(name: str, *args: Any, one_vs_rest: bool = False, **kwargs: Any) -> Callable[[], Any]:
+    def build() -> Any:
+        from probmetrics import calibrators
+
+        calibrator = getattr(calibrators, name)(*args, **kwargs)
+        return calibrators.MulticlassOneVsRestCalibrator(calibrator) if one_vs_rest else calibrator
+
+    return build
+
+
+METHODS = [
+    Method("TS", "temperature_scaling", 'get_calibrator("temp-scaling")', _probmetrics("temp-scaling")),
+    Method("SMART", "smart"),
+    Method("CTS", "classwise_ts"),
+    Method("PTS", "parameterized_ts"),
+    Method("ETS", "ensemble_ts", "ETSCalibrator()", _probmetrics_class("ETSCalibrator")),
+    Method("VS", "vector_scaling", "VectorScalingCalibrator()", _probmetrics_class("VectorScalingCalibrator")),
+    Method("MS-ODIR", "matrix_scaling", "MatrixScalingCalibrator() (unregularised)",
+           _probmetrics_class("MatrixScalingCalibrator")),
+    Method("Dir-ODIR", "dirichlet", 'get_calibrator("dircal-cv", dircal_use_odir=True)',
+           _probmetrics("dircal-cv", dircal_use_odir=True)),
+    Method("IR", "isotonic", 'get_calibrator("isotonic")', _probmetrics("isotonic")),
+    Method("IRM", "isotonic_irm"),
+    Method("HB", "histogram_binning", "one-vs-rest BinaryHistogramBinningCalibrator(15, quantile)",
+           _probmetrics_class("BinaryHistogramBinningCalibrator", n_bins=15, strategy="quantile", one_vs_rest=True)),
+    Method("BBQ", "bbq", "NetcalBBQCalibrator()", _probmetrics_class("NetcalBBQCalibrator")),
+    Method("Spline", "spline", "one-vs-rest CDFSplineCalibrator() (calib's: top-label)",
+           _probmetrics_class("CDFSplineCalibrator", one_vs_rest=True)),
+    Method("SMS", "sms", 'get_calibrator("sms")', _probmetrics("sms", sms_print_init_info=False)),
+    Method("SVS", "svs", 'get_calibrator("svs")', _probmetrics("svs", svs_print_init_info=False)),
+    Method("IVAP", "ivap", 'get_calibrator("ivap")', _probmetrics("ivap")),
+    Method("CIR", "cir", 'get_calibrator("cir")', _probmetrics("cir")),
+    Method("Beta", "beta", 'get_calibrator("beta")', _probmetrics("beta")),
+]
+"""The rows, in the table's order: a calibrator calib does not register (yet) is left out; one registered but not
+here gets a row of its own, without a reference."""
+
+
+@dataclass
+class Fit:
+    """One fit: wall and CPU seconds and the test NLL, or why it failed."""
+
+    seconds: float = float("nan")
+    cpu_seconds: float = float("nan")
+    nll: float = float("nan")
+    error: str | None = None
+
+
+def load_records(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(probabilities (N, K) float64 with rows renormalised to sum 1, labels (N,) int64) of a netcal record."""
+    with np.load(path) as record:
+        probs, labels = record["predictions"].astype(np.float64), record["ground_truth"].astype(np.int64)
+    if probs.ndim != 2 or labels.shape != (probs.shape[0],):
+        raise ValueError(f"{path}: `predictions` must be (N, K) and `ground_truth` (N,), got {probs.shape} and "
+                         f"{labels.shape}.")
+    return probs / probs.sum(axis=1, keepdims=True), labels
+
+
+def split(labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(calibration, test) indices: a stratified 50/50 split seeded by ``seed``."""
+    from sklearn.model_selection import train_test_split
+
+    return train_test_split(np.arange(len(labels)), test_size=0.5, stratify=labels, random_state=seed)
+
+
+def rows(methods: list[str] | None = None) -> list[Method]:
+    """The rows to run: :data:`METHODS` whose calib name is registered, then every other registered calibrator;
+    only the labels in ``methods`` (all if None)."""
+    from calib.posthoc import POSTHOC
+
+    registered = POSTHOC.names()
+    chosen = [method for method in METHODS if method.name in registered]
+    chosen += [Method(name, name) for name in registered if name not in {method.name for method in METHODS}]
+    if methods is not None:
+        unknown = sorted(set(methods) - {method.label for method in chosen})
+        if unknown:
+            raise SystemExit(f"unknown or unregistered methods {unknown}; known: {[m.label for m in chosen]}")
+        chosen = [method for method in chosen if method.label in methods]
+    return chosen
+
+
+def timed(fit: Callable[[], Callable[[], np.ndarray]], labels: np.ndarray) -> Fit:
+    """Time ``fit()`` (wall and CPU) and score the test probabilities of the predictor it returns by their NLL."""
+    from calib.metrics.nll import negative_log_likelihood
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            predict = fit()
+            seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
+            return Fit(seconds, cpu_seconds, negative_log_likelihood(predict(), labels))
+    except Exception as error:  # a reference that fails on these data is reported, not fatal
+        return Fit(time.perf_counter() - wall, time.process_time() - cpu, error=f"{type(error).__name__}: {error}")
+
+
+def fit_calib(name: str, log_probs: np.ndarray, labels: np.ndarray, cal: np.ndarray,
+              test: np.ndarray) -> Callable[[], np.ndarray]:
+    import torch
+
+    from calib.posthoc import POSTHOC
+
+    calibrator = POSTHOC.create(name).fit(torch.from_numpy(log_probs[cal]), torch.from_numpy(labels[cal]))
+    return lambda: calibrator.probs(torch.from_numpy(log_probs[test])).numpy()
+
+
+def fit_reference(build: Callable[[], Any], probs: np.ndarray, labels: np.ndarray, cal: np.ndarray,
+                  test: np.ndarray) -> Callable[[], np.ndarray]:
+    reference = build()
+    with contextlib.redirect_stderr(io.StringIO()):  # netcal's progress bars
+        reference.fit(probs[cal], labels[cal])
+
+    def predict() -> np.ndarray:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return np.asarray(reference.predict_proba(probs[test]), dtype=np.float64)
+
+    return predict
+
+
+def fit_netcal_ts(probs: np.ndarray, labels: np.ndarray, cal: np.ndarray, test: np.ndarray) -> Callable[[], np.ndarray]:
+    import netcal.scaling
+
+    reference = netcal.scaling.TemperatureScaling().fit(probs[cal], labels[cal], tensorboard=False)
+    return lambda: np.asarray(reference.transform(probs[test]), dtype=np.float64)
+
+
+def _cells(fit: Fit | None, *, cpu: bool) -> tuple[str, str]:
+    """(seconds, test NLL) as the table shows them: "—" where there is no fit, the error where it failed."""
+    if fit is None:
+        return "—", "—"
+    if fit.error:
+        return f"failed: {fit.error}", "—"
+    return f"{fit.seconds:.2f}" + (f" ({fit.cpu_seconds:.2f})" if cpu else ""), f"{fit.nll:.5f}"
+
+
+def table(results: list[tuple[Method, Fit, Fit | None]]) -> list[str]:
+    """The Markdown table of one file."""
+    lines = ["| method | calib fit s (CPU s) | calib test NLL | probmetrics counterpart | its fit s | its test NLL "
+             "| NLL calib − it |", "|---|---|---|---|---|---|---|"]
+    for method, ours, theirs in results:
+        gap = "—" if theirs is None or theirs.error or ours.error else f"{ours.nll - theirs.nll:+.2g}"
+        (our_seconds, our_nll), (their_seconds, their_nll) = _cells(ours, cpu=True), _cells(theirs, cpu=False)
+        lines.append(f"| {method.label} | {our_seconds} | {our_nll} | {method.reference or '—'} | {their_seconds} "
+                     f"| {their_nll} | {gap} |")
+    return lines
+
+
+def run_file(path: str, methods: list[Method], seed: int, references: bool) -> dict[str, float]:
+    """Fit and print one file's table; returns the TS test-NLL differences (calib − probmetrics, − netcal)."""
+    from calib.posthoc._base import log_probabilities
+
+    probs, labels = load_records(path)
+    cal, test = split(labels, seed)
+    log_probs = log_probabilities(probs).numpy()
+    print(f"\n{Path(path).name}: {len(labels)} samples, K = {probs.shape[1]}, {len(cal)} calibration / {len(test)} "
+          f"test (seed {seed}); log p down to {log_probs.min():.1f}\n", flush=True)
+    results, gaps = [], {}
+    for method in methods:
+        ours = timed(lambda method=method: fit_calib(method.name, log_probs, labels, cal, test), labels[test])
+        theirs = None
+        if references and method.build is not None:
+            theirs = timed(lambda method=method: fit_reference(method.build, probs, labels, cal, test), labels[test])
+        results.append((method, ours, theirs))
+        print(f"  {method.label}: calib {ours.seconds:.2f} s" + (f", reference {theirs.seconds:.2f} s" if theirs
+                                                                   else ""), flush=True)
+        if method.label == "TS" and references:
+            netcal_ts = timed(lambda: fit_netcal_ts(probs, labels, cal, test), labels[test])
+            gaps = {"probmetrics": ours.nll - theirs.nll, "netcal": ours.nll - netcal_ts.nll}
+    print("\n" + "\n".join(table(results)), flush=True)
+    if gaps:
+        print(f"\nTS test NLL, calib − probmetrics temp-scaling: {gaps['probmetrics']:+.2g}; calib − netcal "
+              f"TemperatureScaling: {gaps['netcal']:+.2g} (acceptance: |·| <= 1e-4)", flush=True)
+    return gaps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("files", nargs="+", help="netcal-format .npz records (predictions, ground_truth)")
+    parser.add_argument("--methods", nargs="+", help="labels of the rows to run (default: all registered)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the stratified 50/50 split")
+    parser.add_argument("--no-references", action="store_true", help="time calib only (no probmetrics, netcal)")
+    args = parser.parse_args(argv)
+    import torch
+
+    methods = rows(args.methods)
+    print(f"{time.strftime('%Y-%m-%d')} · {len(os.sched_getaffinity(0))} cores · torch threads "
+          f"{torch.get_num_threads()} · load average {os.getloadavg()[0]:.1f}", flush=True)
+    worst = 0.0
+    for path in args.files:
+        gaps = run_file(path, methods, args.seed, not args.no_references)
+        worst = max([worst, *map(abs, gaps.values())])
+    return 0 if worst <= 1e-4 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""benchmarks/posthoc_fit.py on a small generated netcal-format record (no real model outputs needed): the split,
+the rows, the table and the TS comparison with probmetrics and netcal."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def benchmark():
+    spec = importlib.util.spec_from_file_location("_posthoc_fit", ROOT / "benchmarks" / "posthoc_fit.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def record(tmp_path):
+    """A netcal-format .npz: float32 softmax probabilities of an over-confident 4-class model, 400 samples."""
+    rng = np.random.default_rng(0)
+    logits = 3 * rng.normal(size=(400, 4))
+    labels = np.array([rng.choice(4, p=np.exp(row / 2) / np.exp(row / 2).sum()) for row in logits])
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    path = tmp_path / "model.npz"
+    np.savez(path, predictions=(probs / probs.sum(1, keepdims=True)).astype(np.float32), ground_truth=labels)
+    return path
+
+
+def test_records_split_and_rows(record):
+    module = benchmark()
+    probs, labels = module.load_records(record)
+    assert probs.dtype == np.float64 and np.abs(probs.sum(1) - 1).max() < 1e-15 and labels.dtype == np.int64
+    cal, test = module.split(labels, seed=3)
+    assert len(cal) == len(test) == 200 and not set(cal) & set(test)
+    np.testing.assert_array_equal(np.bincount(labels[cal], minlength=4) - np.bincount(labels[test], minlength=4) <= 1,
+                                  True)  # stratified
+    assert not np.array_equal(module.split(labels, seed=4)[0], cal)
+    from calib.posthoc import POSTHOC
+
+    rows = module.rows()
+    assert {row.name for row in rows} == set(POSTHOC.names())  # every registered calibrator, each once
+    assert [row.label for row in rows][:4] == ["TS", "SMART", "CTS", "PTS"]
+    assert all(row.name in POSTHOC.names() for row in module.rows(["TS", "VS"]))
+    with pytest.raises(SystemExit, match=r"unknown or unregistered methods \['XYZ'\]"):
+        module.rows(["TS", "XYZ"])
+
+
+def test_the_table_and_the_ts_comparison(record, capsys):
+    assert benchmark().main([str(record), "--methods", "TS", "IR", "IRM", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = lines.index("| method | calib fit s (CPU s) | calib test NLL | probmetrics counterpart | its fit s | its "
+                         "test NLL | NLL calib − it |")
+    ts, ir, irm = (line.split(" | ") for line in lines[header + 2:header + 5])
+    assert ts[0] == "| TS" and ts[3] == 'get_calibrator("temp-scaling")' and abs(float(ts[6].rstrip(" |"))) < 1e-4
+    assert ir[3] == 'get_calibrator("isotonic")' and irm[3:] == ["—", "—", "—", "— |"]
+    assert "model.npz: 400 samples, K = 4, 200 calibration / 200 test (seed 1)" in out
+    gaps = [float(value.split(";")[0]) for value in out.split("TS test NLL, calib − probmetrics temp-scaling: ")[1]
+            .replace("calib − netcal TemperatureScaling: ", "").split(" (")[0].split("; ")]
+    assert max(map(abs, gaps)) <= 1e-4
+
+
+def test_a_failed_or_missing_reference_in_the_table():
+    module = benchmark()
+    lines = module.table([
+        (module.Method("X", "x", "ref()"), module.Fit(1.0, 0.5, 0.25), module.Fit(error="ImportError: missing")),
+        (module.Method("Y", "y"), module.Fit(2.0, 1.5, 0.125), None),
+        (module.Method("Z", "z", "ref()"), module.Fit(3.0, 2.5, 0.5), module.Fit(0.1, 0.1, 0.375))])
+    assert lines[2:] == ["| X | 1.00 (0.50) | 0.25000 | ref() | failed: ImportError: missing | — | — |",
+                         "| Y | 2.00 (1.50) | 0.12500 | — | — | — | — |",
+                         "| Z | 3.00 (2.50) | 0.50000 | ref() | 0.10 | 0.37500 | +0.12 |"]
