@@ -91,6 +91,10 @@ class Registry(Generic[T]):
         """Call the entry registered under ``name`` with ``kwargs``."""
         return self.get(name)(**kwargs)  # type: ignore[operator]
 
+    def items(self) -> list[tuple[str, T]]:
+        """(name, entry) pairs in registration order (calib's own first, then the plugins')."""
+        return list(self._read().items())
+
     def names(self, pattern: str = "*") -> list[str]:
         """Sorted registered names matching the fnmatch ``pattern``."""
         return sorted(n for n in self._read() if fnmatch.fnmatchcase(n, pattern))

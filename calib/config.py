@@ -30,15 +30,15 @@ from calib.datasets.corruptions import C_DIRECTORY, CORRUPTIONS
 from calib.datasets.subsets import check_train_size
 from calib.models import check_arch
 from calib.registries import DATASETS, LOSSES, METHODS, OOD_SETS
+from calib.stage1_source import FILE_KINDS, Stage1Source, check_config_fits_given_stage1
 
 __all__ = [
     "ADDED_FIELDS",
-    "FILE_KINDS",
     "SEED_LIMIT",
     "Component",
     "Stage1Config",
-    "Stage1Source",
     "TrialConfig",
+    "added_fields",
     "config_hash",
     "get_dotted",
     "parse_trial_config",
@@ -49,9 +49,6 @@ __all__ = [
     "validate_study_name",
 ]
 
-
-FILE_KINDS = ("features", "predictions")
-"""The Stage-I sources that are files of model outputs: no model, no dataset, no other images."""
 
 SEED_LIMIT = 2**32
 """Trial seeds are ``0 <= seed < SEED_LIMIT``: NumPy's global seed (``np.random.seed``) takes no other,
@@ -152,66 +149,6 @@ class Stage1Config:
             )
 
 
-@dataclass(frozen=True, kw_only=True)
-class Stage1Source:
-    """Where a trial's Stage I comes from (docs/architecture.md §4.1). The default trains it.
-
-    Attributes:
-        kind: "train" (calib trains the backbone: the default); "checkpoint" (a trained model's weights,
-            for ``arch`` on ``dataset``: the splits' features and logits are computed with it, nothing is
-            trained); "features" (a file of precomputed features, labels and the final linear layer or
-            the logits, :mod:`calib.artifacts.features_file`: no model, no dataset); "predictions" (one file of
-            a model's held-out predictions and labels, :mod:`calib.artifacts.predictions_file`: the trial's seed
-            is the index of its stratified calibration/test split; only post-hoc methods run on it).
-        path: the checkpoint, features or predictions file: an absolute path or an ``s3://`` URI.
-        sha256: the file's SHA-256 (64 hex digits), part of the Stage-I identity, so a changed file is a
-            new ``stage1_id``; the study computes it when it builds the configs and the trial checks it.
-        head: dotted path of the final ``nn.Linear`` of a checkpoint's architecture ("fc",
-            "classifier.3"), where finding it automatically fails; None: found automatically.
-        labels_path, labels_sha256: the labels ``.npy`` of a ``.npy`` pair of predictions, and its SHA-256.
-        calibration_fraction: the share of a predictions file's samples in the calibration part of each split,
-            in (0, 1) (the benchmarks' 50/50: 0.5); null for the other kinds.
-    """
-
-    kind: Literal["train", "checkpoint", "features", "predictions"] = "train"
-    path: str | None = None
-    sha256: str | None = None
-    head: str | None = None
-    labels_path: str | None = None
-    labels_sha256: str | None = None
-    calibration_fraction: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind == "train":
-            check(self.path is None and self.sha256 is None and self.head is None, "source", self,
-                  "give no path, sha256 or head when kind is 'train' (Stage I is trained)")
-        else:
-            _check_file(self.path, self.sha256, "source.path", "source.sha256", f"the {self.kind} file")
-        check(self.head is None or self.kind == "checkpoint", "source.head", self.head,
-              "be null unless kind is 'checkpoint'")
-        if self.kind != "predictions":
-            for key in ("labels_path", "labels_sha256", "calibration_fraction"):
-                check(getattr(self, key) is None, f"source.{key}", getattr(self, key),
-                      "be null unless kind is 'predictions'")
-            return
-        check(isinstance(self.calibration_fraction, float) and 0 < self.calibration_fraction < 1,
-              "source.calibration_fraction", self.calibration_fraction,
-              "be a number in (0, 1): the share of the predictions in each split's calibration part")
-        check((self.labels_path is None) == (self.labels_sha256 is None), "source.labels_path", self.labels_path,
-              "come with source.labels_sha256 (a .npy pair), or both be null")
-        if self.labels_path is not None:
-            _check_file(self.labels_path, self.labels_sha256, "source.labels_path", "source.labels_sha256",
-                        "the labels .npy")
-
-
-def _check_file(path: Any, sha256: Any, path_key: str, sha_key: str, what: str) -> None:
-    check(isinstance(path, str) and (os.path.isabs(path) or storage.is_remote(path)), path_key, path,
-          f"be the absolute path or s3:// URI of {what}")
-    check(isinstance(sha256, str) and re.fullmatch(r"[0-9a-f]{64}", sha256) is not None, sha_key, sha256,
-          "be the file's SHA-256, 64 lowercase hex digits",
-          "The studies compute it (calib.artifacts.sources.resolve_source).")
-
-
 @dataclass(frozen=True)
 class Component:
     """A registered name plus its validated config dataclass (a loss or a method)."""
@@ -245,7 +182,7 @@ class TrialConfig:
     corruptions: tuple[str, ...] = ()
     label: str = ""
     label_rank: int = 0
-    source: Stage1Source = Stage1Source()
+    source: Stage1Source = dataclasses.field(default_factory=Stage1Source)
     dataset_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -354,7 +291,7 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     check(0 <= cfg.seed < SEED_LIMIT, "seed", cfg.seed,
           "be an integer with 0 <= seed < 2**32 (it seeds Python, NumPy and torch; NumPy's seeding takes no other)")
     if cfg.source.kind != "train":
-        _check_config_fits_given_stage1(cfg)
+        check_config_fits_given_stage1(cfg)
         if cfg.source.kind in FILE_KINDS:
             return cfg
     info = DATASETS.get(cfg.dataset)
@@ -365,11 +302,9 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
         check(calibration_size <= info.val_images, "method.calibration_size", calibration_size,
               f"be at most the {info.val_images} images of {cfg.dataset}'s validation split",
               "Leave it null (the default) to calibrate on all of them.")
-    if "train_heldout" in METHODS.get(cfg.method.name).splits(cfg.method.params) and cfg.stage1.train_size is None:
-        raise ConfigError(
-            f"`method.stats_source`='heldout' reads the training images Stage I did not train on, but "
-            f"stage1.train_size is null (Stage I trains on all of them): set stage1.train_size (--train-size) below "
-            f"the size of {cfg.dataset}'s training split.")
+    spec = METHODS.get(cfg.method.name)
+    if spec.check is not None:
+        spec.check(cfg.method.params, cfg)
     check(cfg.num_bins >= 1, "num_bins", cfg.num_bins, "be an integer >= 1")
     check(cfg.num_workers is None or cfg.num_workers >= 0, "num_workers", cfg.num_workers,
           "be an integer >= 0, or null to size the DataLoader workers from the trial's CPUs")
@@ -389,53 +324,28 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     return cfg
 
 
-def _check_config_fits_given_stage1(cfg: TrialConfig) -> None:
-    """A Stage I that calib does not train (a checkpoint, a features file) takes no training recipe, and a
-    features one no dataset: the rows of loss-based methods, Mixup and MIT, OOD sets and method splits."""
-    kind = cfg.source.kind
-    given = f"this trial's Stage I comes from a {kind} file (source.kind={kind!r}), which calib does not train"
-    runs_on_it = f"The methods that run on a given Stage I: {', '.join(METHODS.names())}."
-    if cfg.loss.name != "cross_entropy" or cfg.loss.params != LOSSES.get("cross_entropy").config():
-        raise ConfigError(f"`loss`={cfg.loss.name!r} is a way to train Stage I, but {given}: loss-based methods do "
-                          f"not apply to it (they are Stage-I trainings). {runs_on_it}")
-    for key in ("mixup_alpha", "mit_alpha"):
-        value = getattr(cfg.stage1, key)
-        check(value is None, f"stage1.{key}", value,
-              f"be null: {'Mixup' if key == 'mixup_alpha' else 'MIT'} trains Stage I, but {given}", runs_on_it)
-    if kind not in FILE_KINDS:
-        return
-    check(cfg.stage1.train_size is None, "stage1.train_size", cfg.stage1.train_size,
-          f"be null for a {kind} Stage I: its splits are the file's")
-    for key in ("ood_datasets", "corruptions"):
-        check(not getattr(cfg, key), key, getattr(cfg, key),
-              f"be empty for a {kind} Stage I: without a model, calib cannot compute features of other images")
-    spec = METHODS.get(cfg.method.name)
-    if kind == "predictions":
-        logits_only = [name for name in METHODS.names() if METHODS.get(name).logits_only]
-        check(spec.logits_only, "method", cfg.method.name,
-              f"be a method that reads only logits: a predictions file holds no features and no training split, "
-              f"so only the uncalibrated model and the post-hoc methods run on it ({', '.join(logits_only)})")
-    splits = spec.splits(cfg.method.params)
-    check(not splits, "method", cfg.method.to_dict(),
-          f"read only the train/val/test splits of a {kind} Stage I, but this config reads {', '.join(splits)}, "
-          f"which the file does not hold (use method.stats_source 'train')")
-
-
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "stage1": {"train_size": None},
     "source": {"labels_sha256": None, "calibration_fraction": None},
-    "mac_cal": {"stats_source": "train", "accuracy_weight_source": "fixed", "mask_mode": "forward"},
-    "temperature_scaling": {"calibration_size": None, "calibration_draw": 0},
-    "smart": {"calibration_size": None, "calibration_draw": 0},
 }
-"""Fields added after results were stored, per section ("stage1") or method name, with their defaults.
-At its default such a field is left out of the identity hashes, so the trials and Stage-I artifacts
-stored before it existed keep their ids (a re-run skips them instead of training them again)."""
+"""Fields added after results were stored, per section ("stage1", "source"), with their defaults; a method's or
+a loss's own are its spec's ``added_fields`` (:func:`added_fields`). At its default such a field is left out of the
+identity hashes, so the trials and Stage-I artifacts stored before it existed keep their ids (a re-run skips them
+instead of training them again)."""
 
 
-def _without_added(section: dict[str, Any], name: str) -> dict[str, Any]:
-    added = ADDED_FIELDS.get(name, {})
-    return {k: v for k, v in section.items() if not (k in added and v == added[k])}
+def added_fields(section: str, name: str | None = None) -> dict[str, Any]:
+    """The added fields (with their defaults) of ``section`` "stage1" or "source", or of the method or loss
+    ``name`` (``section`` "method" or "loss")."""
+    if section in ("method", "loss"):
+        registry = METHODS if section == "method" else LOSSES
+        return dict(registry.get(name).added_fields) if name in registry else {}
+    return ADDED_FIELDS.get(section, {})
+
+
+def _without_added(values: dict[str, Any], section: str, name: str | None = None) -> dict[str, Any]:
+    added = added_fields(section, name)
+    return {k: v for k, v in values.items() if not (k in added and v == added[k])}
 
 
 def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
@@ -456,7 +366,7 @@ def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
         identity["source"] = {"kind": "checkpoint", "sha256": source.sha256, "head": source.head}
         identity["stage1"] = {k: v for k, v in stage1.items() if k in ("train_size", "amp")}
     else:
-        identity.update(seed=cfg.seed, stage1=stage1, loss=cfg.loss.to_dict())
+        identity.update(seed=cfg.seed, stage1=stage1, loss=_without_added(cfg.loss.to_dict(), "loss", cfg.loss.name))
     identity["cifar100_test_norm"] = cfg.cifar100_test_norm
     if cfg.dataset_options:
         identity["dataset_options"] = dict(cfg.dataset_options)
@@ -479,7 +389,9 @@ def trial_identity(cfg: TrialConfig) -> dict[str, Any]:
         identity["source"] = _without_added(source, "source")
     if not cfg.dataset_options:
         del identity["dataset_options"]
-    return {**identity, "stage1": _trained(identity["stage1"]), "method": _without_added(method, method["name"])}
+    return {**identity, "stage1": _trained(identity["stage1"]),
+            "loss": _without_added(identity["loss"], "loss", identity["loss"]["name"]),
+            "method": _without_added(method, "method", method["name"])}
 
 
 def config_hash(identity: dict[str, Any]) -> str:

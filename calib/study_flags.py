@@ -4,6 +4,7 @@ per preset in ``--help``."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,16 +14,34 @@ from calib.presets import PRESETS, Preset
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL
 from calib.study_sources import DEFAULT_CALIBRATION_FRACTION, DEFAULT_SPLITS
 
-__all__ = ["add_common_args", "add_own_model_args", "add_predictions_args", "study_parser"]
+__all__ = ["StudyParser", "add_common_args", "add_own_model_args", "add_predictions_args", "study_parser"]
 
 
 def study_parser(description: str | None, *, study: str | None, study_default: str | None = None
                  ) -> argparse.ArgumentParser:
     """The argument parser of a study script: its docstring as description, the common flags.
     ``study_default`` describes the study name when ``study`` is None (derived from other flags)."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    parser = StudyParser(description=description, formatter_class=HelpFormatter)
     add_common_args(parser, study=study, study_default=study_default)
     return parser
+
+
+class StudyParser(argparse.ArgumentParser):
+    """A study's parser: it imports the ``--plugin`` modules of the command line before it reads any other flag, so
+    the methods, losses and datasets they register are valid in every flag and listed in ``--help``, wherever
+    ``--plugin`` stands on the command line."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        from calib.plugins import use_plugin
+
+        argv = list(sys.argv[1:] if args is None else args)
+        for i, arg in enumerate(argv):
+            if arg == "--plugin" and i + 1 < len(argv):
+                use_plugin(argv[i + 1])
+            elif arg.startswith("--plugin="):
+                use_plugin(arg.removeprefix("--plugin="))
+        return super().parse_known_args(argv, namespace)
 
 
 def _per_preset(value_of: Callable[[Preset], object]) -> str:

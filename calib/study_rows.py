@@ -8,27 +8,23 @@ aggregates the finished trials of this run per row.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
+from calib._registry import Registry
 from calib.cli import execution_options, preset_of, require_datasets, settings_line, study_paths, study_setups
 from calib.presets import base_config
+from calib.registries import LOSSES, METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.tables import PREDICTION_CHANGE_COLUMNS, with_current_labels
 from calib.search import CheckedOnly, StudyRun, run_grid
 from calib.store import read_finished
 
-__all__ = ["METHOD_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "Row", "print_row_tables", "run_rows"]
-
-# FeDLaS's per-dataset defaults (docs/methods.md §3.5); the loss configs' defaults are CIFAR-10's.
-DATASET_LOSS_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
-    "cifar100": {"fedlas_ls": {"smoothing": 0.1, "norm_momentum": 0.5},
-                 "fedlas_mbls": {"modulation_strength": 1.0, "norm_momentum": 0.5}},
-}
-
+__all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "RegistryRows", "Row",
+           "print_row_tables", "run_rows"]
 
 @dataclass(frozen=True)
 class Row:
@@ -39,37 +35,80 @@ class Row:
     stage1: Mapping[str, Any] = field(default_factory=dict)
 
 
-POSTHOC_METHODS: dict[str, str] = {
-    "TS": "temperature_scaling", "SMART": "smart", "CTS": "classwise_ts", "PTS": "parameterized_ts",
-    "ETS": "ensemble_ts", "VS": "vector_scaling", "MS-ODIR": "matrix_scaling", "Dir-ODIR": "dirichlet",
-    "SMS": "sms", "SVS": "svs", "IR": "isotonic", "IRM": "isotonic_irm", "HB": "histogram_binning_equal_width",
-    "HB-EM": "histogram_binning", "BBQ": "bbq", "Spline": "spline", "IVAP": "ivap", "CIR": "cir", "Beta": "beta",
-}
-"""Every post-hoc method by its short label (docs/methods.md §5), in the order of the tables. HB is histogram binning
-as Guo et al.'s tables and netcal run it (equal-width bins), HB-EM Zadrozny & Elkan's equal-mass bins."""
+class RegistryRows(Mapping[str, Any]):
+    """A read-only mapping built from the registries each time it is read, so the methods and losses that a
+    plugin registers (also after this module was imported: ``--plugin``) are rows like calib's own."""
 
-POSTHOC_ROWS: dict[str, Row] = {f"CE+{label}": Row(method={"name": name}) for label, name in POSTHOC_METHODS.items()}
+    def __init__(self, build: Callable[[], dict[str, Any]], description: str) -> None:
+        self._build, self._description = build, description
+
+    def __getitem__(self, label: str) -> Any:
+        return self._build()[label]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._build())
+
+    def __len__(self) -> int:
+        return len(self._build())
+
+    def __repr__(self) -> str:
+        return f"<{self._description}: {', '.join(self)}>"
+
+
+def _labelled(registry: Registry[Any], keep: Callable[[Any], bool]) -> list[tuple[str, str]]:
+    """(label, name) of the specs of ``registry`` that ``keep`` selects and that have a label, by their ``order``
+    (ties: registration order)."""
+    entries = [(spec.order, i, spec.label, name) for i, (name, spec) in enumerate(registry.items())
+               if spec.label is not None and keep(spec)]
+    return [(label, name) for _, _, label, name in sorted(entries, key=lambda e: (e[0], e[1]))]
+
+
+def _unique(rows: list[tuple[str, Any]], what: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label, value in rows:
+        if label in out:
+            raise ValueError(f"Two {what} have the table label {label!r}: give one of them another `label`.")
+        out[label] = value
+    return out
+
+
+def _posthoc_methods() -> dict[str, str]:
+    return _unique(_labelled(METHODS, lambda spec: spec.posthoc), "post-hoc methods")
+
+
+def _stage2_rows() -> list[tuple[str, Row]]:
+    return [(label, Row(method={"name": name}))
+            for label, name in _labelled(METHODS, lambda spec: not spec.posthoc and not spec.logits_only)]
+
+
+def _method_rows() -> dict[str, Row]:
+    losses = [(label, Row(loss={"name": name})) for label, name in _labelled(LOSSES, lambda spec: True)]
+    return _unique([("Vanilla (CE)", Row()), *losses, ("Mixup", Row(stage1={"mixup_alpha": 1.0})),
+                    ("MIT", Row(stage1={"mit_alpha": 1.0})), *POSTHOC_ROWS.items(), *_stage2_rows()], "rows")
+
+
+def _given_stage1_rows() -> dict[str, Row]:
+    return _unique([("Uncalibrated", Row()), *((label, Row(method={"name": name}))
+                                               for label, name in POSTHOC_METHODS.items()), *_stage2_rows()], "rows")
+
+
+POSTHOC_METHODS: Mapping[str, str] = RegistryRows(_posthoc_methods, "post-hoc methods")
+"""Every post-hoc method by its label (its spec's ``label``, docs/methods.md §5), in the order of the tables (its
+``order``). HB is histogram binning as Guo et al.'s tables and netcal run it (equal-width bins), HB-EM Zadrozny &
+Elkan's equal-mass bins."""
+
+POSTHOC_ROWS: Mapping[str, Row] = RegistryRows(
+    lambda: {f"CE+{label}": Row(method={"name": name}) for label, name in POSTHOC_METHODS.items()}, "post-hoc rows")
 """The post-hoc methods with their defaults, each fitted on the vanilla (CE) Stage I's validation logits."""
 
-# The methods of MaC-Cal Table 1 that calib implements, each with its paper defaults, and every post-hoc method.
-METHOD_ROWS: dict[str, Row] = {
-    "Vanilla (CE)": Row(),
-    "LS": Row(loss={"name": "label_smoothing"}),
-    "FL": Row(loss={"name": "focal"}),
-    "FLSD-53": Row(loss={"name": "flsd53"}),
-    "DFL": Row(loss={"name": "dual_focal"}),
-    "MbLS": Row(loss={"name": "mbls"}),
-    "ACLS": Row(loss={"name": "acls"}),
-    "MMCE": Row(loss={"name": "mmce"}),
-    "FeDLaS-LS": Row(loss={"name": "fedlas_ls"}),
-    "FeDLaS-MbLS": Row(loss={"name": "fedlas_mbls"}),
-    "Mixup": Row(stage1={"mixup_alpha": 1.0}),
-    "MIT": Row(stage1={"mit_alpha": 1.0}),
-    **POSTHOC_ROWS,
-    "TST": Row(method={"name": "tst"}),
-    "V-TST": Row(method={"name": "vtst"}),
-    "MaC-Cal": Row(method={"name": "mac_cal"}),
-}
+METHOD_ROWS: Mapping[str, Row] = RegistryRows(_method_rows, "method rows")
+"""The rows of the method comparison (MaC-Cal Table 1): the vanilla model, a Stage I trained with each labelled
+loss, Mixup and MIT, each post-hoc method on the CE Stage I, and each labelled Stage-II method; each with its
+paper defaults."""
+
+GIVEN_STAGE1_ROWS: Mapping[str, Row] = RegistryRows(_given_stage1_rows, "rows on a given Stage I")
+"""The rows that run on a Stage I calib does not train (``calibrate.py``): the uncalibrated model, every post-hoc
+method and every labelled Stage-II method."""
 
 
 def run_rows(
@@ -102,7 +141,7 @@ def run_rows(
             for label, row in selection.items():
                 # the row's place in the study's whole table, whatever this run selected
                 rank = order.index(label) if label in order else len(order) + list(selection).index(label)
-                loss = {**row.loss, **DATASET_LOSS_DEFAULTS.get(dataset, {}).get(row.loss["name"], {})}
+                loss = {**row.loss, **LOSSES.get(row.loss["name"]).dataset_defaults.get(dataset, {})}
                 for seed in selection_seeds:
                     config = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,
                                          method=dict(row.method), loss=loss, data_root=str(paths.data_root),

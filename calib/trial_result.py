@@ -13,9 +13,10 @@ from typing import Any
 
 from calib import progress
 from calib._versions import run_environment
-from calib.config import FILE_KINDS, TrialConfig, config_hash, stage1_identity, trial_id
+from calib.config import TrialConfig, config_hash, stage1_identity, trial_id
 from calib.plugins import plugins_of
 from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS
+from calib.stage1_source import FILE_KINDS
 
 __all__ = ["TrialResult", "used_plugins"]
 

@@ -33,41 +33,39 @@ from calib.report import report_step
 from calib.report.build import FULL, pooled_bins
 from calib.report.figures import plot_reliability
 from calib.search import CheckedOnly
-from calib.study_rows import METHOD_ROWS, POSTHOC_METHODS, Row, print_row_tables, run_rows
+from calib.study_rows import GIVEN_STAGE1_ROWS, METHOD_ROWS, RegistryRows, print_row_tables, run_rows
 
 METRICS = FULL
 
-ROWS: dict[str, Row] = {
-    "Uncalibrated": Row(),
-    **{label: Row(method={"name": name}) for label, name in POSTHOC_METHODS.items()},
-    "TST": Row(method={"name": "tst"}),
-    "V-TST": Row(method={"name": "vtst"}),
-    "MaC-Cal": Row(method={"name": "mac_cal"}),
-}
-"""The rows that run on a given Stage I; the other rows of compare_methods train Stage I and are refused."""
+ROWS = GIVEN_STAGE1_ROWS
+"""The rows that run on a given Stage I (the registries' post-hoc and Stage-II methods, with the plugins'); the other
+rows of compare_methods train Stage I and are refused."""
+
+CHOICES = RegistryRows(lambda: {**ROWS, **{label: row for label, row in METHOD_ROWS.items() if label not in ROWS}},
+                       "rows")
 
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="calibrate")
-    choices = list(ROWS) + [label for label in METHOD_ROWS if label not in ROWS]
-    parser.add_argument("--methods", nargs="+", default=None, choices=choices, metavar="ROW",
-                        help=f"rows to run, from: {', '.join(ROWS)} (default: all of them; with --predictions, all "
-                             f"but TST, V-TST and MaC-Cal)")
+    parser.add_argument("--methods", nargs="+", default=None, choices=CHOICES, metavar="ROW",
+                        help="rows to run: the uncalibrated model, the post-hoc and the Stage-II methods (default: all "
+                             "of them; with --predictions, the post-hoc ones); from: %(choices)s (the rows that "
+                             "train a Stage I are refused)")
     add_predictions_args(parser)
     args = parser.parse_args(argv)
     if not (args.checkpoint or args.features or args.predictions):
         raise ConfigError("calibrate.py calibrates a given model: pass --checkpoint FILE (with --archs and "
                           "--datasets), --features FILE or --predictions FILE. To train Stage I with calib, use "
                           "compare_methods.py.")
-    table = ROWS
+    table = dict(ROWS)
     if args.predictions:  # no features, no training split: the rows that read only logits
-        table = {label: row for label, row in ROWS.items() if METHODS.get(row.method["name"]).logits_only}
+        table = {label: row for label, row in table.items() if METHODS.get(row.method["name"]).logits_only}
         refused = [label for label in args.methods or () if label not in table]
         if refused:
             raise ConfigError(f"`--methods` {' '.join(refused)} cannot run on --predictions: a predictions file holds "
                               f"no features and no training split; the rows that run on it are {', '.join(table)}.")
-    rows = {label: ROWS.get(label) or METHOD_ROWS[label] for label in args.methods or table}
+    rows = {label: CHOICES[label] for label in args.methods or table}
     result = run_rows(args, rows, table=table)
     if isinstance(result, CheckedOnly):
         return result

@@ -50,8 +50,8 @@ def evaluation_for(args: argparse.Namespace):
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="corruption")
-    parser.add_argument("--methods", nargs="+", default=ROWS, choices=list(METHOD_ROWS), metavar="ROW",
-                        help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: {', '.join(ROWS)})")
+    parser.add_argument("--methods", nargs="+", default=ROWS, choices=METHOD_ROWS, metavar="ROW",
+                        help=f"rows to run, from: %(choices)s (default: {', '.join(ROWS)})")
     args = parser.parse_args(argv)
     result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS,
                       evaluation=evaluation_for(args))

@@ -18,10 +18,10 @@ from calib.study_rows import METHOD_ROWS, run_rows
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="compare_methods")
-    parser.add_argument("--methods", nargs="+", default=list(METHOD_ROWS), choices=list(METHOD_ROWS),
-                        metavar="ROW", help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: all of them)")
+    parser.add_argument("--methods", nargs="+", default=None, choices=METHOD_ROWS, metavar="ROW",
+                        help="rows to run, from: %(choices)s (default: all of them)")
     args = parser.parse_args(argv)
-    result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS)
+    result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods or METHOD_ROWS}, table=METHOD_ROWS)
     if isinstance(result, CheckedOnly):
         return result
     trials, run = result

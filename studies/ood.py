@@ -21,8 +21,8 @@ ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal", "DFL", "ACLS",
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="ood")
-    parser.add_argument("--methods", nargs="+", default=ROWS, choices=list(METHOD_ROWS), metavar="ROW",
-                        help=f"rows to run, from: {', '.join(METHOD_ROWS)} (default: {', '.join(ROWS)})")
+    parser.add_argument("--methods", nargs="+", default=ROWS, choices=METHOD_ROWS, metavar="ROW",
+                        help=f"rows to run, from: %(choices)s (default: {', '.join(ROWS)})")
     args = parser.parse_args(argv)
     def evaluation(dataset: str) -> dict:
         names = DEFAULT_OOD.get(dataset, ())

@@ -152,8 +152,8 @@ def table_rank(label: str, size: int | None) -> int:
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="posthoc")
-    parser.add_argument("--methods", nargs="+", default=list(POSTHOC_METHODS), choices=list(POSTHOC_METHODS),
-                        metavar="METHOD", help=f"post-hoc methods, from: {', '.join(POSTHOC_METHODS)} (default: all)")
+    parser.add_argument("--methods", nargs="+", default=None, choices=POSTHOC_METHODS, metavar="METHOD",
+                        help="post-hoc methods, from: %(choices)s (default: all)")
     parser.add_argument("--sizes", nargs="+", type=calibration_size, default=None, metavar="N",
                         help=f"calibration-set sizes: integers >= 2 or 'all' (default: {' '.join(DEFAULT_SIZES)}; "
                              "with --predictions: all)")
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     setups = study_setups(args, preset)
     # a Stage I's first seed (every fit reads one cached Stage I); every split of a predictions file
     seeds = args.seeds or list(preset.seeds if preset.dataset_sources else preset.seeds[:1])
+    args.methods = args.methods or list(POSTHOC_METHODS)
     names = [POSTHOC_METHODS[label] for label in args.methods]
     params = method_params(args.param, names)
     explicit = args.sizes is not None

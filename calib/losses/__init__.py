@@ -1,8 +1,12 @@
-"""Training losses, by registered name. Adding a loss: one file here, one ``LOSSES.register`` call.
+"""Training losses, by registered name. Adding a loss: one file here, one ``LOSSES.register`` call: every module of
+this package that does not start with ``_`` is imported below.
 
 Every loss is called as ``loss(logits, targets, features)`` and returns a scalar; ``reduction``
 "mean" gives the batch-mean form and "sum" batch size × that (see :mod:`calib.losses._reduction`).
 """
+
+import importlib
+import pkgutil
 
 from calib.losses import acls, cross_entropy, dual_focal, fedlas, flsd, focal, label_smoothing, mbls, mmce
 from calib.losses._base import LossSpec, Reduction
@@ -16,6 +20,10 @@ from calib.losses.focal import FocalLoss, FocalLossConfig
 from calib.losses.label_smoothing import LabelSmoothing, LabelSmoothingConfig
 from calib.losses.mbls import MbLS, MbLSConfig
 from calib.losses.mmce import MMCE, MMCEConfig
+
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "ACLS",

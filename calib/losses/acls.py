@@ -104,6 +104,8 @@ class ACLS(nn.Module):
 LOSSES.register("acls")(
     LossSpec(
         config=ACLSConfig,
+        label="ACLS",
+        order=6,
         build=lambda params, *, num_classes, reduction: ACLS(
             params.penalty_weight, params.pos_weight, params.neg_weight, params.margin, reduction
         ),

@@ -82,6 +82,8 @@ class DualFocalLoss(nn.Module):
 LOSSES.register("dual_focal")(
     LossSpec(
         config=DualFocalLossConfig,
+        label="DFL",
+        order=4,
         build=lambda params, *, num_classes, reduction: DualFocalLoss(params.gamma, reduction),
         description="dual focal loss −(1 − p_y + p_j)^γ·log p_y (Tao, Dong, Xu, ICML 2023)",
     )

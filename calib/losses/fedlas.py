@@ -308,6 +308,9 @@ class FeDLaSMbLS(_FeDLaSBase):
 LOSSES.register("fedlas_ls")(
     LossSpec(
         config=FeDLaSLSConfig,
+        label="FeDLaS-LS",
+        order=8,
+        dataset_defaults={"cifar100": {"smoothing": 0.1, "norm_momentum": 0.5}},  # FEDLAS-R configs/data
         build=lambda params, *, num_classes, reduction: FeDLaSLS(
             params.smoothing, modulation_strength=params.modulation_strength,
             norm_momentum=params.norm_momentum, num_classes=num_classes, reduction=reduction,
@@ -319,6 +322,9 @@ LOSSES.register("fedlas_ls")(
 LOSSES.register("fedlas_mbls")(
     LossSpec(
         config=FeDLaSMbLSConfig,
+        label="FeDLaS-MbLS",
+        order=9,
+        dataset_defaults={"cifar100": {"modulation_strength": 1.0, "norm_momentum": 0.5}},
         build=lambda params, *, num_classes, reduction: FeDLaSMbLS(
             params.penalty_weight, margin=params.margin, modulation_strength=params.modulation_strength,
             norm_momentum=params.norm_momentum, num_classes=num_classes, reduction=reduction,

@@ -82,6 +82,8 @@ class FLSD53(nn.Module):
 LOSSES.register("flsd53")(
     LossSpec(
         config=FLSD53Config,
+        label="FLSD-53",
+        order=3,
         build=lambda params, *, num_classes, reduction: FLSD53(params.gamma, params.gamma_low, reduction),
         description="FLSD-53: focal loss with γ = 5 when p_y < 0.2, else 3 (Mukhoti et al. 2020)",
     )

@@ -82,6 +82,8 @@ class FocalLoss(nn.Module):
 LOSSES.register("focal")(
     LossSpec(
         config=FocalLossConfig,
+        label="FL",
+        order=2,
         build=lambda params, *, num_classes, reduction: FocalLoss(params.gamma, reduction),
         description="focal loss −(1 − p_y)^γ·log p_y (Lin et al. 2017; FL-3 in Mukhoti et al. 2020)",
     )

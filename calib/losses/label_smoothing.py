@@ -66,6 +66,8 @@ class LabelSmoothing(nn.Module):
 LOSSES.register("label_smoothing")(
     LossSpec(
         config=LabelSmoothingConfig,
+        label="LS",
+        order=1,
         build=lambda params, *, num_classes, reduction: LabelSmoothing(params.smoothing, reduction),
         description="label smoothing: (1 − α)·CE + α·CE to the uniform distribution",
     )

@@ -74,6 +74,8 @@ class MbLS(nn.Module):
 LOSSES.register("mbls")(
     LossSpec(
         config=MbLSConfig,
+        label="MbLS",
+        order=5,
         build=lambda params, *, num_classes, reduction: MbLS(params.margin, params.penalty_weight, reduction),
         description="MbLS: CE + λ·mean relu(logit gap − m) (Liu et al., CVPR 2022)",
     )

@@ -129,6 +129,8 @@ class MMCE(nn.Module):
 LOSSES.register("mmce")(
     LossSpec(
         config=MMCEConfig,
+        label="MMCE",
+        order=7,
         build=lambda params, *, num_classes, reduction: MMCE(
             params.penalty_weight, params.variant, params.kernel_width, reduction
         ),

@@ -1,8 +1,12 @@
-"""Methods applied to a Stage-I artifact, by registered name. Adding one: a file here and a register call.
+"""Methods applied to a Stage-I artifact, by registered name. Adding one: a file here and a register call: every
+module of this package that does not start with ``_`` is imported below.
 
 Post-hoc calibrators live in :mod:`calib.posthoc`, which registers them into the same registry; the
 registry imports both packages when first read (:func:`calib.plugins.load_components`).
 """
+
+import importlib
+import pkgutil
 
 from calib.methods import mac_cal, mac_cal_training, tst, vanilla, vtst
 from calib.methods._base import MethodOutcome, MethodSpec, Predictor
@@ -10,6 +14,10 @@ from calib.methods._registry import METHODS
 from calib.methods.mac_cal import MacCalConfig
 from calib.methods.tst import TSTConfig
 from calib.methods.vtst import VTSTConfig
+
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "METHODS",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +67,15 @@ class MethodSpec:
     (``calib.artifacts.METHOD_SPLITS``); ``run_trial`` adds them to ``artifact.splits`` first.
 
     ``logits_only``: the method reads only the validation and test logits (the uncalibrated model, the post-hoc
-    methods), so it runs on a predictions file, which holds no features and no training split.
+    methods), so it runs on a predictions file, which holds no features and no training split; ``posthoc``: it
+    is a post-hoc calibrator (:func:`calib.posthoc.register_posthoc_method` sets both).
+
+    What the studies read from the spec (``calib.study_rows``): ``label``, the method's row in the tables and its
+    name in ``--methods`` (None: reachable by its registered name only, not a table row); ``order``, its place
+    among the rows of its kind (ties: registration order). ``added_fields``: fields added after results were
+    stored, with their defaults: at its default such a field is left out of the trial's identity, so trials
+    stored before it existed keep their ids. ``check(params, config)``: the method's own checks of a whole trial
+    config (its params against the rest), raising ``ConfigError``; run when the config is parsed.
     """
 
     config: type
@@ -76,6 +85,11 @@ class MethodSpec:
     population_key: Callable[[Any], Hashable] | None = None
     splits: Callable[[Any], tuple[str, ...]] = no_splits
     logits_only: bool = False
+    posthoc: bool = False
+    label: str | None = None
+    order: float = math.inf
+    added_fields: Mapping[str, Any] = field(default_factory=dict)
+    check: Callable[[Any, Any], None] | None = None
 
     def __post_init__(self) -> None:
         if (self.run_population is None) != (self.population_key is None):

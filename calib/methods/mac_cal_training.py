@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn import functional as F
 
+from calib._config import ConfigError
 from calib.methods._base import MethodOutcome, MethodSpec, check_population, guarded
 from calib.methods._registry import METHODS
 from calib.methods.heads import MaskableHead, StackedLinears
@@ -36,6 +37,7 @@ from calib.methods.restricted_sgd import RestrictedSGD
 
 if TYPE_CHECKING:
     from calib.artifacts import Stage1Artifact
+    from calib.config import TrialConfig
 
 __all__ = ["fit_mac_cal", "fit_mac_cal_population", "run_mac_cal", "run_mac_cal_population"]
 
@@ -311,6 +313,18 @@ def run_mac_cal_population(
             else guarded(_outcome, fitted[k], artifact) for k in range(len(params))]
 
 
-METHODS.register("mac_cal")(MethodSpec(MacCalConfig, run_mac_cal, "MaC-Cal: masked bottleneck head retraining",
-                                         run_population=run_mac_cal_population, population_key=population_key,
-                                         splits=stats_splits))
+def check_heldout_statistics(params: MacCalConfig, config: TrialConfig) -> None:
+    """``stats_source`` 'heldout' reads the training images Stage I did not train on: there must be some."""
+    if params.stats_source == "heldout" and config.stage1.train_size is None:
+        raise ConfigError(
+            f"`method.stats_source`='heldout' reads the training images Stage I did not train on, but "
+            f"stage1.train_size is null (Stage I trains on all of them): set stage1.train_size (--train-size) below "
+            f"the size of {config.dataset}'s training split.")
+
+
+METHODS.register("mac_cal")(MethodSpec(
+    MacCalConfig, run_mac_cal, "MaC-Cal: masked bottleneck head retraining",
+    run_population=run_mac_cal_population, population_key=population_key, splits=stats_splits,
+    label="MaC-Cal", order=3, check=check_heldout_statistics,
+    # fields added after results were stored: at these defaults the earlier trials keep their ids
+    added_fields={"stats_source": "train", "accuracy_weight_source": "fixed", "mask_mode": "forward"}))

@@ -457,4 +457,5 @@ def run_tst_population(
 
 
 METHODS.register("tst")(MethodSpec(TSTConfig, run_tst, "TST: new d→3Z→Z→C head retrained on frozen features",
-                                   run_population=run_tst_population, population_key=population_key))
+                                   run_population=run_tst_population, population_key=population_key,
+                                   label="TST", order=1))

@@ -136,4 +136,5 @@ def run_vtst(params: VTSTConfig, artifact: Stage1Artifact, *, seed: int, device:
     return run_on_artifact(fit_vtst, params, artifact, seed=seed, device=device)
 
 
-METHODS.register("vtst")(MethodSpec(VTSTConfig, run_vtst, "V-TST: TST with a Gaussian last hidden layer"))
+METHODS.register("vtst")(MethodSpec(VTSTConfig, run_vtst, "V-TST: TST with a Gaussian last hidden layer",
+                                    label="V-TST", order=2))

@@ -8,7 +8,9 @@ the method from its config class and a ``build(params, seed)`` that returns an u
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CALIBRATION_FIELDS", "PostHocConfig", "calibration_indices", "register_posthoc_method"]
 
-CALIBRATION_FIELDS = {"calibration_size": None, "calibration_draw": 0}
-"""The calibration-set fields with their defaults (all of the validation split, draw 0)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +47,11 @@ class PostHocConfig:
         check(self.calibration_size is None or self.calibration_size >= 2, "calibration_size",
               self.calibration_size, "be null (the whole validation split) or an integer >= 2")
         check(self.calibration_draw >= 0, "calibration_draw", self.calibration_draw, "be an integer >= 0")
+
+
+CALIBRATION_FIELDS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(PostHocConfig)}
+"""The calibration-set fields with their defaults (all of the validation split, draw 0): ``added_fields`` of the
+methods registered before the calibration set existed (TS, SMART)."""
 
 
 def calibration_indices(num_val: int, size: int | None, draw: int) -> np.ndarray:
@@ -70,8 +75,15 @@ def register_posthoc_method(
     config: type[PostHocConfig],
     build: Callable[[Any, int], PostHocCalibrator],
     description: str,
+    *,
+    label: str | None,
+    order: float = math.inf,
+    added_fields: Mapping[str, Any] | None = None,
 ) -> None:
-    """Register post-hoc method ``name``: ``build(params, seed)`` fitted on the calibration set.
+    """Register post-hoc method ``name``: ``build(params, seed)`` fitted on the calibration set; ``label`` is its
+    row in the studies' tables and ``--methods`` (``CE+<label>`` on a trained CE Stage I), ``order`` its place
+    among the post-hoc rows, ``added_fields`` the fields added after its results were stored, with their
+    defaults (:class:`~calib.methods.MethodSpec`).
 
     With the whole validation split as calibration set the trial's validation metrics are in-sample (read
     the test metrics); with ``calibration_size`` below it they are those of the held-out rest, so a search
@@ -91,4 +103,5 @@ def register_posthoc_method(
         return outcome
 
     run.__doc__ = f"Fit {name} on the calibration set of the artifact's validation logits; apply it to val and test."
-    METHODS.register(name)(MethodSpec(config, run, description, logits_only=True))
+    METHODS.register(name)(MethodSpec(config, run, description, logits_only=True, posthoc=True, label=label,
+                                      order=order, added_fields=dict(added_fields or {})))

@@ -202,4 +202,5 @@ register_posthoc_method(
     "bbq", BBQConfig,
     lambda params, seed: BBQ(range_factor=params.range_factor, prior_count=params.prior_count),
     "BBQ: Bayesian binning into quantiles, one-vs-rest, renormalised",
+    label="BBQ", order=15,
 )

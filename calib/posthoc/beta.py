@@ -239,4 +239,5 @@ class BetaCalibrationConfig(PostHocConfig):
 register_posthoc_method(
     "beta", BetaCalibrationConfig, lambda params, seed: BetaCalibration(),
     "beta calibration (Kull et al. 2017), three parameters per class, one-vs-rest, renormalised",
+    label="Beta", order=19,
 )

@@ -110,4 +110,5 @@ class CenteredIsotonicRegressionConfig(PostHocConfig):
 register_posthoc_method(
     "cir", CenteredIsotonicRegressionConfig, lambda params, seed: CenteredIsotonicRegression(),
     "centred isotonic regression (Oron & Flournoy 2017), one-vs-rest, renormalised",
+    label="CIR", order=18,
 )

@@ -119,4 +119,5 @@ register_posthoc_method(
     "classwise_ts", ClasswiseTemperatureScalingConfig,
     lambda params, seed: ClasswiseTemperatureScaling(),
     "class-wise temperature scaling (one temperature per class, NLL) fitted on the validation logits",
+    label="CTS", order=3,
 )

@@ -80,4 +80,5 @@ register_posthoc_method(
     lambda params, seed: DirichletCalibration(off_diagonal_weight=params.off_diagonal_weight,
                                               intercept_weight=params.intercept_weight),
     "Dirichlet calibration (matrix scaling of log p) with ODIR, fitted on the validation logits",
+    label="Dir-ODIR", order=8,
 )

@@ -150,4 +150,5 @@ register_posthoc_method(
     "ensemble_ts", EnsembleTemperatureScalingConfig,
     lambda params, seed: EnsembleTemperatureScaling(params.objective),
     "ensemble temperature scaling (Mix-n-Match: TS, uncalibrated and uniform mixed) fitted on the validation logits",
+    label="ETS", order=5,
 )

@@ -177,6 +177,7 @@ register_posthoc_method(
     "histogram_binning", HistogramBinningConfig,
     lambda params, seed: HistogramBinning(num_bins=params.num_bins),
     "one-vs-rest histogram binning (equal-mass bins; Zadrozny & Elkan 2001), renormalised: row HB-EM",
+    label="HB-EM", order=14,
 )
 
 
@@ -263,4 +264,5 @@ register_posthoc_method(
     lambda params, seed: HistogramBinningEqualWidth(num_bins=params.num_bins),
     "histogram binning with equal-width bins (Guo et al. 2017, netcal): binary at K = 2, one-vs-rest "
     "renormalised above: row HB",
+    label="HB", order=13,
 )

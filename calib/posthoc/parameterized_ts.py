@@ -258,4 +258,5 @@ register_posthoc_method(
         top_k=params.top_k, hidden_size=params.hidden_size, num_hidden_layers=params.num_hidden_layers,
         lr=params.lr, steps=params.steps, batch_size=params.batch_size, seed=seed),
     "parameterized temperature scaling (per-sample T from an MLP of the top-k logits) fitted on the validation logits",
+    label="PTS", order=4,
 )

@@ -26,7 +26,7 @@ from torch.nn import functional as F
 from calib import progress
 from calib._config import check
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
-from calib.posthoc._method import PostHocConfig, register_posthoc_method
+from calib.posthoc._method import CALIBRATION_FIELDS, PostHocConfig, register_posthoc_method
 
 __all__ = ["SMART", "SMARTConfig", "logit_margin", "soft_binned_ece"]
 
@@ -246,4 +246,5 @@ register_posthoc_method(
                                objective=params.objective, lr=params.lr, max_epochs=params.max_epochs,
                                patience=params.patience, seed=seed),
     "SMART: margin-aware per-sample temperature",
+    label="SMART", order=2, added_fields=CALIBRATION_FIELDS,  # added after their first results
 )

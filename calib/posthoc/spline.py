@@ -198,4 +198,5 @@ register_posthoc_method(
     "spline", SplineConfig,
     lambda params, seed: SplineCalibration(num_knots=params.num_knots),
     "top-label spline recalibration (Gupta et al. 2021)",
+    label="Spline", order=16,
 )

@@ -354,6 +354,7 @@ register_posthoc_method(
         class_exponent=params.class_exponent, sample_exponent=params.sample_exponent),
     "structured vector scaling (ridge-penalised per-class scale and intercept after TS) fitted on the validation "
     "logits",
+    label="SVS", order=10,
 )
 register_posthoc_method(
     "sms", StructuredMatrixScalingConfig,
@@ -363,4 +364,5 @@ register_posthoc_method(
         sample_exponent=params.sample_exponent),
     "structured matrix scaling (ridge-penalised affine map of the log-probabilities after TS) fitted on the "
     "validation logits",
+    label="SMS", order=9,
 )

@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from calib._config import ConfigError, check
 from calib.metrics import expected_calibration_error, negative_log_likelihood, softmax64
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits_labels
-from calib.posthoc._method import PostHocConfig, register_posthoc_method
+from calib.posthoc._method import CALIBRATION_FIELDS, PostHocConfig, register_posthoc_method
 
 __all__ = [
     "GRAD_TOLERANCE",
@@ -301,4 +301,5 @@ register_posthoc_method(
     "temperature_scaling", TemperatureScalingConfig,
     lambda params, seed: TemperatureScaling(params.objective, params.optimizer, line_search=params.lbfgs_line_search),
     "temperature scaling fitted on the validation logits",
+    label="TS", order=1, added_fields=CALIBRATION_FIELDS,  # added after their first results
 )

@@ -298,10 +298,12 @@ register_posthoc_method(
     "vector_scaling", VectorScalingConfig,
     lambda params, seed: VectorScaling(intercept_weight=params.intercept_weight),
     "vector scaling (per-class scale and intercept) fitted on the validation logits",
+    label="VS", order=6,
 )
 register_posthoc_method(
     "matrix_scaling", MatrixScalingConfig,
     lambda params, seed: MatrixScaling(off_diagonal_weight=params.off_diagonal_weight,
                                        intercept_weight=params.intercept_weight),
     "matrix scaling with ODIR (off-diagonal and intercept regularisation) fitted on the validation logits",
+    label="MS-ODIR", order=7,
 )

@@ -74,7 +74,7 @@ def init_ray(address: str | None = None) -> None:
 
     A cluster that cannot be reached raises ``ConfigError``. The driver's :data:`FORWARDED_ENV` reach
     every worker of the run (Ray's runtime environment), and so does the code of the ``--plugin`` modules
-    that are not installed (:func:`calib.plugins.ray_py_modules`).
+    that are not installed (:func:`calib.plugins.ray_py_modules`); on this machine also its ``PYTHONPATH``.
     """
     import ray
 
@@ -84,6 +84,8 @@ def init_ray(address: str | None = None) -> None:
     quiet_ray_logs()
     common: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False, "include_dashboard": False}
     forwarded = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+    if address is None and "PYTHONPATH" in os.environ:  # local workers import the driver's code (Ray's py_modules
+        forwarded["PYTHONPATH"] = os.environ["PYTHONPATH"]  # would otherwise replace the inherited PYTHONPATH)
     if forwarded:
         common["runtime_env"] = {"env_vars": forwarded}
     if shipped := ray_py_modules():

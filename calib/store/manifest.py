@@ -23,7 +23,7 @@ from typing import Any
 
 from calib import storage
 from calib._config import ConfigError
-from calib.config import ADDED_FIELDS, TrialConfig, trial_identity, validate_study_name
+from calib.config import TrialConfig, added_fields, trial_identity, validate_study_name
 
 __all__ = ["StudyChangedError", "check_manifest", "manifest_of", "record_manifest"]
 
@@ -52,18 +52,19 @@ def _shared(flats: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _with_added_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``flat`` (one config's settings, or a stored manifest's) with the :data:`~calib.config.ADDED_FIELDS`
-    that identities leave out at their default (and manifests written before they existed lack) filled
-    in, where their section is present."""
+    """``flat`` (one config's settings, or a stored manifest's) with the added fields
+    (:func:`~calib.config.added_fields`: Stage I's, the method's and the loss's) that identities leave out at their
+    default (and manifests written before they existed lack) filled in, where their section is present."""
     out = dict(flat)
-    sections = {"stage1": any(k.startswith("stage1.") for k in flat)}
-    if "method.name" in flat:
-        sections[flat["method.name"]] = True
-    for section, defaults in ADDED_FIELDS.items():
-        if sections.get(section):
-            prefix = "stage1." if section == "stage1" else "method."
-            for name, default in defaults.items():
-                out.setdefault(prefix + name, default)
+    sections = []
+    if any(k.startswith("stage1.") for k in flat):
+        sections.append(("stage1.", added_fields("stage1")))
+    for section in ("method", "loss"):
+        if f"{section}.name" in flat:
+            sections.append((f"{section}.", added_fields(section, flat[f"{section}.name"])))
+    for prefix, defaults in sections:
+        for name, default in defaults.items():
+            out.setdefault(prefix + name, default)
     return out
 
 

@@ -1,0 +1,191 @@
+"""An extension is one file: a post-hoc method, a training loss and a Stage-II method, each added as one new module of
+calib (and once more through a plugin), appear in the studies' ``--methods`` choices, run, and show in the tables,
+with no other file edited (docs/extending.md, "One file per extension").
+
+The new modules go into a copy of calib's package (this checkout stays as it is), which the study scripts import
+through ``PYTHONPATH``; the plugin is a ``.py`` file named with ``--plugin``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+POSTHOC = '''
+"""Temperature scaling at a fixed T (no fit): the simplest post-hoc method, as one file."""
+from dataclasses import dataclass
+
+from calib.posthoc._base import PostHocCalibrator, check_logits
+from calib.posthoc._method import PostHocConfig, register_posthoc_method
+
+
+@dataclass(frozen=True, kw_only=True)
+class {cls}Config(PostHocConfig):
+    temperature: float = {temperature}
+
+
+class {cls}(PostHocCalibrator):
+    def __init__(self, temperature):
+        super().__init__()
+        self.temperature = temperature
+
+    def fit(self, logits, labels):
+        self._finish_fit()
+        return self
+
+    def forward(self, logits):
+        return check_logits(logits) / self.temperature
+
+
+register_posthoc_method("{name}", {cls}Config, lambda params, seed: {cls}(params.temperature),
+                        "temperature scaling at a fixed T", label="{label}", order=100)
+'''
+
+LOSS = '''
+"""The Brier score as a training loss, as one file."""
+from dataclasses import dataclass
+
+from torch import nn
+from torch.nn import functional as F
+
+from calib.losses._base import LossSpec
+from calib.registries import LOSSES
+
+
+@dataclass(frozen=True, kw_only=True)
+class {cls}Config:
+    weight: float = 1.0
+
+
+class {cls}(nn.Module):
+    def __init__(self, weight, num_classes, reduction):
+        super().__init__()
+        self.weight, self.num_classes, self.reduction = weight, num_classes, reduction
+
+    def forward(self, logits, targets, features=None):
+        per_sample = (logits.softmax(1) - F.one_hot(targets, self.num_classes)).pow(2).sum(1) * self.weight
+        return per_sample.mean() if self.reduction == "mean" else per_sample.sum()
+
+
+LOSSES.register("{name}")(LossSpec(
+    config={cls}Config, build=lambda params, *, num_classes, reduction: {cls}(params.weight, num_classes, reduction),
+    description="Brier score", label="{label}", order=100))
+'''
+
+STAGE2 = '''
+"""A Stage-II method: a new linear head, least squares on the one-hot labels of the training features, as one file."""
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from calib.methods._base import MethodOutcome, MethodSpec
+from calib.registries import METHODS
+
+
+@dataclass(frozen=True, kw_only=True)
+class {cls}Config:
+    ridge: float = 1.0
+
+
+def run(params, artifact, *, seed, device):
+    train = artifact.splits["train"]
+    h = torch.cat([train.features.double(), torch.ones(len(train.labels), 1, dtype=torch.float64)], 1)
+    targets = F.one_hot(train.labels, artifact.num_classes).double()
+    weight = torch.linalg.solve(h.T @ h + params.ridge * torch.eye(h.shape[1], dtype=torch.float64), h.T @ targets)
+
+    def predict(features, logits):
+        hh = torch.cat([features.double(), torch.ones(len(features), 1, dtype=torch.float64)], 1)
+        return (hh @ weight).softmax(1)
+
+    return MethodOutcome.from_predictor(predict, artifact)
+
+
+METHODS.register("{name}")(MethodSpec({cls}Config, run, "ridge head", label="{label}", order=100))
+'''
+
+OWN = {"posthoc": ("half_ts", "HalfTS", "FixedT", 2.0), "loss": ("brier_loss", "BrierLoss", "Brier"),
+       "stage2": ("ridge_head", "RidgeHead", "Ridge")}
+PLUGIN = {"posthoc": ("third_ts", "ThirdTS", "PluginT", 3.0), "loss": ("brier_plugin", "BrierPlugin", "PBrier"),
+          "stage2": ("ridge_plugin", "RidgePlugin", "PRidge")}
+
+
+def _source(kind: str, spec: tuple) -> str:
+    name, label, cls, *rest = spec
+    template = {"posthoc": POSTHOC, "loss": LOSS, "stage2": STAGE2}[kind]
+    return textwrap.dedent(template).format(name=name, label=label, cls=cls,
+                                            temperature=rest[0] if rest else None)
+
+
+@pytest.fixture(scope="module")
+def extended(tmp_path_factory):
+    """A copy of calib with one new module each in calib/posthoc, calib/losses and calib/methods, and a plugin file
+    registering three more."""
+    root = tmp_path_factory.mktemp("extended")
+    shutil.copytree(REPO / "calib", root / "calib", ignore=shutil.ignore_patterns("__pycache__"))
+    for kind, folder in (("posthoc", "posthoc"), ("loss", "losses"), ("stage2", "methods")):
+        (root / "calib" / folder / f"{OWN[kind][0]}.py").write_text(_source(kind, OWN[kind]))
+    plugin = root / "my_extensions.py"
+    plugin.write_text("\n".join(_source(kind, spec) for kind, spec in PLUGIN.items()))
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return root, plugin, env
+
+
+def _study(script: str, *args: str, env: dict, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """The study script of this checkout, run from ``cwd`` (Ray's local workers put the driver's working directory
+    first on their ``sys.path``: run from this checkout, they would import its calib)."""
+    return subprocess.run([sys.executable, str(REPO / "studies" / script), *args], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout)
+
+
+def test_the_copy_is_what_the_scripts_import(extended):
+    root, _, env = extended
+    out = subprocess.run([sys.executable, str(REPO / "studies" / "report.py"), "--help"], capture_output=True,
+                         text=True, env={**env, "PYTHONVERBOSE": "1"}, cwd=REPO)
+    # a study script (its folder first on sys.path, then PYTHONPATH) imports the copy, not this checkout's calib
+    assert f"{root / 'calib' / '__init__.py'}" in out.stderr and f"{REPO / 'calib' / '__init__.py'}" not in out.stderr
+
+
+@pytest.mark.parametrize(("script", "labels"), [
+    ("posthoc.py", ["HalfTS", "ThirdTS"]),
+    ("compare_methods.py", ["CE+HalfTS", "BrierLoss", "RidgeHead", "CE+ThirdTS", "BrierPlugin", "RidgePlugin"]),
+    ("calibrate.py", ["HalfTS", "RidgeHead", "ThirdTS", "RidgePlugin"]),
+])
+def test_each_is_a_methods_choice(extended, script, labels):
+    root, plugin, env = extended
+    out = _study(script, "--help", "--plugin", str(plugin), env=env, cwd=root, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    help_text = " ".join(out.stdout.split())
+    for label in labels:
+        assert f" {label}," in help_text or f" {label} " in help_text or f" {label})" in help_text, label
+
+
+@pytest.mark.ray
+def test_each_runs_and_shows_in_the_tables(extended, tmp_path):
+    root, plugin, env = extended
+    store = tmp_path / "results"
+    rows = ["Vanilla (CE)", "CE+HalfTS", "BrierLoss", "RidgeHead", "CE+ThirdTS", "BrierPlugin", "RidgePlugin"]
+    out = _study("compare_methods.py", "--store", str(store), "--plugin", str(plugin), "--methods", *rows,
+                 "--seeds", "1", "--epochs", "2", env=env, cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for label in rows:
+        assert f"| {label} |" in out.stdout, label
+    trials = pd.read_parquet(store / "trials")
+    assert (trials["status"] == "ok").all() and sorted(trials["label"]) == sorted(rows)
+    by_label = trials.set_index("label")
+    assert by_label.loc["CE+HalfTS", "method"] == "half_ts" and by_label.loc["CE+HalfTS", "method_temperature"] == 2
+    assert by_label.loc["CE+ThirdTS", "method_temperature"] == 3 and by_label.loc["BrierLoss", "loss"] == "brier_loss"
+    assert by_label.loc["RidgePlugin", "method"] == "ridge_plugin" and by_label.loc["BrierPlugin", "loss_weight"] == 1
+    assert by_label.loc["CE+ThirdTS", "plugins"].tolist()[0].startswith("my_extensions sha256:")
+    # a fixed T keeps the argmax: the accuracy of the CE Stage I
+    vanilla = by_label.loc["Vanilla (CE)", "test_accuracy"]
+    assert by_label.loc["CE+HalfTS", "test_accuracy"] == vanilla == by_label.loc["CE+ThirdTS", "test_accuracy"]
