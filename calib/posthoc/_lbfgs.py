@@ -47,13 +47,17 @@ def fit_lbfgs(
     grad_tolerance: float = GRAD_TOLERANCE,
     max_iter: int = LBFGS_MAX_ITER,
     max_steps: int = MAX_LBFGS_STEPS,
+    lr: float = 1.0,
+    step_tolerance: float | None = None,
     warn: bool = True,
 ) -> LBFGSResult:
     """Minimise ``objective()`` over ``parameters`` in place with full-batch float64 LBFGS.
 
-    ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search, ``max_iter`` iterations and 25·``max_iter``
+    ``torch.optim.LBFGS`` (``lr``, strong-Wolfe line search, ``max_iter`` iterations and 25·``max_iter``
     evaluations per step, history 100) is stepped again until max|∂L/∂u| < ``grad_tolerance`` (at most
-    ``max_steps`` steps); a step that makes no progress restarts LBFGS once with fresh memory. If the
+    ``max_steps`` steps); a step that makes no progress restarts LBFGS once with fresh memory. Within a step LBFGS
+    iterates until its gradient is below ``step_tolerance`` (default ``grad_tolerance``): a smaller one goes past
+    the stopping rule towards the exact optimum (temperature scaling's one parameter: 1e-10). If the
     tolerance is never reached the parameters stay where LBFGS ended and (with ``warn``) a ``RuntimeWarning``
     names ``what``; a non-finite objective is a ``FloatingPointError``.
     """
@@ -72,8 +76,11 @@ def fit_lbfgs(
         return loss, max(float(parameter.grad.abs().max()) for parameter in parameters)
 
     def new_lbfgs() -> torch.optim.LBFGS:
-        return torch.optim.LBFGS(parameters, lr=1, max_iter=max_iter, max_eval=25 * max_iter,
-                                 tolerance_grad=grad_tolerance, tolerance_change=1e-15, history_size=100,
+        # max_eval: room for the 25 evaluations strong Wolfe may need in every iteration (torch's default,
+        # 1.25·max_iter, can leave the line search none: it then returns t = 0 and stalls)
+        return torch.optim.LBFGS(parameters, lr=lr, max_iter=max_iter, max_eval=25 * max_iter,
+                                 tolerance_grad=grad_tolerance if step_tolerance is None else step_tolerance,
+                                 tolerance_change=1e-15, history_size=100,
                                  line_search_fn="strong_wolfe")
 
     loss, grad = evaluate()

@@ -31,12 +31,12 @@ from torch.nn import functional as F
 
 from calib._config import ConfigError, check
 from calib.metrics import expected_calibration_error, negative_log_likelihood, softmax64
+from calib.posthoc import _lbfgs
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits_labels
+from calib.posthoc._lbfgs import GRAD_TOLERANCE, fit_lbfgs
 from calib.posthoc._method import CALIBRATION_FIELDS, PostHocConfig, register_posthoc_method
 
 __all__ = [
-    "GRAD_TOLERANCE",
-    "MAX_LBFGS_STEPS",
     "TEMPERATURE_GRID",
     "TEMPERATURE_RANGE",
     "TemperatureScaling",
@@ -45,12 +45,6 @@ __all__ = [
 
 TEMPERATURE_GRID = tuple(k / 10 for k in range(1, 101))
 """FOCAL-R's grid of temperatures: 0.1, 0.2, …, 10.0 (100 values)."""
-
-GRAD_TOLERANCE = 1e-6
-"""The default LBFGS fit ends only once |dNLL/d log T| < GRAD_TOLERANCE (else it raises)."""
-
-MAX_LBFGS_STEPS = 100
-"""At most this many ``LBFGS.step`` calls (each of up to ``max_iter`` iterations) in the default fit."""
 
 TEMPERATURE_RANGE = (0.05, 20.0)
 """Bounds of a fitted NLL temperature. The lower bound is Mix-n-Match's for ETS (a 20-fold sharpening); the upper
@@ -92,12 +86,12 @@ class TemperatureScaling(PostHocCalibrator):
     """Divide the logits by one fitted temperature T > 0.
 
     The default (``"nll"``, ``"lbfgs"``, ``line_search=True``) minimises NLL(T) over log T from
-    ``init_temperature`` with float64 ``torch.optim.LBFGS`` (lr 1, strong-Wolfe line search,
-    ``max_iter`` iterations and 25·``max_iter`` evaluations per step, tolerance_grad 1e-10,
-    tolerance_change 1e-15), calling ``step`` again (at most :data:`MAX_LBFGS_STEPS` times) until
-    |dNLL/d log T| < 1e-6 (:data:`GRAD_TOLERANCE`) or no progress is possible (a stalled step
-    restarts LBFGS once with fresh memory); a gradient still >= 1e-6 then is a ``RuntimeError``.
-    So T is the NLL optimum, to ~1e-6 in log T.
+    ``init_temperature`` with the full-batch float64 LBFGS fit the scaling family shares
+    (:func:`calib.posthoc._lbfgs.fit_lbfgs`: lr 1, strong-Wolfe line search, ``max_iter`` iterations per step
+    and LBFGS's own gradient tolerance 1e-10 within it,
+    ``step`` called again, at most :data:`~calib.posthoc._lbfgs.MAX_LBFGS_STEPS` times, until |dNLL/d log T| <
+    1e-6 (:data:`~calib.posthoc._lbfgs.GRAD_TOLERANCE`) or no progress is possible); a gradient still >= 1e-6
+    then is a ``RuntimeError``. So T is the NLL optimum, to ~1e-6 in log T.
 
     Args:
         objective: "nll" (negative log-likelihood) or "ece" (ECE with ``num_bins`` equal-width bins;
@@ -171,35 +165,14 @@ class TemperatureScaling(PostHocCalibrator):
             torch.optim.LBFGS([log_temperature], lr=lr, max_iter=self.max_iter).step(closure)
             return float(log_temperature.detach())
 
-        def new_lbfgs() -> torch.optim.LBFGS:
-            # max_eval: room for the 25 evaluations strong Wolfe may need in every iteration (torch's
-            # default, 1.25·max_iter, can leave the line search none: it then returns t = 0 and stalls).
-            return torch.optim.LBFGS([log_temperature], lr=lr, max_iter=self.max_iter, max_eval=25 * self.max_iter,
-                                     tolerance_grad=1e-10, tolerance_change=1e-15, line_search_fn="strong_wolfe")
-
-        lbfgs, restarted = new_lbfgs(), False
-        previous, steps = _nll_and_grad(z, y, float(log_temperature.detach()))[0], 0
-        while steps < MAX_LBFGS_STEPS:
-            steps += 1
-            before = float(log_temperature.detach())
-            lbfgs.step(closure)
-            log_t = float(log_temperature.detach())
-            if not math.isfinite(log_t):
-                raise FloatingPointError(f"The LBFGS temperature fit diverged to log T={log_t}.")
-            loss, grad = _nll_and_grad(z, y, log_t)
-            if abs(grad) < GRAD_TOLERANCE:
-                break
-            if log_t == before and not loss < previous:  # no progress: restart once with fresh memory
-                if restarted:
-                    break
-                lbfgs, restarted = new_lbfgs(), True
-            else:
-                restarted = False
-            previous = loss
-        if not abs(grad) < GRAD_TOLERANCE:
+        result = fit_lbfgs([log_temperature], lambda: F.cross_entropy(z / log_temperature.exp(), y),
+                           what="temperature", max_iter=self.max_iter, max_steps=_lbfgs.MAX_LBFGS_STEPS, lr=lr,
+                           step_tolerance=1e-10, warn=False)
+        log_t = float(log_temperature.detach())
+        if not result.converged:
             raise RuntimeError(
-                f"The LBFGS temperature fit did not converge: |dNLL/d log T|={abs(grad):.3g} at "
-                f"T={math.exp(log_t):.6g} after {steps} LBFGS steps of up to {self.max_iter} iterations; "
+                f"The LBFGS temperature fit did not converge: |dNLL/d log T|={result.grad_max_abs:.3g} at "
+                f"T={math.exp(log_t):.6g} after {result.steps} LBFGS steps of up to {self.max_iter} iterations; "
                 f"it must be < {GRAD_TOLERANCE:g}."
             )
         return log_t

@@ -19,7 +19,7 @@ from calib.posthoc import (
     TemperatureScaling,
     TemperatureScalingConfig,
 )
-from calib.posthoc import temperature_scaling as ts_module
+from calib.posthoc import _lbfgs as lbfgs_module
 
 TRUE_TEMPERATURE = 2.5
 
@@ -109,7 +109,7 @@ class TestTemperatureScaling:
 
     def test_default_lbfgs_raises_when_not_converged(self, base_data, monkeypatch):
         z, labels = base_data
-        monkeypatch.setattr(ts_module, "MAX_LBFGS_STEPS", 1)
+        monkeypatch.setattr(lbfgs_module, "MAX_LBFGS_STEPS", 1)
         with pytest.raises(RuntimeError, match=r"did not converge: \|dNLL/d log T\|=\S+ at T=\S+ after 1 LBFGS steps "
                                                r"of up to 1 iterations; it must be < 1e-06"):
             TemperatureScaling(max_iter=1).fit(z * 0.3, labels)
