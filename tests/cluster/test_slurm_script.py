@@ -115,7 +115,12 @@ def test_places_under_a_node_local_folder_or_in_memory_are_found_and_a_disks_are
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Under /tmp, /var/tmp or /dev/shm, or on a memory file system wherever it is mounted: node-local, refused;
     on a disk's file system: a warning (the site may export it); s3:// and --shared-path folders: neither."""
+    import calib
+
     kinds = {"/scratch/alice": "tmpfs", "/home/alice": "ext4", "/shared": "nfs4"}
+    # the Python and calib on the shared file system, wherever this checkout and its environment lie (CI: /tmp)
+    monkeypatch.setattr(sys, "executable", "/shared/venv/bin/python")
+    monkeypatch.setattr(calib, "__file__", "/shared/calib/calib/__init__.py")
     monkeypatch.setattr(slurm_checks, "_file_system", lambda path: next(
         (kind for mount, kind in kinds.items() if str(path).startswith(mount)), "nfs4"))
     command = ["python", "studies/s.py", "--store", "/dev/shm/calib-results", "--artifacts", "s3://bucket/artifacts",
