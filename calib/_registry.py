@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import difflib
 import fnmatch
-from collections.abc import Callable, Iterator
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["Registry", "UnknownNameError", "registering_as"]
+__all__ = ["Registry", "UnknownNameError", "import_submodules", "registering_as"]
 
 _registering: list[Any] = []  # the plugin whose module is being imported now (innermost last)
 
@@ -110,3 +112,11 @@ class Registry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {self.names()})"
+
+
+def import_submodules(package: str, path: Iterable[str]) -> None:
+    """Import every module of ``package`` (its ``__path__``) whose name does not start with ``_``: the modules of a
+    component package register themselves, so adding one is one new file."""
+    for module in pkgutil.iter_modules(path):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{package}.{module.name}")

@@ -5,9 +5,7 @@ Every loss is called as ``loss(logits, targets, features)`` and returns a scalar
 "mean" gives the batch-mean form and "sum" batch size × that (see :mod:`calib.losses._reduction`).
 """
 
-import importlib
-import pkgutil
-
+from calib._registry import import_submodules
 from calib.losses import acls, cross_entropy, dual_focal, fedlas, flsd, focal, label_smoothing, mbls, mmce
 from calib.losses._base import LossSpec, Reduction
 from calib.losses._registry import LOSSES
@@ -21,9 +19,7 @@ from calib.losses.label_smoothing import LabelSmoothing, LabelSmoothingConfig
 from calib.losses.mbls import MbLS, MbLSConfig
 from calib.losses.mmce import MMCE, MMCEConfig
 
-for _module in pkgutil.iter_modules(__path__):
-    if not _module.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_submodules(__name__, __path__)
 
 __all__ = [
     "ACLS",

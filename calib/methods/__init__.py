@@ -5,9 +5,7 @@ Post-hoc calibrators live in :mod:`calib.posthoc`, which registers them into the
 registry imports both packages when first read (:func:`calib.plugins.load_components`).
 """
 
-import importlib
-import pkgutil
-
+from calib._registry import import_submodules
 from calib.methods import mac_cal, mac_cal_training, tst, vanilla, vtst
 from calib.methods._base import MethodOutcome, MethodSpec, Predictor
 from calib.methods._registry import METHODS
@@ -15,9 +13,7 @@ from calib.methods.mac_cal import MacCalConfig
 from calib.methods.tst import TSTConfig
 from calib.methods.vtst import VTSTConfig
 
-for _module in pkgutil.iter_modules(__path__):
-    if not _module.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_submodules(__name__, __path__)
 
 __all__ = [
     "METHODS",

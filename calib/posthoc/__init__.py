@@ -6,17 +6,13 @@ fits on the calibration set of a Stage-I artifact's cached validation logits. Ad
 here: every module of this package that does not start with ``_`` is imported below.
 """
 
-import importlib
-import pkgutil
-
+from calib._registry import import_submodules
 from calib.posthoc._base import POSTHOC, PROBABILITY_FLOOR, DegenerateFitWarning, PostHocCalibrator, PostHocPredictor
 from calib.posthoc._method import PostHocConfig, calibration_indices, register_posthoc_method
 from calib.posthoc.smart import SMART, SMARTConfig, soft_binned_ece
 from calib.posthoc.temperature_scaling import TEMPERATURE_GRID, TemperatureScaling, TemperatureScalingConfig
 
-for _module in pkgutil.iter_modules(__path__):
-    if not _module.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_submodules(__name__, __path__)
 
 __all__ = [
     "POSTHOC",

@@ -243,7 +243,7 @@ class HistogramBinningEqualWidth(PostHocCalibrator):
 
 
 @dataclass(frozen=True, kw_only=True)
-class HistogramBinningEqualWidthConfig(PostHocConfig):
+class HistogramBinningEqualWidthConfig(HistogramBinningConfig):
     """Equal-width histogram binning (the tables' HB) as a method, fitted on the cached validation logits
     (docs/methods.md §5.9).
 
@@ -251,12 +251,6 @@ class HistogramBinningEqualWidthConfig(PostHocConfig):
         num_bins: equal-width bins of [0, 1], >= 1 (15, the bins of Guo et al.'s ECE; netcal's default is 10).
         calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
     """
-
-    num_bins: int = 15
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.num_bins >= 1, "num_bins", self.num_bins, "be an integer >= 1")
 
 
 register_posthoc_method(

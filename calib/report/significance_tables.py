@@ -21,10 +21,6 @@ LATEX_MARKS = {verdict: latex_escape(mark) for verdict, mark in MARKS.items()}
 """The same markers in LaTeX (amssymb)."""
 
 
-def _named(names: list[str]) -> str:
-    return ", ".join(names)
-
-
 def cell_markers(group: pd.DataFrame, metrics: Mapping[str, str], control: str, *,
                  alpha: float) -> tuple[dict[tuple[str, str], str], list[str]]:
     """Each (label, metric) of one setup's ``group`` whose paired test against ``control`` over seeds rejects
