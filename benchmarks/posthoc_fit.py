@@ -5,7 +5,7 @@ e.g. the records of netcal's repository (EFS-OpenSource/calibration-framework,
 ``examples/classification/records/``: densenet-bc-100-cifar-100.npz, wideresnet-16-4-cifar-10.npz,
 lenet-5-cifar-10.npz). Per file, one stratified 50/50 calibration/test split seeded by ``--seed``; per calibrator,
 side by side in this process: calib's fit seconds (wall and CPU) and test NLL, and those of probmetrics' counterpart
-where it has one (:data:`METHODS`), with netcal 1.4's temperature scaling as a second reference for TS. calib's
+where it has one (:data:`REFERENCES`), with netcal 1.4's temperature scaling as a second reference for TS. calib's
 calibrators get the log-probabilities (floored at calib.posthoc.PROBABILITY_FLOOR), probmetrics' and netcal's the
 probabilities; both the same float64 rows, renormalised to sum 1. Prints a Markdown table per file, then the TS
 test-NLL differences:
@@ -34,8 +34,8 @@ from calib.cli import HelpFormatter
 
 @dataclass(frozen=True)
 class Method:
-    """A row: calib's registered calibrator ``name`` under ``label``, and probmetrics' counterpart (``reference``,
-    how the table names it, built by ``build``; None: probmetrics has none)."""
+    """A row: calib's registered calibrator ``name`` under its table ``label``, and probmetrics' counterpart
+    (``reference``, how the table names it, built by ``build``; None: probmetrics has none)."""
 
     label: str
     name: str
@@ -62,32 +62,29 @@ def _probmetrics_class(name: str, *args: Any, one_vs_rest: bool = False, **kwarg
     return build
 
 
-METHODS = [
-    Method("TS", "temperature_scaling", 'get_calibrator("temp-scaling")', _probmetrics("temp-scaling")),
-    Method("SMART", "smart"),
-    Method("CTS", "classwise_ts"),
-    Method("PTS", "parameterized_ts"),
-    Method("ETS", "ensemble_ts", "ETSCalibrator()", _probmetrics_class("ETSCalibrator")),
-    Method("VS", "vector_scaling", "VectorScalingCalibrator()", _probmetrics_class("VectorScalingCalibrator")),
-    Method("MS-ODIR", "matrix_scaling", "MatrixScalingCalibrator() (unregularised)",
-           _probmetrics_class("MatrixScalingCalibrator")),
-    Method("Dir-ODIR", "dirichlet", 'get_calibrator("dircal-cv", dircal_use_odir=True)',
-           _probmetrics("dircal-cv", dircal_use_odir=True)),
-    Method("IR", "isotonic", 'get_calibrator("isotonic")', _probmetrics("isotonic")),
-    Method("IRM", "isotonic_irm"),
-    Method("HB", "histogram_binning", "one-vs-rest BinaryHistogramBinningCalibrator(15, quantile)",
-           _probmetrics_class("BinaryHistogramBinningCalibrator", n_bins=15, strategy="quantile", one_vs_rest=True)),
-    Method("BBQ", "bbq", "NetcalBBQCalibrator()", _probmetrics_class("NetcalBBQCalibrator")),
-    Method("Spline", "spline", "one-vs-rest CDFSplineCalibrator() (calib's: top-label)",
-           _probmetrics_class("CDFSplineCalibrator", one_vs_rest=True)),
-    Method("SMS", "sms", 'get_calibrator("sms")', _probmetrics("sms", sms_print_init_info=False)),
-    Method("SVS", "svs", 'get_calibrator("svs")', _probmetrics("svs", svs_print_init_info=False)),
-    Method("IVAP", "ivap", 'get_calibrator("ivap")', _probmetrics("ivap")),
-    Method("CIR", "cir", 'get_calibrator("cir")', _probmetrics("cir")),
-    Method("Beta", "beta", 'get_calibrator("beta")', _probmetrics("beta")),
-]
-"""The rows, in the table's order: a calibrator calib does not register (yet) is left out; one registered but not
-here gets a row of its own, without a reference."""
+REFERENCES: dict[str, tuple[str, Callable[[], Any]]] = {
+    "TS": ('get_calibrator("temp-scaling")', _probmetrics("temp-scaling")),
+    "ETS": ("ETSCalibrator()", _probmetrics_class("ETSCalibrator")),
+    "VS": ("VectorScalingCalibrator()", _probmetrics_class("VectorScalingCalibrator")),
+    "MS-ODIR": ("MatrixScalingCalibrator() (unregularised)", _probmetrics_class("MatrixScalingCalibrator")),
+    "Dir-ODIR": ('get_calibrator("dircal-cv", dircal_use_odir=True)',
+                 _probmetrics("dircal-cv", dircal_use_odir=True)),
+    "SMS": ('get_calibrator("sms")', _probmetrics("sms", sms_print_init_info=False)),
+    "SVS": ('get_calibrator("svs")', _probmetrics("svs", svs_print_init_info=False)),
+    "IR": ('get_calibrator("isotonic")', _probmetrics("isotonic")),
+    "HB": ("one-vs-rest BinaryHistogramBinningCalibrator(15, uniform)",
+           _probmetrics_class("BinaryHistogramBinningCalibrator", n_bins=15, strategy="uniform", one_vs_rest=True)),
+    "HB-EM": ("one-vs-rest BinaryHistogramBinningCalibrator(15, quantile)",
+              _probmetrics_class("BinaryHistogramBinningCalibrator", n_bins=15, strategy="quantile", one_vs_rest=True)),
+    "BBQ": ("NetcalBBQCalibrator()", _probmetrics_class("NetcalBBQCalibrator")),
+    "Spline": ("one-vs-rest CDFSplineCalibrator() (calib's: top-label)",
+               _probmetrics_class("CDFSplineCalibrator", one_vs_rest=True)),
+    "IVAP": ('get_calibrator("ivap")', _probmetrics("ivap")),
+    "CIR": ('get_calibrator("cir")', _probmetrics("cir")),
+    "Beta": ('get_calibrator("beta")', _probmetrics("beta")),
+}
+"""probmetrics 1.3's counterpart of each post-hoc row that has one, by the row's label; the rows themselves, their
+order and their calibrators are the registry's (``calib.study_rows.POSTHOC_METHODS``)."""
 
 
 @dataclass
@@ -118,13 +115,11 @@ def split(labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rows(methods: list[str] | None = None) -> list[Method]:
-    """The rows to run: :data:`METHODS` whose calib name is registered, then every other registered calibrator;
-    only the labels in ``methods`` (all if None)."""
-    from calib.posthoc import POSTHOC
+    """The rows to run: every registered post-hoc method in the tables' order, with its probmetrics counterpart
+    where :data:`REFERENCES` has one; only the labels in ``methods`` (all if None)."""
+    from calib.study_rows import POSTHOC_METHODS
 
-    registered = POSTHOC.names()
-    chosen = [method for method in METHODS if method.name in registered]
-    chosen += [Method(name, name) for name in registered if name not in {method.name for method in METHODS}]
+    chosen = [Method(label, name, *REFERENCES.get(label, (None, None))) for label, name in POSTHOC_METHODS.items()]
     if methods is not None:
         unknown = sorted(set(methods) - {method.label for method in chosen})
         if unknown:
