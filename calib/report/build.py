@@ -46,12 +46,16 @@ FULL = {"test_accuracy": "Acc", **PREDICTION_CHANGE_COLUMNS, "test_ece": "ECE", 
         "test_brier": "Brier", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_aurc": "AURC", "test_augrc": "AUGRC"}
 """The full table's metrics (compare_methods, calibrate): column -> header. ΔAcc and "changed" compare each trial with
 the uncalibrated Stage-I model it started from (:data:`~calib.report.tables.PREDICTION_CHANGE_COLUMNS`)."""
-CALIBRATION_SIZE_METRICS = {"test_ece": "ECE", "test_smece": "smECE", "test_nll": "NLL", "test_accuracy": "Acc",
-                            **PREDICTION_CHANGE_COLUMNS, "test_ks_ce": "KS", "test_nll_calibration": "NLL cal",
-                            "test_nll_refinement": "NLL ref", "test_brier_calibration": "Brier cal",
-                            "test_brier_refinement": "Brier ref"}
-"""The metrics of the calibration-set size study (studies/posthoc.py): those of its figure, the accuracy and prediction
-change, the KS error and the calibration / refinement split of NLL and Brier (docs/methods.md §6.14, §6.15)."""
+CALIBRATION_SIZE_METRICS = {"test_ece": "ECE", "test_smece": "smECE", "test_nll": "NLL", "test_brier": "Brier",
+                            "test_accuracy": "Acc", **PREDICTION_CHANGE_COLUMNS, "test_ks_ce": "KS",
+                            "test_nll_calibration": "NLL cal", "test_nll_refinement": "NLL ref",
+                            "test_brier_calibration": "Brier cal", "test_brier_refinement": "Brier ref",
+                            "method_seconds": "fit s"}
+"""The metrics of the calibration-set size study (studies/posthoc.py): those of its figure, NLL and Brier, the accuracy
+and prediction change, the KS error, the calibration / refinement split of NLL and Brier (docs/methods.md §6.14,
+§6.15) and the fit's wall seconds."""
+UNRANKED = {**PREDICTION_CHANGE_COLUMNS, "method_seconds": "fit s"}
+"""Table columns the rank table leaves out: the accuracy column ranks the prediction changes, and fit time is cost."""
 SHORT = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
 # study -> (the script that runs it, the metrics of its table)
 KNOWN_STUDIES: dict[str, tuple[str, dict[str, str]]] = {
@@ -355,7 +359,8 @@ def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: d
     caption += f" · {note}" if note else ""
     markers, legend = None, []
     if control is not None and (group["label"] == control).any():
-        markers, legend = cell_markers(group, metrics, control, alpha=alpha)
+        markers, legend = cell_markers(group, {m: h for m, h in metrics.items() if m != "method_seconds"}, control,
+                                       alpha=alpha)
     elif control is not None:
         log(f"{study} · {dataset} · {arch}: no significance markers: the control {control} has no trial here")
     markdown = markdown_table(table, metrics, spread, published, markers)
@@ -391,7 +396,7 @@ def _rank_outputs(study: str, rows: pd.DataFrame, metrics: dict[str, str], contr
             "setups (datasets × architectures), or a predictions file's >= 2 splits")
         return []
     order = _row_order(rows)
-    ranked = {m: header for m, header in metrics.items() if m not in PREDICTION_CHANGE_COLUMNS}  # Acc ranks those
+    ranked = {m: header for m, header in metrics.items() if m not in UNRANKED}
     comparisons = {m: rank_comparison(blocks, m, order, control=control, alpha=alpha) for m in ranked}
     wins = win_rates(rows, order)
     shown = ", ".join(sorted(setups)) if unit == "setups" else ", ".join(sorted(setups)[:3]) + ", ..."

@@ -62,7 +62,8 @@ def format_mean_ci(mean: float, ci: float, *, percent: bool = True) -> str:
 def column_higher_is_better(column: str) -> bool:
     """Direction of a metric column: ``test_ece`` → False, ``val_accuracy`` → True, ``ood_auroc`` → True."""
     for prefix, higher in (("ood_auroc", True), ("ood_fpr95", False), ("corrupted_accuracy", True),
-                           ("corrupted_ece", False), ("test_accuracy_change", True), ("test_argmax_changed", False)):
+                           ("corrupted_ece", False), ("test_accuracy_change", True), ("test_argmax_changed", False),
+                           ("method_seconds", False)):
         if column.startswith(prefix):
             return higher
     return higher_is_better(column.split("_", 1)[-1])

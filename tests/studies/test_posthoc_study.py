@@ -18,8 +18,8 @@ def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     out = run_script("posthoc.py", "--store", str(store), "--methods", "TS", "HB", "HB-EM", "--sizes", "50", "120",
                      "all", "--draws", "2", "--param", "histogram_binning.num_bins=5", *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert ("| method | calibration set | degenerate | n | ECE | smECE | NLL | Acc | ΔAcc | changed | KS | NLL cal | "
-            "NLL ref | Brier cal | Brier ref |") in out.stdout
+    assert ("| method | calibration set | degenerate | n | ECE | smECE | NLL | Brier | Acc | ΔAcc | changed | KS | "
+            "NLL cal | NLL ref | Brier cal | Brier ref | fit s |") in out.stdout
     assert "| TS | n=50 | 0 | 2 |" in out.stdout and "| HB-EM | all | 0 | 1 |" in out.stdout
     assert "| HB | all | 0 | 1 |" in out.stdout and "| Uncalibrated | – | 0 | 1 |" in out.stdout
     df = pd.read_parquet(store / "trials")
