@@ -89,12 +89,14 @@ order and their calibrators are the registry's (``calib.study_rows.POSTHOC_METHO
 
 @dataclass
 class Fit:
-    """One fit: wall and CPU seconds and the test NLL, or why it failed."""
+    """One fit and its application to the test split: wall and CPU seconds of both together (some references fit at
+    prediction: venn-abers), the test NLL and probabilities, or why it failed."""
 
     seconds: float = float("nan")
     cpu_seconds: float = float("nan")
     nll: float = float("nan")
     error: str | None = None
+    probs: np.ndarray | None = None
 
 
 def load_records(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -129,16 +131,17 @@ def rows(methods: list[str] | None = None) -> list[Method]:
 
 
 def timed(fit: Callable[[], Callable[[], np.ndarray]], labels: np.ndarray) -> Fit:
-    """Time ``fit()`` (wall and CPU) and score the test probabilities of the predictor it returns by their NLL."""
+    """Time ``fit()`` and the predictor it returns on the test split together (wall and CPU), and score the test
+    probabilities by their NLL."""
     from calib.metrics.nll import negative_log_likelihood
 
     wall, cpu = time.perf_counter(), time.process_time()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            predict = fit()
+            probs = fit()()
             seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
-            return Fit(seconds, cpu_seconds, negative_log_likelihood(predict(), labels))
+            return Fit(seconds, cpu_seconds, negative_log_likelihood(probs, labels), probs=probs)
     except Exception as error:  # a reference that fails on these data is reported, not fatal
         return Fit(time.perf_counter() - wall, time.process_time() - cpu, error=f"{type(error).__name__}: {error}")
 
@@ -184,13 +187,15 @@ def _cells(fit: Fit | None, *, cpu: bool) -> tuple[str, str]:
 
 def table(results: list[tuple[Method, Fit, Fit | None]]) -> list[str]:
     """The Markdown table of one file."""
-    lines = ["| method | calib fit s (CPU s) | calib test NLL | probmetrics counterpart | its fit s | its test NLL "
-             "| NLL calib − it |", "|---|---|---|---|---|---|---|"]
+    lines = ["| method | calib fit + apply s (CPU s) | calib test NLL | probmetrics counterpart | its fit + apply s "
+             "| its test NLL | NLL calib − it | max \\|Δp̂\\| |", "|---|---|---|---|---|---|---|---|"]
     for method, ours, theirs in results:
-        gap = "—" if theirs is None or theirs.error or ours.error else f"{ours.nll - theirs.nll:+.2g}"
+        both = theirs is not None and not theirs.error and not ours.error
+        gap = f"{ours.nll - theirs.nll:+.2g}" if both else "—"
+        apart = f"{np.abs(ours.probs - theirs.probs).max():.1e}" if both else "—"
         (our_seconds, our_nll), (their_seconds, their_nll) = _cells(ours, cpu=True), _cells(theirs, cpu=False)
         lines.append(f"| {method.label} | {our_seconds} | {our_nll} | {method.reference or '—'} | {their_seconds} "
-                     f"| {their_nll} | {gap} |")
+                     f"| {their_nll} | {gap} | {apart} |")
     return lines
 
 

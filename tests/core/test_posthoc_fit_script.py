@@ -54,11 +54,13 @@ def test_the_table_and_the_ts_comparison(record, capsys):
     assert benchmark().main([str(record), "--methods", "TS", "IR", "IRM", "--seed", "1"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    header = lines.index("| method | calib fit s (CPU s) | calib test NLL | probmetrics counterpart | its fit s | its "
-                         "test NLL | NLL calib − it |")
+    header = lines.index("| method | calib fit + apply s (CPU s) | calib test NLL | probmetrics counterpart "
+                         "| its fit + apply s | its test NLL | NLL calib − it | max \\|Δp̂\\| |")
     ts, ir, irm = (line.split(" | ") for line in lines[header + 2:header + 5])
-    assert ts[0] == "| TS" and ts[3] == 'get_calibrator("temp-scaling")' and abs(float(ts[6].rstrip(" |"))) < 1e-4
-    assert ir[3] == 'get_calibrator("isotonic")' and irm[3:] == ["—", "—", "—", "— |"]
+    assert ts[0] == "| TS" and ts[3] == 'get_calibrator("temp-scaling")' and abs(float(ts[6])) < 1e-4
+    assert float(ts[7].rstrip(" |")) < 1e-6  # the same temperature: the same probabilities
+    assert ir[3] == 'get_calibrator("isotonic")' and float(ir[7].rstrip(" |")) < 1e-12
+    assert irm[3:] == ["—", "—", "—", "—", "— |"]
     assert "model.npz: 400 samples, K = 4, 200 calibration / 200 test (seed 1)" in out
     gaps = [float(value.split(";")[0]) for value in out.split("TS test NLL, calib − probmetrics temp-scaling: ")[1]
             .replace("calib − netcal TemperatureScaling: ", "").split(" (")[0].split("; ")]
@@ -68,9 +70,11 @@ def test_the_table_and_the_ts_comparison(record, capsys):
 def test_a_failed_or_missing_reference_in_the_table():
     module = benchmark()
     lines = module.table([
-        (module.Method("X", "x", "ref()"), module.Fit(1.0, 0.5, 0.25), module.Fit(error="ImportError: missing")),
+        (module.Method("X", "x", "ref()"), module.Fit(1.0, 0.5, 0.25, probs=np.ones((1, 2)) / 2),
+         module.Fit(error="ImportError: missing")),
         (module.Method("Y", "y"), module.Fit(2.0, 1.5, 0.125), None),
-        (module.Method("Z", "z", "ref()"), module.Fit(3.0, 2.5, 0.5), module.Fit(0.1, 0.1, 0.375))])
-    assert lines[2:] == ["| X | 1.00 (0.50) | 0.25000 | ref() | failed: ImportError: missing | — | — |",
-                         "| Y | 2.00 (1.50) | 0.12500 | — | — | — | — |",
-                         "| Z | 3.00 (2.50) | 0.50000 | ref() | 0.10 | 0.37500 | +0.12 |"]
+        (module.Method("Z", "z", "ref()"), module.Fit(3.0, 2.5, 0.5, probs=np.array([[0.5, 0.5]])),
+         module.Fit(0.1, 0.1, 0.375, probs=np.array([[0.25, 0.75]])))])
+    assert lines[2:] == ["| X | 1.00 (0.50) | 0.25000 | ref() | failed: ImportError: missing | — | — | — |",
+                         "| Y | 2.00 (1.50) | 0.12500 | — | — | — | — | — |",
+                         "| Z | 3.00 (2.50) | 0.50000 | ref() | 0.10 | 0.37500 | +0.12 | 2.5e-01 |"]
