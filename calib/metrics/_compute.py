@@ -53,6 +53,8 @@ class MetricSpec:
         description: one line for tables and ``--help``.
         binned: whether ``fn`` takes ``num_bins``.
         bounds: (lowest, highest) value the metric can take.
+        zero_is_best: an error that is 0 at best but whose estimate can fall below 0 (a calibration error
+            measured against a cross-fitted recalibrator that did worse): compared by its distance to 0.
     """
 
     fn: Callable[..., float]
@@ -60,6 +62,7 @@ class MetricSpec:
     description: str
     binned: bool = False
     bounds: tuple[float, float] = (0.0, 1.0)
+    zero_is_best: bool = False
 
     def __call__(self, probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 15) -> float:
         """Evaluate the metric; ``num_bins`` is checked always and used only when ``binned``."""
@@ -150,6 +153,7 @@ METRICS: dict[str, MetricSpec] = {
         "NLL calibration error NLL(f) − NLL(g∘f) in nats, g temperature scaling cross-fitted in 5 folds "
         "(Berta et al. 2025).",
         bounds=(-NLL_MAX, NLL_MAX),
+        zero_is_best=True,
     ),
     "nll_refinement": MetricSpec(
         nll_refinement_error,
@@ -162,6 +166,7 @@ METRICS: dict[str, MetricSpec] = {
         False,
         "Brier calibration error Brier(f) − Brier(g∘f), g temperature scaling cross-fitted in 5 folds.",
         bounds=(-2.0, 2.0),
+        zero_is_best=True,
     ),
     "brier_refinement": MetricSpec(
         brier_refinement_error,

@@ -28,6 +28,7 @@ from calib.report.steps import report_step
 from calib.report.tables import (
     PREDICTION_CHANGE_COLUMNS,
     column_higher_is_better,
+    comparison_values,
     format_mean_ci,
     is_fraction_metric,
     latex_escape,
@@ -128,7 +129,7 @@ def plot_calibration_sizes(summary: pd.DataFrame, path: Path, name: str) -> Path
 
 
 def _best(table: pd.DataFrame, metric: str) -> int | None:
-    means = table[f"{metric}_mean"].to_numpy(dtype=float)
+    means = comparison_values(metric, table[f"{metric}_mean"].to_numpy(dtype=float))
     if not np.isfinite(means).any():
         return None
     return int(np.nanargmax(means) if column_higher_is_better(metric) else np.nanargmin(means))
@@ -264,8 +265,9 @@ def _study_figures(store: str | os.PathLike, study: str, dataset: str, arch: str
                 out / f"{study}_{setup}_severity.png", xlabel="corruption severity",
                 ylabel="ECE (%), mean over corruptions", title=f"corruptions · {name}"))
     elif study == "posthoc":
-        written.append(plot_calibration_sizes(calibration_size_summary(trials, dataset),
-                                              out / f"{study}_{setup}_sizes.png", name))
+        sizes = calibration_size_summary(trials, dataset)
+        if sizes["size"].notna().any():  # not when every fit used the whole calibration set
+            written.append(plot_calibration_sizes(sizes, out / f"{study}_{setup}_sizes.png", name))
     elif study == "ablation":
         written.append(figures.plot_bars(_ordered_summary(trials, SHORT), "label", "test_ece",
                                          out / f"{study}_{setup}_bars.png", ylabel="test ECE (%)",
@@ -350,8 +352,9 @@ def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: d
     significantly better / worse than ``control`` over seeds, and the cost table of the method comparison."""
     written = []
     table = _ordered_summary(group, metrics)
+    over = "splits of the predictions file" if _is_predictions_file(group) else "seeds"
     caption = (f"{study} · {dataset} · {arch} · test split · "
-               f"mean ± {'95% CI' if spread == 'ci' else 'std'} over seeds; fractions in percent")
+               f"mean ± {'95% CI' if spread == 'ci' else 'std'} over {over}; fractions in percent")
     base = out / f"{study}_{dataset}_{arch}"
     base.parent.mkdir(parents=True, exist_ok=True)
     published = _published_column(table, dataset, [arch])

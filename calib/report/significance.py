@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from calib.report.tables import column_higher_is_better
+from calib.report.tables import column_higher_is_better, comparison_values
 
 __all__ = ["CONTROL_CANDIDATES", "Friedman", "RankComparison", "average_ranks", "default_control", "friedman_test",
            "holm", "holm_against_control", "iman_davenport", "nemenyi_critical_difference", "not_different_groups",
@@ -141,8 +141,10 @@ def not_different_groups(ranks: pd.Series, cd: float) -> list[list[str]]:
 
 
 def _seed_values(trials: pd.DataFrame, metric: str, by: list[str]) -> pd.Series:
-    """Each (``by`` …, seed)'s value: the mean over its trials (draws of a calibration subset), NaN dropped."""
-    return trials.dropna(subset=[metric]).groupby([*by, "seed"], observed=True, sort=False)[metric].mean()
+    """Each (``by`` …, seed)'s value as compared (:func:`comparison_values`): the mean over its trials (draws of
+    a calibration subset), NaN dropped."""
+    means = trials.dropna(subset=[metric]).groupby([*by, "seed"], observed=True, sort=False)[metric].mean()
+    return comparison_values(metric, means)
 
 
 def setup_means(trials: pd.DataFrame, metric: str) -> pd.DataFrame:

@@ -11,8 +11,9 @@ from scipy import stats
 
 from calib.metrics import METRICS, higher_is_better
 
-__all__ = ["PREDICTION_CHANGE_COLUMNS", "column_higher_is_better", "format_mean_ci", "is_fraction_metric",
-           "latex_escape", "mean_ci", "mixed_trainings", "summarize", "to_markdown", "with_current_labels"]
+__all__ = ["PREDICTION_CHANGE_COLUMNS", "column_higher_is_better", "comparison_values", "format_mean_ci",
+           "is_fraction_metric", "latex_escape", "mean_ci", "mixed_trainings", "summarize", "to_markdown",
+           "with_current_labels"]
 
 PREDICTION_CHANGE_COLUMNS = {"test_accuracy_change": "ΔAcc", "test_argmax_changed": "changed"}
 """The store's prediction-change columns with their table headers: the test accuracy minus the uncalibrated Stage-I
@@ -67,6 +68,14 @@ def column_higher_is_better(column: str) -> bool:
         if column.startswith(prefix):
             return higher
     return higher_is_better(column.split("_", 1)[-1])
+
+
+def comparison_values(column: str, values: pd.Series | np.ndarray) -> pd.Series | np.ndarray:
+    """The values by which a column's rows are compared (bold, ranks, tests): the values themselves, or their
+    distance to 0 for an error whose estimate can be negative (``test_nll_calibration``: −0.3 is not better
+    than 0)."""
+    spec = METRICS.get(column.split("_", 1)[-1])
+    return abs(values) if spec is not None and spec.zero_is_best else values
 
 
 def is_fraction_metric(column: str) -> bool:

@@ -15,7 +15,7 @@ from calib import storage
 from calib._config import ConfigError
 from calib.artifacts import stage1_exists
 from calib.config import config_hash, parse_trial_config, set_dotted, stage1_identity
-from calib.metrics import higher_is_better
+from calib.metrics import METRICS, higher_is_better
 from calib.search.compaction import compact_study_store
 from calib.search.display import ProgressDisplay
 from calib.search.execution import (
@@ -183,7 +183,12 @@ def _check_objectives(objectives: Sequence[str], tpe_window: int) -> list[str]:
     for name in objectives:
         if not name.startswith("val_"):
             raise ConfigError(f"Search objectives must be validation metrics (val_*), got {name!r}.")
-        higher_is_better(name.removeprefix("val_"))
+        metric = name.removeprefix("val_")
+        higher_is_better(metric)
+        if METRICS[metric].zero_is_best:
+            raise ConfigError(f"Search objective {name!r} is a calibration-error estimate that is best at 0 and "
+                              "can be negative, so neither min nor max optimises it; search on val_nll, val_brier "
+                              "or val_ece instead.")
     return ["max" if higher_is_better(o.removeprefix("val_")) else "min" for o in objectives]
 
 

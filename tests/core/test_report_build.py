@@ -100,3 +100,11 @@ def test_pooled_bins_with_clopper_pearson_intervals(tmp_path):
     # without the interval columns (a caller's own bins) the diagram is drawn as before
     plain = plot_reliability(bins.drop(columns=["accuracy_lower", "accuracy_upper"]), tmp_path / "plain.png")
     assert plain.stat().st_size > 0
+
+
+def test_the_bold_calibration_error_is_the_one_closest_to_zero():
+    rows = pd.DataFrame({"label": ["TS", "HB", "A"], "n": [3, 3, 3],
+                         "test_nll_calibration_mean": [0.004, -0.579, 0.002], "test_nll_calibration_ci": [0.001] * 3,
+                         "test_nll_calibration_std": [0.001] * 3})
+    lines = markdown_table(rows, {"test_nll_calibration": "NLL cal"}, "ci").splitlines()
+    assert lines[2:] == ["| TS | 3 | 0.004 ± 0.001 |", "| HB | 3 | -0.579 ± 0.001 |", "| A | 3 | **0.002 ± 0.001** |"]

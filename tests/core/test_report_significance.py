@@ -269,3 +269,16 @@ def test_default_control_and_latex_escape():
     assert latex_escape("a_b ± 1 · χ²_F, F_F & α = 5% ▲ ▼ γ=0.9 – ∞") == (
         r"a\_b $\pm$ 1 · $\chi^2_F$, $F_F$ \& $\alpha$ = 5\% $^{\blacktriangle}$ $^{\blacktriangledown}$ "
         r"$\gamma$=0.9 -- $\infty$")
+
+
+def test_a_calibration_error_estimate_is_compared_by_its_distance_to_zero():
+    # NLL cal = NLL(f) − NLL(recalibrated f) is 0 at best; −0.30 (the recalibrator did worse) is far from it.
+    trials = trials_of({("TS", "d/a"): [0.001, 0.002, 0.001], ("HB", "d/a"): [-0.30, -0.31, -0.29],
+                        ("A", "d/a"): [0.020, 0.030, 0.025]}, metric="test_nll_calibration")
+    verdicts = paired_against_control(trials, "test_nll_calibration", "TS", alpha=0.05)["verdict"]
+    assert verdicts.tolist() == ["worse", "worse"]
+    setups = {(label, s): [v] for s, values in (("d1/a", (0.001, -0.30, 0.02)), ("d2/a", (-0.002, -0.20, 0.03)))
+              for label, v in zip(["TS", "HB", "A"], values, strict=True)}
+    ranks = rank_comparison(trials_of(setups, metric="test_nll_calibration"), "test_nll_calibration",
+                            ["TS", "HB", "A"], control=None, alpha=0.05).ranks
+    assert ranks.to_dict() == {"TS": 1.0, "HB": 3.0, "A": 2.0}

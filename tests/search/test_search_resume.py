@@ -157,6 +157,10 @@ def test_scheduler_refuses_objectives_stage1_does_not_report(tmp_path):
         run_search(base, load_search_space(ROOT / "search_spaces" / "mixup.yaml"), store=str(tmp_path / "s"),
                    study="x", num_trials=1, objectives=["val_nll"], options=QUIET,
                    scheduler=SchedulerSettings("asha"))
+    with pytest.raises(ConfigError, match="'val_nll_calibration' is a calibration-error estimate that is best at 0"):
+        run_search(base, load_search_space(ROOT / "search_spaces" / "mixup.yaml"), store=str(tmp_path / "s"),
+                   study="x", num_trials=1, objectives=["val_nll_calibration"], options=QUIET)
+    assert not (tmp_path / "s").exists()
     with pytest.raises(ConfigError, match="must be one of none, asha, hyperband"):
         SchedulerSettings("median")
 
