@@ -217,6 +217,33 @@ def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_i
     assert (study, signal_name) == ("s", "SIGTERM") and ended.is_set()  # the run ended: its watcher stops
 
 
+def test_ctrl_c_stops_the_run_as_sigterm_does_and_a_second_one_ends_the_driver(monkeypatch, capfd):
+    """SIGINT is the same clean stop (Tune's own SIGINT handler, which would count the unfinished trials as failed,
+    is off); a second Ctrl-C raises KeyboardInterrupt at once."""
+    import calib.search.runtime  # noqa: F401  (sets TUNE_DISABLE_SIGINT_HANDLER, as every study's driver does)
+    from calib.search.stopping import stoppable
+
+    assert os.environ["TUNE_DISABLE_SIGINT_HANDLER"] == "1"
+    monkeypatch.setattr("calib.search.stopping._exit_when_ray_is_gone", lambda *args: None)
+    before = signal.getsignal(signal.SIGINT)
+    tune_stops = []
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda *_: tune_stops.append(time.monotonic()))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with stoppable("s", 3) as stop:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+                assert stop == {"signal": "SIGINT"} and len(tune_stops) == 1
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGUSR1, previous_usr1)
+    assert len(tune_stops) == 1 and signal.getsignal(signal.SIGINT) is before
+    assert capfd.readouterr().out.splitlines() == [
+        "[s] interrupted by SIGINT: stopping the running trials (each keeps its Stage-I handover state); run the "
+        "same command again to continue"]
+
+
 def test_the_stopping_line_is_out_while_the_main_thread_is_in_c_code_and_before_the_process_is_killed():
     """Slurm's SIGTERM reaches Ray's processes too: Ray's core worker may end the driver while its main thread
     waits inside Ray's C code, before Python runs the handler there. The line must be out by then. Here the main

@@ -1,6 +1,7 @@
-"""Stopping a study cleanly on SIGTERM: :func:`stoppable` around ``tuner.fit()`` turns the signal (a scheduler's
-time-limit warning or preemption, ``scancel``) into Ray Tune's graceful stop, says so at once from a thread, and
-ends the driver when the signal stopped Ray's head too; :class:`StudyInterrupted` carries the run's last line."""
+"""Stopping a study cleanly on SIGTERM or SIGINT: :func:`stoppable` around ``tuner.fit()`` turns the signal (a
+scheduler's time-limit warning or preemption, ``scancel``, Ctrl-C) into Ray Tune's graceful stop, says so at once
+from a thread, and ends the driver when the signal stopped Ray's head too; :class:`StudyInterrupted` carries the
+run's last line."""
 
 from __future__ import annotations
 
@@ -20,19 +21,25 @@ __all__ = ["RAY_HEAD_CHECKS", "RAY_HEAD_CHECK_SECONDS", "StudyInterrupted", "int
 
 
 class StudyInterrupted(Exception):
-    """A run that SIGTERM stopped before its trials ended; the message says how far it got."""
+    """A run that SIGTERM or SIGINT stopped before its trials ended; the message says how far it got."""
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""The signals that stop a run cleanly: a scheduler's SIGTERM and Ctrl-C's SIGINT (Tune's own SIGINT handler is
+off, ``TUNE_DISABLE_SIGINT_HANDLER`` in :mod:`calib.search.runtime`, so that the run says it was interrupted
+rather than counting its unfinished trials as failed)."""
 
 
 
 @contextlib.contextmanager
 def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) -> Iterator[dict[str, Any]]:
-    """Around ``tuner.fit()``: SIGTERM (a scheduler's time-limit warning or preemption, ``scancel``) stops
-    the run cleanly through Ray Tune's own graceful stop (its SIGUSR1 handler: running trials end, their
-    Stage-I handover state stays for the next run). The yielded dict gets ``"signal"`` when that happened;
-    a SIGTERM before Tune listens raises :class:`StudyInterrupted` at once. When the signal stopped Ray's
-    head as well (a preempted or requeued Slurm job signals every process of its nodes), Tune cannot end
-    the trials: the driver then says so and exits with :attr:`calib.exit_codes.ExitCode.INTERRUPTED` (3)
-    within seconds, not when the scheduler kills it. Main thread only."""
+    """Around ``tuner.fit()``: SIGTERM (a scheduler's time-limit warning or preemption, ``scancel``) or SIGINT
+    (Ctrl-C; a second one ends the driver at once with ``KeyboardInterrupt``) stops the run cleanly through Ray
+    Tune's own graceful stop (its SIGUSR1 handler: running trials end, their Stage-I handover state stays for the
+    next run). The yielded dict gets ``"signal"`` when that happened; a SIGTERM before Tune listens raises
+    :class:`StudyInterrupted` at once. When the signal stopped Ray's head as well (a preempted or requeued Slurm job
+    signals every process of its nodes), Tune cannot end the trials: the driver then says so and exits with
+    :attr:`calib.exit_codes.ExitCode.INTERRUPTED` (3) within seconds, not when the scheduler kills it. Main thread
+    only."""
     state: dict[str, Any] = {}
     if threading.current_thread() is not threading.main_thread():
         yield state
@@ -44,8 +51,10 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
         if said.acquire(blocking=False):
             _write_now(stopping_message(study, signal_name))
 
-    def on_sigterm(signum: int, frame: Any) -> None:
-        if "signal" in state:  # already stopping (a scheduler and the job script may both send it)
+    def on_stop_signal(signum: int, frame: Any) -> None:
+        if "signal" in state:  # already stopping (a scheduler and the job script may both send SIGTERM)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
             return
         state["signal"] = signal.Signals(signum).name
         if display is not None:
@@ -59,18 +68,19 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
             raise StudyInterrupted(f"[{study}] interrupted by {state['signal']} before any of its {pending} trials "
                                    f"started; run the same command again to run them")
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    listening = _listen_for_sigterm(say_stopping)
+    previous = {signum: signal.signal(signum, on_stop_signal) for signum in STOP_SIGNALS}
+    listening = _listen_for_stop_signals(say_stopping)
     try:
         yield state
     finally:
         ended.set()  # the run ended on its own: the watcher stops
         listening()
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-def _listen_for_sigterm(say_stopping: Callable[[str], None]) -> Callable[[], None]:
-    """The stopping line written from a thread the moment SIGTERM arrives; the returned function stops it.
+def _listen_for_stop_signals(say_stopping: Callable[[str], None]) -> Callable[[], None]:
+    """The stopping line written from a thread the moment SIGTERM (or SIGINT) arrives; the returned function stops it.
 
     Python runs a signal handler only in the main thread, and only once that thread is back in the interpreter:
     inside Ray's blocking calls that is up to a second later. By then Slurm's SIGTERM to the job's every process
@@ -93,10 +103,11 @@ def _listen_for_sigterm(say_stopping: Callable[[str], None]) -> Callable[[], Non
     def listen() -> None:
         with open(read_end, "rb", buffering=0) as wakeups:
             while received := wakeups.read(64):
-                if signal.SIGTERM in received and callable(signal.getsignal(signal.SIGUSR1)):  # Tune listens
-                    say_stopping(signal.SIGTERM.name)
+                stop = next((s for s in STOP_SIGNALS if s in received), None)
+                if stop is not None and callable(signal.getsignal(signal.SIGUSR1)):  # Tune listens
+                    say_stopping(stop.name)
 
-    thread = threading.Thread(target=listen, daemon=True, name="sigterm-listener")
+    thread = threading.Thread(target=listen, daemon=True, name="stop-signal-listener")
     thread.start()
 
     def stop() -> None:
