@@ -28,6 +28,7 @@ __all__ = [
     "CROSS_FIT_FOLDS",
     "CROSS_FIT_SEED",
     "DEFAULT_RECALIBRATOR",
+    "RECALIBRATOR_OPTIONS",
     "brier_calibration_error",
     "brier_refinement_error",
     "calibration_refinement",
@@ -44,6 +45,11 @@ CROSS_FIT_SEED = 0
 
 DEFAULT_RECALIBRATOR = "temperature_scaling"
 """The recalibrator g: temperature scaling, the family Berta et al. estimate the refinement error with."""
+
+RECALIBRATOR_OPTIONS = {"temperature_scaling": {"optimizer": "brent"}}
+"""How the cross-fit builds a recalibrator: temperature scaling by its bounded scalar search, the NLL optimum of
+its default fit without a torch optimizer (whose first use in a process costs about 2 s: every trial evaluates
+this metric)."""
 
 
 def _folds(labels: np.ndarray, folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -80,7 +86,8 @@ def cross_fitted_probs(probs: np.ndarray, labels: np.ndarray, *, recalibrator: s
         with warnings.catch_warnings():
             # calib.posthoc's DegenerateFitWarning, matched by its message (that package is a layer above this one)
             warnings.filterwarnings("ignore", message=r".*: degenerate fit: ", category=RuntimeWarning)
-            g = POSTHOC.create(recalibrator).fit(logits[fit], targets[fit])
+            g = POSTHOC.create(recalibrator, **RECALIBRATOR_OPTIONS.get(recalibrator, {})).fit(logits[fit],
+                                                                                               targets[fit])
         out[held_out] = g.probs(logits[held_out]).numpy()
     return out
 

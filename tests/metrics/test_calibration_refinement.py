@@ -49,8 +49,12 @@ def test_uniform_predictions_have_no_calibration_error():
 def test_cross_fit_is_stratified_kfold_with_temperature_scaling():
     probs, labels = overconfident_probs(1000, 10, 3)
     splits = StratifiedKFold(5, shuffle=True, random_state=0).split(np.zeros(1000), labels)
-    recalibrated = restated(probs, labels, TemperatureScaling, splits)
+    splits = list(splits)
+    # the metric fits temperature scaling by its bounded search (no torch optimizer): the NLL optimum of the LBFGS fit
+    recalibrated = restated(probs, labels, lambda: TemperatureScaling(optimizer="brent"), splits)
     split = calibration_refinement(probs, labels)
+    by_lbfgs = negative_log_likelihood(restated(probs, labels, TemperatureScaling, splits), labels)
+    assert split["nll_refinement"] == pytest.approx(by_lbfgs, abs=1e-8)
     nll, brier = negative_log_likelihood(recalibrated, labels), brier_score(recalibrated, labels)
     assert split["nll_refinement"] == pytest.approx(nll, abs=1e-12)
     assert split["nll_calibration"] == pytest.approx(negative_log_likelihood(probs, labels) - nll, abs=1e-12)
@@ -77,7 +81,8 @@ def test_unstratifiable_labels_use_plain_folds():
     probs = np.array([[0.9, 0.05, 0.05], [0.7, 0.15, 0.15], [0.1, 0.65, 0.25], [0.3, 0.25, 0.45],
                       [0.1, 0.05, 0.85], [0.5, 0.35, 0.15]])
     labels = np.array([0, 1, 1, 0, 2, 0])
-    recalibrated = restated(probs, labels, TemperatureScaling, KFold(5, shuffle=True, random_state=0).split(probs))
+    recalibrated = restated(probs, labels, lambda: TemperatureScaling(optimizer="brent"),
+                            KFold(5, shuffle=True, random_state=0).split(probs))
     split = calibration_refinement(probs, labels)
     assert split["nll_refinement"] == pytest.approx(negative_log_likelihood(recalibrated, labels), abs=1e-12)
 

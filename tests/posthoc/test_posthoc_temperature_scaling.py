@@ -1,6 +1,9 @@
 """Temperature scaling (docs/methods.md §5.1): recovers a known T, never changes the argmax, keeps T > 0."""
 
+import contextlib
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -152,7 +155,8 @@ class TestTemperatureScaling:
             TemperatureScaling("ece", "lbfgs")
         with pytest.raises(ValueError, match=r"`objective` must be one of 'nll', 'ece', got objective='brier'"):
             TemperatureScaling("brier")
-        with pytest.raises(ValueError, match=r"`optimizer` must be one of 'lbfgs', 'grid', got optimizer='adam'"):
+        with pytest.raises(ValueError, match=r"`optimizer` must be one of 'lbfgs', 'brent', 'grid', got "
+                                             r"optimizer='adam'"):
             TemperatureScaling("nll", "adam")
         with pytest.raises(ValueError, match=r"`init_temperature` must be > 0 \(it is T\), got init_temperature=0"):
             TemperatureScaling(init_temperature=0)
@@ -185,8 +189,43 @@ class TestTemperatureScalingConfig:
     @pytest.mark.parametrize(("kwargs", "message"), [
         ({"objective": "ece"}, r"`objective`='ece' needs `optimizer`='grid'.*got optimizer='lbfgs'"),
         ({"optimizer": "grid", "lbfgs_line_search": False}, r"`lbfgs_line_search`=false applies to"),
+        ({"optimizer": "brent", "lbfgs_line_search": False}, r"applies to `optimizer`='lbfgs' only, got optimizer="
+                                                             r"'brent'"),
+        ({"optimizer": "adam"}, r"`optimizer` must be one of 'lbfgs', 'brent', 'grid'"),
         ({"objective": "acc"}, r"`objective` must be one of 'nll', 'ece', got objective='acc'"),
     ])
     def test_errors(self, kwargs, message):
         with pytest.raises(ConfigError, match=message):
             TemperatureScalingConfig(**kwargs)
+
+
+@pytest.mark.parametrize(("scale", "held_at"), [(3.0, None), (0.3, None), (30.0, 20.0)])
+def test_the_bounded_search_finds_the_lbfgs_optimum_without_a_torch_optimizer(scale, held_at):
+    # logits with the label's class raised by 1.5, times `scale`: optima near 2.2 and 0.21, and beyond 20 for 30
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 10, 400)
+    z = rng.normal(size=(400, 10))
+    z[np.arange(400), labels] += 1.5
+    z, labels = torch.from_numpy(z * scale), torch.from_numpy(labels)
+    with pytest.warns() if held_at else contextlib.nullcontext():
+        lbfgs = TemperatureScaling().fit(z, labels)
+    with pytest.warns() if held_at else contextlib.nullcontext():
+        brent = TemperatureScaling(optimizer="brent").fit(z, labels)
+    assert brent.temperature.item() == pytest.approx(lbfgs.temperature.item(), rel=1e-6)
+    if held_at is None:
+        assert abs(brent.grad_log_temperature) < 1e-6 and brent.degenerate_reason is None
+    else:
+        assert brent.temperature.item() == held_at and "the NLL optimum lies beyond 20" in brent.degenerate_reason
+
+
+def test_the_calibration_refinement_metric_builds_no_torch_optimizer():
+    # torch's first optimizer in a process imports torch._dynamo (about 2 s): every trial evaluates the metric
+    code = ("import sys, numpy as np\n"
+            "from calib.metrics import compute_all\n"
+            "rng = np.random.default_rng(0)\n"
+            "p = rng.dirichlet(np.ones(10), size=300)\n"
+            "split = compute_all(p, rng.integers(0, 10, 300))\n"
+            "assert np.isfinite(split['nll_refinement']), split\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
