@@ -41,6 +41,8 @@ RAY_NOISE: dict[str, tuple[str, ...]] = {
     # the list of failed trials at the end of a run: calib prints one line per failed trial; a run stopped by
     # SIGTERM (Tune's graceful stop): calib says so in its last line, and a re-run of the command continues it
     "ray.tune.tune": ("Trials did not complete", "Stop signal received", "Experiment has been interrupted"),
+    # the trials a stopped run ended before their first report: calib's last line counts what is in the store
+    "ray.tune.analysis.experiment_analysis": ("Failed to fetch metrics for",),
 }
 
 
