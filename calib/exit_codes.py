@@ -24,8 +24,8 @@ class ExitCode(IntEnum):
     """Bad input: one ``error:`` line naming the value and what is allowed, before anything starts (argparse
     exits 2 too)."""
     INTERRUPTED = 3
-    """A study stopped by SIGTERM (or a Slurm job by its time limit, a requeue, scancel) before its trials
-    ended: the same command continues it. Never 0."""
+    """A study stopped by SIGTERM or Ctrl-C (or a Slurm job by its time limit, a requeue, scancel) before its
+    trials ended: the same command continues it. Never 0."""
     COMPACTION_SKIPPED = 4
     """``python -m calib.store compact`` skipped a study another process was compacting (not a failure)."""
 
@@ -34,7 +34,7 @@ STUDY_EXIT_CODES: dict[ExitCode, str] = {
     ExitCode.OK: "every trial of the run is stored `ok`",
     ExitCode.FAILED: "some trial failed",
     ExitCode.BAD_INPUT: "bad input",
-    ExitCode.INTERRUPTED: "stopped by SIGTERM",
+    ExitCode.INTERRUPTED: "stopped by SIGTERM or Ctrl-C",
 }
 """What a study's exit code says, as the README's sentence and docs/studies/index.md's list begin each entry."""
 

@@ -19,7 +19,7 @@ from calib.store.compaction import compact, stored_studies
 SKIPPED_EXIT_CODE = ExitCode.COMPACTION_SKIPPED
 """The exit code when a study was skipped because another process compacts it (the other studies were
 compacted): not a failure, the store is sound and that process compacts the study. 1 and 2 mean what they
-mean for studies (an error, bad input); 3 is a study stopped by SIGTERM (:mod:`calib.exit_codes`)."""
+mean for studies (an error, bad input); 3 is a study stopped by SIGTERM or Ctrl-C (:mod:`calib.exit_codes`)."""
 
 EXIT_CODES = "\n".join([
     "exit codes:",
