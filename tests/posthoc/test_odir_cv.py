@@ -123,18 +123,26 @@ def sharp_log_probabilities(num_samples, num_classes, seed):
     return torch.log_softmax(6.0 * z, 1).numpy(), y.numpy()
 
 
+def assert_same_optimum(fitted, expected, x, y, off_diagonal_weight, intercept_weight):
+    """``fitted`` (W, b, result) converged to ``expected`` (W, b): the ODIR objective within
+    :data:`OBJECTIVE_TOLERANCE`, the parameters within :data:`PARAMETER_TOLERANCE`."""
+    weight, bias, result = fitted
+    expected_weight, expected_bias = expected
+    gap = (ref.odir_objective(weight, bias, x, y, off_diagonal_weight, intercept_weight)
+           - ref.odir_objective(expected_weight, expected_bias, x, y, off_diagonal_weight, intercept_weight))
+    assert result.converged and abs(gap) < OBJECTIVE_TOLERANCE
+    np.testing.assert_allclose(weight, expected_weight, rtol=0, atol=PARAMETER_TOLERANCE)
+    np.testing.assert_allclose(bias, expected_bias, rtol=0, atol=PARAMETER_TOLERANCE)
+
+
 def test_the_scaled_fit_reaches_the_reference_optimum_on_wide_log_probabilities():
     x, y = sharp_log_probabilities(600, 12, seed=8)
     assert x.min() < -60
     for per_entry_lambda, per_entry_mu in ((25.0, 1e6), (0.5, 0.01)):
         off_diagonal_weight, intercept_weight = per_entry_lambda * 12 * 11, per_entry_mu * 12
-        weight, bias, result = fit_odir(x, y, off_diagonal_weight, intercept_weight)
-        reference_weight, reference_bias = ref.odir_fit(x, y, off_diagonal_weight, intercept_weight)
-        gap = (ref.odir_objective(weight, bias, x, y, off_diagonal_weight, intercept_weight)
-               - ref.odir_objective(reference_weight, reference_bias, x, y, off_diagonal_weight, intercept_weight))
-        assert result.converged and abs(gap) < OBJECTIVE_TOLERANCE
-        np.testing.assert_allclose(weight, reference_weight, rtol=0, atol=PARAMETER_TOLERANCE)
-        np.testing.assert_allclose(bias, reference_bias, rtol=0, atol=PARAMETER_TOLERANCE)
+        assert_same_optimum(fit_odir(x, y, off_diagonal_weight, intercept_weight),
+                            ref.odir_fit(x, y, off_diagonal_weight, intercept_weight), x, y, off_diagonal_weight,
+                            intercept_weight)
 
 
 def test_a_warm_start_reaches_the_cold_starts_optimum():
@@ -143,17 +151,13 @@ def test_a_warm_start_reaches_the_cold_starts_optimum():
     x, y = sharp_log_probabilities(400, 8, seed=9)
     lambdas, mus = odir_grid(8)
     off_diagonal_weight, intercept_weight = lambdas[20], mus[6]
-    cold_weight, cold_bias, _ = fit_odir(x, y, off_diagonal_weight, intercept_weight)
+    cold = fit_odir(x, y, off_diagonal_weight, intercept_weight)[:2]
     neighbour = fit_odir(x, y, lambdas[19], intercept_weight)[:2]
     other_mu = fit_odir(x, y, off_diagonal_weight, mus[5])[:2]
     poor = (np.random.default_rng(0).normal(size=(8, 8)), np.full(8, 3.0))
     for start in (neighbour, other_mu, poor):
-        weight, bias, result = fit_odir(x, y, off_diagonal_weight, intercept_weight, init=[start])
-        gap = (ref.odir_objective(weight, bias, x, y, off_diagonal_weight, intercept_weight)
-               - ref.odir_objective(cold_weight, cold_bias, x, y, off_diagonal_weight, intercept_weight))
-        assert result.converged and abs(gap) < OBJECTIVE_TOLERANCE
-        np.testing.assert_allclose(weight, cold_weight, rtol=0, atol=PARAMETER_TOLERANCE)
-        np.testing.assert_allclose(bias, cold_bias, rtol=0, atol=PARAMETER_TOLERANCE)
+        assert_same_optimum(fit_odir(x, y, off_diagonal_weight, intercept_weight, init=[start]), cold, x, y,
+                            off_diagonal_weight, intercept_weight)
 
 
 def test_of_several_starts_the_lowest_objective_is_taken():
