@@ -157,7 +157,11 @@ if [[ -z $SIGNALLED ]]; then
   while true; do
     wait "$DRIVER"
     RC=$?
-    kill -0 "$DRIVER" 2>/dev/null || break  # wait returned for a signal: the driver is still stopping
+    if ! kill -0 "$DRIVER" 2>/dev/null; then
+      wait "$DRIVER"  # a wait a signal cut short returned 128+signal: the driver's own exit status, kept by bash
+      RC=$?
+      break
+    fi  # wait returned for a signal: the driver is still stopping
   done
 fi
 trap '' USR1
@@ -177,6 +181,10 @@ elif (( RC == INTERRUPTED )) && [[ $SIGNALLED == USR1 ]]; then
   fi
   exit $INTERRUPTED
 elif [[ $SIGNALLED == TERM ]]; then
+  # Slurm signals each step of a node on its own: where Ray's step had it first, Ray can end the study's
+  # process (its raylet gone) before the study's own line; that exit status is Ray's, not the study's.
+  (( RC == INTERRUPTED )) || say "the study's process ended with exit $RC: Ray, stopped by the same SIGTERM," \
+    "ended it (the study's own line may be missing)"
   case $ENDING in
     requeued) say "the study stopped after SIGTERM: the job was requeued; start $((RESTARTS + 2)) continues it" ;;
     time-limit) say "the study stopped at the time limit, before Slurm's warning could stop it: the job is not" \

@@ -121,13 +121,23 @@ def seconds_between(first: str, last: str) -> int:
 
 def sigterm_ending(said: list[str], study: str, script_says: str, last_says: str) -> tuple[int, int]:
     """Where the script's SIGTERM line and its last line are. The study's own "interrupted by SIGTERM" line is in
-    the same start, after the script's ``study:`` line and before its last: Slurm signals the script and the study
-    at once, so the study's line (and its progress lines) may come before or after the script's SIGTERM line."""
+    the same start, after the script's ``study:`` line and before its last: the batch step (script and study) has
+    the signal at about the moment Ray's steps have it, so the study's line (and its progress lines) may come
+    before or after the script's SIGTERM line. Slurm signals a node's steps one by one, though: where Ray's step
+    had it first, Ray may end the study's process (exit 1) before the study says anything, and then the script
+    says so, with that exit status, before its last line. A study that exits 3 always said why."""
     term = next(i for i, line in enumerate(said) if line.endswith(script_says))
-    last = next(i for i in range(term + 1, len(said)) if said[i].startswith("[calib-slurm"))
+    script = [i for i in range(term + 1, len(said)) if said[i].startswith("[calib-slurm")]
+    ended_by_ray = [said[i] for i in script[:1] if "the study's process ended with exit" in said[i]]
+    last = script[len(ended_by_ray)]
+    if ended_by_ray:
+        assert re.search(r"the study's process ended with exit (\d+): Ray, stopped by the same SIGTERM, ended it "
+                         r"\(the study's own line may be missing\)$", ended_by_ray[0]), ended_by_ray
+        assert not ended_by_ray[0].split("exit ")[1].startswith("3:"), ended_by_ray
     assert said[last].endswith(last_says), "\n".join(said)
     began = max(i for i in range(term) if said[i].startswith("[calib-slurm") and "] study: " in said[i])
-    assert any(line.startswith(f"[{study}] interrupted by SIGTERM") for line in said[began:last]), "\n".join(said)
+    assert ended_by_ray or any(line.startswith(f"[{study}] interrupted by SIGTERM") for line in said[began:last]), \
+        "\n".join(said)
     return term, last
 
 
