@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import types
@@ -33,6 +34,12 @@ def check(condition: bool, key: str, value: Any, rule: str, hint: str = "") -> N
 
 def field_types(cls: type) -> dict[str, Any]:
     """Resolved type hints of a dataclass's init fields, in declaration order."""
+    return dict(_field_types(cls))
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    # resolving hints costs ~0.3 ms a class: a grid parses every trial's config (100,000 at scale) through them
     hints = get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 

@@ -54,6 +54,8 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
         self._origins: dict[str, Any] = {}
         self._populate = populate
+        self.version = 0
+        """Counts the registrations: what is built from a registry is rebuilt when it changes."""
 
     def _read(self) -> dict[str, T]:
         if self._populate is not None:
@@ -68,6 +70,7 @@ class Registry(Generic[T]):
                 by = self._origins.get(name)
                 raise ValueError(f"{self.kind} {name!r} is already registered" + (f" (by {by})" if by else ""))
             self._entries[name] = obj
+            self.version += 1
             if _registering:
                 self._origins[name] = _registering[-1]
             return obj

@@ -36,20 +36,28 @@ class Row:
 
 
 class RegistryRows(Mapping[str, Any]):
-    """A read-only mapping built from the registries each time it is read, so the methods and losses that a
-    plugin registers (also after this module was imported: ``--plugin``) are rows like calib's own."""
+    """A read-only mapping built from the method and loss registries, and built again whenever one of them changed,
+    so the methods and losses that a plugin registers (also after this module was imported: ``--plugin``) are rows
+    like calib's own."""
 
     def __init__(self, build: Callable[[], dict[str, Any]], description: str) -> None:
         self._build, self._description = build, description
+        self._built: tuple[tuple[int, ...], dict[str, Any]] | None = None
+
+    def _rows(self) -> dict[str, Any]:
+        versions = tuple(version for registry in (METHODS, LOSSES) for version in (len(registry), registry.version))
+        if self._built is None or self._built[0] != versions:
+            self._built = (versions, self._build())
+        return self._built[1]
 
     def __getitem__(self, label: str) -> Any:
-        return self._build()[label]
+        return self._rows()[label]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._build())
+        return iter(self._rows())
 
     def __len__(self) -> int:
-        return len(self._build())
+        return len(self._rows())
 
     def __repr__(self) -> str:
         return f"<{self._description}: {', '.join(self)}>"

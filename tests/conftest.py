@@ -18,6 +18,18 @@ if _WORKERS > 1:
 from trial_fixtures import tiny_config  # noqa: E402  (it loads torch: after the thread count is set)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _ray_ends_with_its_module():
+    """A local Ray that a test module's in-process studies started (``in_process.run_study``) is stopped when
+    the module ends: the next module on this worker starts from no Ray."""
+    import sys
+
+    started_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    yield
+    if not started_before and "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+
+
 @pytest.fixture
 def make_config(tmp_path: Path):
     """``make_config(**kwargs)``: a valid tiny trial config under this test's tmp_path."""

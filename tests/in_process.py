@@ -1,6 +1,9 @@
 """Study scripts run in the test's process: their ``main``, as the command line runs it, without a second
-interpreter spending seconds importing torch, pandas and matplotlib. For what starts no Ray: a report, or bad
-input a study must refuse before Ray starts (a started Ray fails the test)."""
+interpreter spending seconds importing torch, pandas and matplotlib: a report, bad input a study must refuse
+before Ray starts (a started Ray fails the test), and whole studies, which share one local Ray (started by the
+first, stopped when the test module ends: ``tests/conftest.py``) instead of starting and stopping their own.
+What only a real command line shows (its exit status, a killed or signalled driver, two drivers at once) runs
+as one, in the tests of those things."""
 
 from __future__ import annotations
 
@@ -48,17 +51,22 @@ def run_refused(script: str, argv: list[str], monkeypatch: pytest.MonkeyPatch,
     return code, capsys.readouterr().err
 
 
-def run_report(*args: str) -> subprocess.CompletedProcess:
-    """``python studies/report.py ARGS``: its exit code, stdout and stderr (warnings included, one line each, as
+def run_study(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``python studies/<script> ARGS``: its exit code, stdout and stderr (warnings included, one line each, as
     Python prints them to a terminal)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
             warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            code = study_module("report.py").main(list(args))
+            code = study_module(script).main(list(args))
         except SystemExit as exit_:  # argparse
             code = exit_.code
     for warning in caught:
         stderr.write(f"{warning.filename}:{warning.lineno}: {warning.category.__name__}: {warning.message}\n")
-    return subprocess.CompletedProcess(["studies/report.py", *args], code, stdout.getvalue(), stderr.getvalue())
+    return subprocess.CompletedProcess([f"studies/{script}", *args], code, stdout.getvalue(), stderr.getvalue())
+
+
+def run_report(*args: str) -> subprocess.CompletedProcess:
+    """``python studies/report.py ARGS``, as :func:`run_study`."""
+    return run_study("report.py", *args)

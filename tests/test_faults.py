@@ -15,18 +15,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from in_process import run_refused, run_report, study_module
+from in_process import run_refused, run_report, run_study, study_module
 
 from calib.store import StoreWarning, read_trials
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--epochs", "2", "--stage2-epochs", "2"]
-
-
-def study(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    """A study run exactly as a user types it."""
-    return subprocess.run([sys.executable, str(ROOT / "studies" / script), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
 
 
 def trial_files(store: Path, name: str) -> list[Path]:
@@ -159,7 +153,7 @@ def test_killed_driver_resumes_without_duplicates(tmp_path):
 
     kept = read_trials(store, columns=["trial_id", "status", "finished_at"]).set_index("trial_id")
     kept = kept[kept["status"] == "ok"]
-    resumed = study("sensitivity_gamma.py", *args)
+    resumed = run_study("sensitivity_gamma.py", *args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"{total} trials: {len(kept)} already in the store, {total - len(kept)} to run" in resumed.stdout
     df = pd.read_parquet(store / "trials")
@@ -369,7 +363,7 @@ def finished_study(tmp_path_factory) -> tuple[Path, list[str]]:
     """A finished quick γ study (1 seed: vanilla and γ 0.9) and its arguments; tests copy it before changing it."""
     store = tmp_path_factory.mktemp("finished") / "results"
     args = ["--seeds", "1", "--gammas", "0.9", *TINY]
-    done = study("sensitivity_gamma.py", "--store", str(store), *args)
+    done = run_study("sensitivity_gamma.py", "--store", str(store), *args)
     assert done.returncode == 0, done.stderr[-3000:]
     return store, args
 
@@ -386,14 +380,14 @@ def test_a_changed_study_is_refused_and_a_new_study_name_runs(finished_study, tm
     store, _ = copy_of(finished_study, tmp_path)
     files = {p: p.stat().st_mtime_ns for p in store.rglob("*.parquet")}
 
-    changed = study("sensitivity_gamma.py", "--store", str(store), "--seeds", "1", "--gammas", "0.9",
+    changed = run_study("sensitivity_gamma.py", "--store", str(store), "--seeds", "1", "--gammas", "0.9",
                     "--epochs", "3", "--stage2-epochs", "2")
     assert changed.returncode == 2
     assert "stage1.epochs: 2 → 3" in changed.stderr and "--study NEW_NAME" in changed.stderr
     assert "Traceback" not in changed.stderr
     assert {p: p.stat().st_mtime_ns for p in store.rglob("*.parquet")} == files, "the store is untouched"
 
-    renamed = study("sensitivity_gamma.py", "--store", str(store), "--seeds", "1", "--gammas", "0.9",
+    renamed = run_study("sensitivity_gamma.py", "--store", str(store), "--seeds", "1", "--gammas", "0.9",
                     "--epochs", "3", "--stage2-epochs", "2", "--study", "gamma_3_epochs")
     assert renamed.returncode == 0, renamed.stderr[-2000:]
     studies = pd.read_parquet(store / "trials").groupby("study", observed=True).size().to_dict()
@@ -417,7 +411,7 @@ def test_a_truncated_stage1_cache_is_moved_aside_and_rebuilt_by_the_study(finish
     cache.write_bytes(cache.read_bytes()[: cache.stat().st_size // 2])
     truncated = cache.read_bytes()
 
-    rerun = study("sensitivity_gamma.py", *[a if a != "0.9" else "0.7" for a in args])
+    rerun = run_study("sensitivity_gamma.py", *[a if a != "0.9" else "0.7" for a in args])
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     (quarantined,) = (store / "artifacts" / "quarantine").iterdir()
     assert (quarantined / "cache.pt").read_bytes() == truncated, "the bad file is kept, not deleted"
@@ -444,7 +438,7 @@ def test_corrupt_and_foreign_files_are_skipped_with_a_warning_and_rerun(finished
     assert report.returncode == 0, report.stderr[-2000:]
     assert f"skipped {part}" in report.stderr and f"skipped {foreign}" in report.stderr
 
-    rerun = study("sensitivity_gamma.py", *args)
+    rerun = run_study("sensitivity_gamma.py", *args)
     assert rerun.returncode == 0 and "2 trials: 0 already in the store, 2 to run" in rerun.stdout
     with pytest.warns(StoreWarning, match=re.escape(f"skipped {part}")):  # left as it was, for its owner to see
         trials = read_trials(store)

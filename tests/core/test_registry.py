@@ -27,3 +27,27 @@ class TestRegistry:
             reg.get("focall")
         assert "Valid loss names: focal, label_smoothing." in str(info.value)
         assert isinstance(info.value, KeyError)
+
+
+def test_a_registration_changes_the_version_a_refused_one_does_not():
+    reg = make_registry()
+    assert reg.version == 2
+    reg.register("poly")(lambda: "poly")
+    with pytest.raises(ValueError):
+        reg.register("poly")(lambda: None)
+    assert reg.version == 3
+
+
+def test_row_tables_are_built_once_until_a_method_or_a_loss_is_registered(monkeypatch):
+    """``RegistryRows`` is read hundreds of times per study start (each row table reads the others): built once
+    (a study's start took 3 s rebuilding them on every read), and again after a registration (a ``--plugin``)."""
+    from calib.registries import LOSSES, METHODS
+    from calib.study_rows import METHOD_ROWS, RegistryRows
+
+    builds = []
+    rows = RegistryRows(lambda: builds.append(1) or {"CE": "ce", **METHOD_ROWS}, "rows")
+    assert rows["CE"] == "ce" and len(rows) == len(METHOD_ROWS) + 1 and next(iter(rows)) == "CE"
+    assert len(builds) == 1
+    for registry in (METHODS, LOSSES):
+        monkeypatch.setattr(registry, "version", registry.version + 1)  # as a plugin's registration does
+        assert rows["CE"] == "ce" and len(builds) == 2 + (registry is LOSSES)

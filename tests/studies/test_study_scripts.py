@@ -1,14 +1,15 @@
-"""The study scripts as a user runs them: through Ray Tune into the store, resumable, with clean errors."""
+"""The study scripts as a user runs them (their ``main`` with the command line's arguments, in this process, on
+one local Ray: tests/in_process.py): through Ray Tune into the store, resumable, with clean errors. Their real
+command lines run in tests/test_faults.py and tests/studies/test_study_output.py."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from in_process import run_refused, run_report
+from in_process import run_refused, run_report, run_study
 
 from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS
 
@@ -16,9 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--epochs", "2", "--stage2-epochs", "2"]
 
 
-def run_script(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "studies" / script), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
+    return run_study(script, *args)
 
 
 def trial_files(store: Path, study: str) -> list[Path]:
