@@ -18,6 +18,15 @@ if _WORKERS > 1:
 from trial_fixtures import tiny_config  # noqa: E402  (it loads torch: after the thread count is set)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files with a test that starts Ray (marker ``ray``: minutes each, the cluster ones first) run first, the
+    rest in collection order. Under the README's ``-n 2 --dist loadfile`` a worker takes whole files in this order
+    (pyproject's ``--no-loadscope-reorder``: xdist would put the files with the most tests first, and so the cluster
+    files, minutes for a few tests, last, which one worker then ran alone while the other had nothing left)."""
+    starts_ray = {item.path for item in items if item.get_closest_marker("ray")}
+    items.sort(key=lambda item: item.path not in starts_ray)  # stable
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _ray_ends_with_its_module():
     """A local Ray that a test module's in-process studies started (``in_process.run_study``) is stopped when

@@ -182,6 +182,7 @@ def test_loaded_plugins_lists_what_this_process_loaded(installed_plugin, tmp_pat
     assert after == [entry_point, ["demo_model", version, str(module.resolve())]]
 
 
+@pytest.mark.ray
 def test_plugins_reach_every_ray_worker(installed_plugin, tmp_path):
     """An installed package's dataset (entry point) and a --plugin file's architecture train on two Ray workers;
     each row names both plugins with their versions."""

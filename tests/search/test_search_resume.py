@@ -15,6 +15,8 @@ from calib.search.journal import ObjectStoreJournalBackend, export_journal, jour
 from calib.search.optimize import resumed_seed, stage1_parameters
 from calib.store import read_trials
 
+pytestmark = pytest.mark.ray  # its searches run their trials on a local Ray
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_SPACE = ROOT / "search_spaces" / "mac_cal_head.yaml"
 STUDY = "resume"
