@@ -154,15 +154,11 @@ if [[ -z $SIGNALLED ]]; then
   say "study: @study@ --address $HEAD_IP:$BASE"
   @study@ --address "$HEAD_IP:$BASE" &
   DRIVER=$!
-  while true; do
-    wait "$DRIVER"
-    RC=$?
-    if ! kill -0 "$DRIVER" 2>/dev/null; then
-      wait "$DRIVER"  # a wait a signal cut short returned 128+signal: the driver's own exit status, kept by bash
-      RC=$?
-      break
-    fi  # wait returned for a signal: the driver is still stopping
+  while kill -0 "$DRIVER" 2>/dev/null; do
+    wait "$DRIVER"  # returns early when a trapped signal arrives: the driver is then still stopping
   done
+  wait "$DRIVER"  # the driver's own exit status, which bash keeps (a wait a signal cut short gives 128+signal)
+  RC=$?
 fi
 trap '' USR1
 stop_ray
