@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from scipy.optimize import minimize_scalar
@@ -49,6 +49,16 @@ __all__ = [
 
 TEMPERATURE_GRID = tuple(k / 10 for k in range(1, 101))
 """FOCAL-R's grid of temperatures: 0.1, 0.2, …, 10.0 (100 values)."""
+
+Objective = Literal["nll", "ece"]
+Optimizer = Literal["lbfgs", "brent", "grid"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+
+
+def _one_of(names: tuple[str, ...]) -> str:
+    return ", ".join(repr(name) for name in names)
+
 
 TEMPERATURE_RANGE = (0.05, 20.0)
 """Bounds of a fitted NLL temperature. The lower bound is Mix-n-Match's for ETS (a 20-fold sharpening); the upper
@@ -130,8 +140,8 @@ class TemperatureScaling(PostHocCalibrator):
 
     def __init__(
         self,
-        objective: Literal["nll", "ece"] = "nll",
-        optimizer: Literal["lbfgs", "brent", "grid"] = "lbfgs",
+        objective: Objective = "nll",
+        optimizer: Optimizer = "lbfgs",
         *,
         init_temperature: float = 1.5,
         lr: float | None = None,
@@ -140,10 +150,10 @@ class TemperatureScaling(PostHocCalibrator):
         num_bins: int = 15,
     ) -> None:
         super().__init__()
-        if objective not in ("nll", "ece"):
-            raise ValueError(f"`objective` must be one of 'nll', 'ece', got objective={objective!r}.")
-        if optimizer not in ("lbfgs", "brent", "grid"):
-            raise ValueError(f"`optimizer` must be one of 'lbfgs', 'brent', 'grid', got optimizer={optimizer!r}.")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"`objective` must be one of {_one_of(OBJECTIVES)}, got objective={objective!r}.")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"`optimizer` must be one of {_one_of(OPTIMIZERS)}, got optimizer={optimizer!r}.")
         if objective == "ece" and optimizer != "grid":
             raise ValueError(f"`objective`='ece' needs `optimizer`='grid' (ECE has no useful gradient), "
                              f"got optimizer={optimizer!r}.")
@@ -280,15 +290,14 @@ class TemperatureScalingConfig(PostHocConfig):
         calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
     """
 
-    objective: Literal["nll", "ece"] = "nll"
-    optimizer: Literal["lbfgs", "brent", "grid"] = "lbfgs"
+    objective: Objective = "nll"
+    optimizer: Optimizer = "lbfgs"
     lbfgs_line_search: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.objective in ("nll", "ece"), "objective", self.objective, "be one of 'nll', 'ece'")
-        check(self.optimizer in ("lbfgs", "brent", "grid"), "optimizer", self.optimizer,
-              "be one of 'lbfgs', 'brent', 'grid'")
+        check(self.objective in OBJECTIVES, "objective", self.objective, f"be one of {_one_of(OBJECTIVES)}")
+        check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"be one of {_one_of(OPTIMIZERS)}")
         if self.objective == "ece" and self.optimizer != "grid":
             raise ConfigError(f"`objective`='ece' needs `optimizer`='grid' (ECE has no useful gradient), "
                               f"got optimizer={self.optimizer!r}.")
