@@ -8,11 +8,11 @@ import hashlib
 import numpy as np
 import pandas as pd
 import pytest
-from in_process import run_refused, run_report
+from in_process import run_refused, run_report, run_study
 from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax
 from sklearn.model_selection import train_test_split
-from test_study_scripts import run_script, trial_files
+from test_study_scripts import trial_files
 
 from calib.datasets.synthetic_logits import overconfident_logits
 from calib.study_rows import POSTHOC_METHODS
@@ -45,7 +45,7 @@ def ts_test_nll(path, split: int) -> float:
 @pytest.mark.ray
 def test_each_split_and_method_is_a_trial_and_the_report_ranks_them(netcal_file, tmp_path):
     store = tmp_path / "results"
-    out = run_script("posthoc.py", "--store", str(store), "--predictions", str(netcal_file), "--splits", "2",
+    out = run_study("posthoc.py", "--store", str(store), "--predictions", str(netcal_file), "--splits", "2",
                      "--methods", "TS", "HB")
     assert out.returncode == 0, out.stderr[-3000:]
     assert (f"Stage I from the predictions file {netcal_file}: 400 samples, 4 classes, probabilities (keys "

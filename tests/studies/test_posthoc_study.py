@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from in_process import run_report
+from in_process import run_report, run_study
 from test_study_reports import study_module
-from test_study_scripts import TINY, run_script, trial_files
+from test_study_scripts import TINY, trial_files
 
 from calib.posthoc import calibration_indices
 
@@ -15,7 +15,7 @@ from calib.posthoc import calibration_indices
 @pytest.mark.ray
 def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     store = tmp_path / "results"
-    out = run_script("posthoc.py", "--store", str(store), "--methods", "TS", "HB", "HB-EM", "--sizes", "50", "120",
+    out = run_study("posthoc.py", "--store", str(store), "--methods", "TS", "HB", "HB-EM", "--sizes", "50", "120",
                      "all", "--draws", "2", "--param", "histogram_binning.num_bins=5", *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
     assert ("| method | calibration set | degenerate | n | ECE | smECE | NLL | Brier | Acc | ΔAcc | changed | KS | "

@@ -17,10 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--epochs", "2", "--stage2-epochs", "2"]
 
 
-def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
-    return run_study(script, *args)
-
-
 def trial_files(store: Path, study: str) -> list[Path]:
     folder = store / "trials" / f"study={study}"
     return sorted(p for p in folder.glob("*.parquet")) if folder.exists() else []
@@ -31,9 +27,9 @@ def gamma_and_ablation(tmp_path_factory) -> tuple[Path, subprocess.CompletedProc
     """One store holding the ablation ladder (seed 1) and a γ study (seeds 2 and 3 × (vanilla + 3 γ): no
     Stage I in common with the ladder), as the studies printed them; tests copy it before changing it."""
     store = tmp_path_factory.mktemp("gamma_ablation") / "results"
-    ablation = run_script("ablation.py", "--store", str(store), "--seeds", "1", *TINY)
+    ablation = run_study("ablation.py", "--store", str(store), "--seeds", "1", *TINY)
     assert ablation.returncode == 0, ablation.stderr[-3000:]
-    gamma = run_script("sensitivity_gamma.py", *GAMMA_ARGS, "--store", str(store))
+    gamma = run_study("sensitivity_gamma.py", *GAMMA_ARGS, "--store", str(store))
     assert gamma.returncode == 0, gamma.stderr[-3000:]
     return store, gamma, ablation
 
@@ -62,7 +58,7 @@ def test_gamma_study_trains_stage1_once_per_seed_and_resumes(gamma_and_ablation)
     assert set(history["stage"]) == {"stage1", "stage2"}
 
     mtimes = {p: p.stat().st_mtime_ns for p in trial_files(store, "sensitivity_gamma")}
-    again = run_script("sensitivity_gamma.py", *GAMMA_ARGS, "--store", str(store))
+    again = run_study("sensitivity_gamma.py", *GAMMA_ARGS, "--store", str(store))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "8 trials: 8 already in the store, 0 to run" in again.stdout
     assert {p: p.stat().st_mtime_ns for p in trial_files(store, "sensitivity_gamma")} == mtimes
@@ -72,7 +68,7 @@ def test_gamma_study_trains_stage1_once_per_seed_and_resumes(gamma_and_ablation)
 @pytest.mark.ray
 def test_optuna_search_two_objectives(tmp_path):
     store = tmp_path / "results"
-    out = run_script("search.py", "--space", str(ROOT / "search_spaces" / "mac_cal.yaml"), "--num-trials", "3",
+    out = run_study("search.py", "--space", str(ROOT / "search_spaces" / "mac_cal.yaml"), "--num-trials", "3",
                      "--objective", "val_ece", "val_accuracy", "--store", str(store), *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Pareto front of 3 trials on ['val_ece', 'val_accuracy']" in out.stdout
@@ -113,7 +109,7 @@ def test_missing_dataset_message_names_the_flag(tmp_path, monkeypatch, capsys):
 def test_compare_methods_shares_the_ce_stage1(tmp_path):
     store = tmp_path / "results"
     rows = ["Vanilla (CE)", "CE+TS", "CE+SMART", "TST", "V-TST", "MaC-Cal", "LS"]
-    out = run_script("compare_methods.py", "--store", str(store), "--seeds", "1", "2", "--methods", *rows, *TINY)
+    out = run_study("compare_methods.py", "--store", str(store), "--seeds", "1", "2", "--methods", *rows, *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
     for row in rows:
         assert f"| {row} | 2 |" in out.stdout
@@ -141,14 +137,14 @@ def test_ablation_study_prints_the_ladder(gamma_and_ablation):
 @pytest.mark.ray
 def test_row_studies_run_into_the_store(tmp_path):
     store = tmp_path / "results"
-    combine = run_script("combine.py", "--store", str(store), "--seeds", "1", "--losses", "CE", "LS", *TINY)
+    combine = run_study("combine.py", "--store", str(store), "--seeds", "1", "--losses", "CE", "LS", *TINY)
     assert combine.returncode == 0, combine.stderr[-3000:]
     assert "| LS +MaC-Cal | 1 |" in combine.stdout
-    decompose = run_script("decompose.py", "--store", str(store), "--seeds", "1",
+    decompose = run_study("decompose.py", "--store", str(store), "--seeds", "1",
                            "--methods", "CE", "FeDLaS-LS", "CE+TS", "CE+HB", "MaC-Cal", *TINY)
     assert decompose.returncode == 0, decompose.stderr[-3000:]
     assert "| row | n | ECE | O-ECE | U-ECE | Acc |" in decompose.stdout
-    mixup = run_script("mixup_alpha.py", "--store", str(store), "--seeds", "1", "--alphas", "0.2", "1.0", *TINY)
+    mixup = run_study("mixup_alpha.py", "--store", str(store), "--seeds", "1", "--alphas", "0.2", "1.0", *TINY)
     assert mixup.returncode == 0, mixup.stderr[-3000:]
     assert "| Mixup+MaC-Cal α=0.2 | 1 |" in mixup.stdout
     assert (store / "figures" / "mixup_alpha_digits-noisy_small_cnn.png").exists()
@@ -168,10 +164,10 @@ def test_cost_reuses_the_comparison_trials(tmp_path):
     store = tmp_path / "results"
     # every row that trains a Stage I or a Stage II, and three post-hoc ones (PTS alone fits for ~40 s)
     rows = [row for row in METHOD_ROWS if row not in POSTHOC_ROWS] + ["CE+TS", "CE+ETS", "CE+HB"]
-    first = run_script("cost.py", "--store", str(store), "--seeds", "1", "--methods", *rows, *TINY)
+    first = run_study("cost.py", "--store", str(store), "--seeds", "1", "--methods", *rows, *TINY)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "| MIT |" in first.stdout and "| Vanilla (CE) |" in first.stdout and "| CE+HB |" in first.stdout
-    again = run_script("cost.py", "--store", str(store), "--seeds", "1", "--methods", *rows, *TINY)
+    again = run_study("cost.py", "--store", str(store), "--seeds", "1", "--methods", *rows, *TINY)
     assert f"{len(rows)} trials: {len(rows)} already in the store, 0 to run" in again.stdout
 
 
@@ -208,7 +204,7 @@ def test_report_regenerates_tables_byte_for_byte(gamma_and_ablation, tmp_path):
 @pytest.mark.ray
 def test_ood_study(tmp_path):
     store = tmp_path / "results"
-    out = run_script("ood.py", "--store", str(store), "--seeds", "1", "--methods", "Vanilla (CE)", "CE+IRM", "MaC-Cal",
+    out = run_study("ood.py", "--store", str(store), "--seeds", "1", "--methods", "Vanilla (CE)", "CE+IRM", "MaC-Cal",
                      *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| row | n | AUROC (mean) | FPR95 (mean) | AUROC natural-patches | Acc | ECE |" in out.stdout
@@ -220,7 +216,7 @@ def test_ood_study(tmp_path):
 @pytest.mark.ray
 def test_corruption_study_generates_digits_c(tmp_path):
     store, data = tmp_path / "results", tmp_path / "data"
-    out = run_script("corruption.py", "--store", str(store), "--data-root", str(data), "--seeds", "1",
+    out = run_study("corruption.py", "--store", str(store), "--data-root", str(data), "--seeds", "1",
                      "--methods", "Vanilla (CE)", "CE+TS", "CE+VS", *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| row | n | ECE s1 | ECE s2 | ECE s3 | ECE s4 | ECE s5 | Acc (all) | ECE clean |" in out.stdout
