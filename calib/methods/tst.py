@@ -44,9 +44,11 @@ __all__ = [
     "fit_tst",
     "fit_tst_population",
     "latent_encoder",
+    "make_member_optimizer",
     "make_optimizer",
     "population_key",
     "run_on_artifact",
+    "run_population_on_artifact",
     "run_tst",
     "run_tst_population",
     "train_stage_two_head",
@@ -173,9 +175,20 @@ class FittedStageTwoHead:
 
 def make_optimizer(params: TSTConfig, parameters: Any) -> torch.optim.Optimizer:
     """SGD (lr, momentum, weight decay) or Adam (lr, weight decay), as ``params.optimizer`` says."""
-    if params.optimizer == "adam":
-        return torch.optim.Adam(parameters, lr=params.lr, weight_decay=params.weight_decay)
-    return torch.optim.SGD(parameters, lr=params.lr, momentum=params.momentum, weight_decay=params.weight_decay)
+    return make_member_optimizer([(params, parameters)])
+
+
+def make_member_optimizer(members: Sequence[tuple[TSTConfig, Any]]) -> torch.optim.Optimizer:
+    """One optimiser of the members' kind (``optimizer``, shared) with a parameter group per member, holding
+    its parameters and its own lr, momentum (SGD) and weight decay: each group's update is the one the
+    member's own optimiser would make, as SGD and Adam update every parameter on its own."""
+    kind = members[0][0].optimizer
+    if kind == "adam":
+        groups = [{"params": list(parameters), "lr": p.lr, "weight_decay": p.weight_decay} for p, parameters in members]
+        return torch.optim.Adam(groups)
+    groups = [{"params": list(parameters), "lr": p.lr, "momentum": p.momentum, "weight_decay": p.weight_decay}
+              for p, parameters in members]
+    return torch.optim.SGD(groups)
 
 
 def _nll(probs: torch.Tensor, labels: torch.Tensor) -> float:
@@ -184,11 +197,13 @@ def _nll(probs: torch.Tensor, labels: torch.Tensor) -> float:
     return float(-p_true.clamp(min=NLL_FLOOR, max=1.0).log().mean())
 
 
-POPULATION_FIELDS = ("epochs", "optimizer", "lr", "momentum", "weight_decay", "batch_size", "latent_dim")
-"""What configs training in one TST population share; ``checkpoint`` and the seed may differ."""
+LOOP_FIELDS = ("epochs", "optimizer", "batch_size")
+"""What heads trained side by side by :func:`train_stage_two_heads` share: the loop and the optimiser's kind;
+lr, momentum and weight decay are each head's own (a parameter group of its own)."""
 
-LOOP_FIELDS = POPULATION_FIELDS[:-1]
-"""What heads trained side by side by :func:`train_stage_two_heads` share: the loop and the optimiser."""
+POPULATION_FIELDS = (*LOOP_FIELDS, "lr", "momentum", "weight_decay", "latent_dim")
+"""What configs training in one TST population share (their heads are one stack: one tensor per layer, one lr);
+``checkpoint`` and the seed may differ."""
 
 
 def population_key(params: TSTConfig) -> tuple:
@@ -304,7 +319,8 @@ class _HeadsPopulation(_CheckpointedPopulation):
                  data: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], device: torch.device) -> None:
         heads = [head.to(device) for head in heads]
         super().__init__(members, heads, data, device)
-        self.optimizer = make_optimizer(self.params[0], [p for head in heads for p in head.parameters()])
+        self.optimizer = make_member_optimizer([(params, head.parameters())
+                                                for params, head in zip(self.params, heads, strict=True)])
 
     def start_epoch(self, epoch: int) -> None:
         for member in self.fitted:
@@ -445,15 +461,24 @@ def run_tst(params: TSTConfig, artifact: Stage1Artifact, *, seed: int, device: t
     return run_on_artifact(fit_tst, params, artifact, seed=seed, device=device)
 
 
+def run_population_on_artifact(
+    fit_population: Callable[..., list[FittedStageTwoHead | TrainingDiverged]], params: Sequence[TSTConfig],
+    artifact: Stage1Artifact, *, seeds: Sequence[int], device: torch.device
+) -> list[MethodOutcome | BaseException]:
+    """``fit_population`` (:func:`fit_tst_population` or V-TST's) of several configs on the artifact's cached
+    features, as :func:`run_on_artifact` runs one; a member that diverged keeps its exception."""
+    train, val = artifact.splits["train"], artifact.splits["val"]
+    fitted = fit_population(list(zip(params, seeds, strict=True)), train.features, train.labels,
+                            val.features, val.labels, num_classes=artifact.num_classes, device=device)
+    return [f if isinstance(f, BaseException) else guarded(MethodOutcome.from_predictor, f.predict, artifact, f.history)
+            for f in fitted]
+
+
 def run_tst_population(
     params: Sequence[TSTConfig], artifact: Stage1Artifact, *, seeds: Sequence[int], device: torch.device
 ) -> list[MethodOutcome | BaseException]:
     """TST's Stage II of several configs sharing :func:`population_key`, trained together on the artifact."""
-    train, val = artifact.splits["train"], artifact.splits["val"]
-    fitted = fit_tst_population(list(zip(params, seeds, strict=True)), train.features, train.labels,
-                                val.features, val.labels, num_classes=artifact.num_classes, device=device)
-    return [f if isinstance(f, BaseException) else guarded(MethodOutcome.from_predictor, f.predict, artifact, f.history)
-            for f in fitted]
+    return run_population_on_artifact(fit_tst_population, params, artifact, seeds=seeds, device=device)
 
 
 METHODS.register("tst")(MethodSpec(TSTConfig, run_tst, "TST: new d→3Z→Z→C head retrained on frozen features",

@@ -9,7 +9,8 @@ An amortised Gaussian posterior q(z | h) = N(μ(h), diag σ²(h)) over the last 
 Loss per minibatch: CE(logits(z), y) + mean_i KL(q(z | h_i) ‖ N(0, I)) / Z, one Monte-Carlo sample
 per step. At test time z is still sampled: ``num_samples`` M = 1 draws one sample (TST-R's default),
 M > 1 averages the softmax over M samples. Training is Stage II's one loop
-(:func:`calib.methods.population.train_population`) through TST's :func:`~calib.methods.tst.train_stage_two_head`.
+(:func:`calib.methods.population.train_population`) through TST's :func:`~calib.methods.tst.train_stage_two_heads`:
+configs on one Stage I that share the loop (:func:`population_key`) train side by side, each exactly as alone.
 """
 
 from __future__ import annotations
@@ -24,19 +25,25 @@ from torch.nn import functional as F
 from calib._config import check
 from calib.methods._base import MethodOutcome, MethodSpec
 from calib.methods._registry import METHODS
+from calib.methods.population import TrainingDiverged, alone
 from calib.methods.tst import (
+    LOOP_FIELDS,
     FittedStageTwoHead,
     StageTwoHead,
     TSTConfig,
     latent_encoder,
     run_on_artifact,
-    train_stage_two_head,
+    run_population_on_artifact,
+    train_stage_two_heads,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from calib.artifacts import Stage1Artifact
 
-__all__ = ["VTSTConfig", "VTSTHead", "fit_vtst", "kl_to_standard_normal", "run_vtst"]
+__all__ = ["VTSTConfig", "VTSTHead", "fit_vtst", "fit_vtst_population", "kl_to_standard_normal", "population_key",
+           "run_vtst", "run_vtst_population"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +114,42 @@ class VTSTHead(StageTwoHead):
         return total / self.num_samples
 
 
+def population_key(params: VTSTConfig) -> tuple:
+    """Configs with equal keys can train in one population (:func:`fit_vtst_population`): the loop's fields
+    (TST's ``LOOP_FIELDS``: epochs, optimizer, batch size); lr, momentum, weight decay, Z, M and the checkpoint
+    rule are each member's own."""
+    return tuple(getattr(params, name) for name in LOOP_FIELDS)
+
+
+def _initial_vtst_head(params: VTSTConfig, seed: int, num_features: int, num_classes: int) -> VTSTHead:
+    """A new :class:`VTSTHead` initialised from ``seed`` (the global RNG left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return VTSTHead(num_features, params.latent_dim, num_classes, params.num_samples)
+
+
+def fit_vtst_population(
+    members: Sequence[tuple[VTSTConfig, int]],
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    val_features: torch.Tensor,
+    val_labels: torch.Tensor,
+    *,
+    num_classes: int,
+    device: torch.device,
+) -> list[FittedStageTwoHead | TrainingDiverged]:
+    """One new :class:`VTSTHead` per ``(params, seed)`` member (initialised from ``seed``), trained side by
+    side in one loop (:func:`~calib.methods.tst.train_stage_two_heads`): each member's minibatch order,
+    sampling noise, validation predictive and checkpoint are its own, so each result is its lone run.
+    Members share :func:`population_key`. With ``checkpoint="best_val_loss"`` the validation NLL is that of
+    the M-sample predictive, with the same evaluation noise every epoch. A member whose loss becomes
+    non-finite gets a :class:`~calib.methods.population.TrainingDiverged`; the others go on.
+    """
+    heads = [_initial_vtst_head(params, seed, train_features.shape[1], num_classes) for params, seed in members]
+    return train_stage_two_heads([(head, params, seed) for head, (params, seed) in zip(heads, members, strict=True)],
+                                 train_features, train_labels, val_features, val_labels, device=device)
+
+
 def fit_vtst(
     params: VTSTConfig,
     train_features: torch.Tensor,
@@ -119,16 +162,9 @@ def fit_vtst(
     device: torch.device,
 ) -> FittedStageTwoHead:
     """A new :class:`VTSTHead` (initialised from ``seed``) trained as a population of one
-    (:func:`~calib.methods.tst.train_stage_two_head`).
-
-    With ``checkpoint="best_val_loss"`` the validation NLL is that of the M-sample predictive, with the
-    same evaluation noise every epoch.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        head = VTSTHead(train_features.shape[1], params.latent_dim, num_classes, params.num_samples)
-    return train_stage_two_head(head, params, train_features, train_labels, val_features, val_labels,
-                                seed=seed, device=device)
+    (:func:`fit_vtst_population`; a non-finite loss raises its ``TrainingDiverged``)."""
+    return alone(fit_vtst_population([(params, seed)], train_features, train_labels, val_features, val_labels,
+                                     num_classes=num_classes, device=device))
 
 
 def run_vtst(params: VTSTConfig, artifact: Stage1Artifact, *, seed: int, device: torch.device) -> MethodOutcome:
@@ -136,5 +172,13 @@ def run_vtst(params: VTSTConfig, artifact: Stage1Artifact, *, seed: int, device:
     return run_on_artifact(fit_vtst, params, artifact, seed=seed, device=device)
 
 
+def run_vtst_population(
+    params: Sequence[VTSTConfig], artifact: Stage1Artifact, *, seeds: Sequence[int], device: torch.device
+) -> list[MethodOutcome | BaseException]:
+    """V-TST's Stage II of several configs sharing :func:`population_key`, trained together on the artifact."""
+    return run_population_on_artifact(fit_vtst_population, params, artifact, seeds=seeds, device=device)
+
+
 METHODS.register("vtst")(MethodSpec(VTSTConfig, run_vtst, "V-TST: TST with a Gaussian last hidden layer",
+                                    run_population=run_vtst_population, population_key=population_key,
                                     label="V-TST", order=2))

@@ -59,12 +59,15 @@ def describe_classes(classes: Sequence[int], num_classes: int) -> str:
     return f"classes {shown} ({len(classes)} of {num_classes})"
 
 
-def check_logits(logits: torch.Tensor, *, min_classes: int = 1) -> torch.Tensor:
-    """``logits`` as a float64 tensor after checking it is finite and of shape (N, C), C >= min_classes."""
+def check_logits(logits: torch.Tensor, *, min_classes: int = 1, fitted_classes: int | None = None) -> torch.Tensor:
+    """``logits`` as a float64 tensor after checking it is finite and of shape (N, C), C >= min_classes, and
+    C = ``fitted_classes`` when a fitted calibrator passes the number of classes it was fitted on."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"`logits` must be a torch.Tensor, got {type(logits).__name__}.")
     if logits.ndim != 2 or logits.shape[1] < min_classes:
         raise ValueError(f"`logits` must have shape (N, C) with C >= {min_classes}, got shape {tuple(logits.shape)}.")
+    if fitted_classes is not None and logits.shape[1] != fitted_classes:
+        raise ValueError(f"`logits` must have the {fitted_classes} classes of the fit, got {logits.shape[1]}.")
     if not torch.isfinite(logits).all():
         raise ValueError("`logits` must be finite (no NaN or inf).")
     return logits.detach().double()

@@ -24,9 +24,7 @@ __all__ = ["binary_problem_classes", "checked_softmax", "one_vs_rest_log_probs"]
 
 def checked_softmax(logits: torch.Tensor, num_classes: int) -> np.ndarray:
     """softmax(z) (N, C) in float64 of new logits, after checking them and that C is the fit's ``num_classes``."""
-    z = check_logits(logits)
-    if z.shape[1] != num_classes:
-        raise ValueError(f"`logits` must have the {num_classes} classes of the fit, got {z.shape[1]}.")
+    z = check_logits(logits, fitted_classes=num_classes)
     return softmax64(z.cpu())
 
 

@@ -171,9 +171,7 @@ class BBQ(PostHocCalibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """log p̂, p̂_k = f_k(p_k) / Σ_j f_j(p_j)."""
         self.check_fitted()
-        z = check_logits(logits)
-        if z.shape[1] != len(self.class_fits):
-            raise ValueError(f"`logits` must have the {len(self.class_fits)} classes of the fit, got {z.shape[1]}.")
+        z = check_logits(logits, fitted_classes=len(self.class_fits))
         probs = softmax64(z.cpu())
         calibrated = np.stack([f(probs[:, k]) for k, f in enumerate(self.class_fits)], axis=1)
         return log_of_normalised(calibrated).to(logits.device)

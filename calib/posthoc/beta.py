@@ -217,9 +217,7 @@ class BetaCalibration(PostHocCalibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """Calibrated logits: (0, η) at C = 2, log σ(η_k) for C > 2, η = a ln p − b ln(1 − p) + c."""
         self.check_fitted()
-        z = check_logits(logits)
-        if z.shape[1] != self.num_classes:
-            raise ValueError(f"`logits` must have the {self.num_classes} classes of the fit, got {z.shape[1]}.")
+        z = check_logits(logits, fitted_classes=self.num_classes)
         log_s, log_rest = (feature[:, self.classes] for feature in beta_features(z.cpu()))
         eta = self.a * log_s - self.b * log_rest + self.c
         calibrated = torch.cat([torch.zeros_like(eta), eta], dim=1) if self.num_classes == 2 else F.logsigmoid(eta)

@@ -147,9 +147,7 @@ class HistogramBinning(PostHocCalibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """log p̂: the log of the renormalised bin values (N, C)."""
         self.check_fitted()
-        z = check_logits(logits)
-        if z.shape[1] != len(self.bin_values):
-            raise ValueError(f"`logits` must have the {len(self.bin_values)} classes of the fit, got {z.shape[1]}.")
+        z = check_logits(logits, fitted_classes=len(self.bin_values))
         probs = softmax64(z.cpu())
         binned = np.empty_like(probs)
         for k, (cuts, values) in enumerate(zip(self.cut_points, self.bin_values, strict=True)):
@@ -230,9 +228,7 @@ class HistogramBinningEqualWidth(PostHocCalibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """log p̂: (1 − θ(p_1), θ(p_1)) at K = 2, the renormalised θ_k,b(p_k) above (N, C)."""
         self.check_fitted()
-        z = check_logits(logits)
-        if z.shape[1] != self.num_classes:
-            raise ValueError(f"`logits` must have the {self.num_classes} classes of the fit, got {z.shape[1]}.")
+        z = check_logits(logits, fitted_classes=self.num_classes)
         probs = softmax64(z.cpu())
         binned = np.empty_like(probs)
         for k, values in zip(self.binned_classes, self.bin_values, strict=True):

@@ -170,9 +170,7 @@ class SplineCalibration(PostHocCalibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """log p̂ of :func:`top_label_distribution`: the predicted class kept, with confidence max(ĉ, 1/C)."""
         self.check_fitted()
-        z = check_logits(logits)
-        if z.shape[1] != self.num_classes:
-            raise ValueError(f"`logits` must have the {self.num_classes} classes of the fit, got {z.shape[1]}.")
+        z = check_logits(logits, fitted_classes=self.num_classes)
         probs = softmax64(z.cpu())
         confidence = self.calibrated_confidence(probs.max(axis=1))
         return log_probabilities(top_label_distribution(probs, confidence)).to(logits.device)

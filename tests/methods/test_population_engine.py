@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from calib.methods import tst
+from calib.methods import METHODS, tst
 from calib.methods.population import TrainingDiverged
 from calib.methods.tst import (
     TSTConfig,
@@ -17,7 +17,7 @@ from calib.methods.tst import (
     train_stage_two_head,
     train_stage_two_heads,
 )
-from calib.methods.vtst import VTSTConfig, VTSTHead, fit_vtst
+from calib.methods.vtst import VTSTConfig, VTSTHead, fit_vtst, fit_vtst_population, population_key
 from calib.metrics import negative_log_likelihood
 
 CPU = torch.device("cpu")
@@ -94,8 +94,39 @@ def test_a_lone_vtst_head_equals_its_member_of_a_population_bit_for_bit():
     assert torch.equal(lone.probs(TEST[0]), together[0].probs(TEST[0]))
 
 
+def test_vtst_configs_of_one_loop_train_as_one_population_each_as_alone():
+    """lr, momentum, weight decay, Z, M and the checkpoint rule are each member's own (its own parameter group):
+    configs differing only there share a population, and each member is :func:`fit_vtst` of its config, bit for
+    bit; the registration trains them so in a study."""
+    members = [(VTSTConfig(epochs=3, batch_size=32, latent_dim=8, num_samples=2, checkpoint="best_val_loss"), 0),
+               (VTSTConfig(epochs=3, batch_size=32, latent_dim=16, lr=0.03, momentum=0.5, weight_decay=0.0), 4),
+               (VTSTConfig(epochs=3, batch_size=32, latent_dim=8, lr=0.2), 5)]
+    assert len({population_key(params) for params, _ in members}) == 1
+    assert population_key(VTSTConfig(epochs=3)) != population_key(VTSTConfig(epochs=3, batch_size=64))
+    together = fit_vtst_population(members, *TRAIN, *VAL, num_classes=4, device=CPU)
+    for (params, seed), member in zip(members, together, strict=True):
+        alone = fit_vtst(params, *TRAIN, *VAL, num_classes=4, seed=seed, device=CPU)
+        assert torch.equal(alone.probs(TEST[0]), member.probs(TEST[0]))
+        assert alone.history == member.history and alone.best_epoch == member.best_epoch
+    spec = METHODS.get("vtst")
+    assert spec.population_key is population_key and spec.run_population is not None
+    with pytest.raises(ValueError, match="must share epochs, optimizer, batch_size"):
+        fit_vtst_population([(VTSTConfig(epochs=2), 0), (VTSTConfig(epochs=3), 1)], *TRAIN, *VAL, num_classes=4,
+                            device=CPU)
+
+
+def test_adam_members_keep_their_own_lr_and_weight_decay():
+    members = [(VTSTConfig(epochs=2, batch_size=32, latent_dim=8, optimizer="adam", lr=1e-3), 0),
+               (VTSTConfig(epochs=2, batch_size=32, latent_dim=8, optimizer="adam", lr=1e-2, weight_decay=1e-3), 1)]
+    together = fit_vtst_population(members, *TRAIN, *VAL, num_classes=4, device=CPU)
+    for (params, seed), member in zip(members, together, strict=True):
+        alone = fit_vtst(params, *TRAIN, *VAL, num_classes=4, seed=seed, device=CPU)
+        assert torch.equal(alone.probs(TEST[0]), member.probs(TEST[0])) and alone.history == member.history
+    assert not torch.equal(together[0].probs(TEST[0]), together[1].probs(TEST[0]))
+
+
 def test_stage_two_heads_must_share_the_loop():
-    with pytest.raises(ValueError, match="must share epochs, optimizer, lr"):
+    with pytest.raises(ValueError, match="must share epochs, optimizer, batch_size"):
         train_stage_two_heads([(vtst_head(0), VTSTConfig(epochs=2), 0), (vtst_head(1), VTSTConfig(epochs=3), 1)],
                               *TRAIN, *VAL, device=CPU)
 
