@@ -35,6 +35,7 @@ identifiable), a separated class (every sample right, in-sample NLL < 1e-4), an 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -213,6 +214,12 @@ class BetaCalibration(PostHocCalibrator):
         if decreasing:
             reasons.append(f"{named(decreasing)}: the coefficient left after the refit is negative, a decreasing map")
         return reasons
+
+    def fit_details(self) -> dict[str, Any]:
+        """The base fit columns and the fitted (a_k, b_k, c_k), one per binary problem: class 1's at C = 2, else
+        class k's at position k."""
+        return {**super().fit_details(), "fitted_beta_a": self.a.tolist(), "fitted_beta_b": self.b.tolist(),
+                "fitted_beta_c": self.c.tolist()}
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """Calibrated logits: (0, η) at C = 2, log σ(η_k) for C > 2, η = a ln p − b ln(1 − p) + c."""

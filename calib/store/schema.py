@@ -94,6 +94,10 @@ FIT = [
      "SMS, SVS: the ridge coefficient c_v = λ_v K^ρ / n^τ of the diagonal deviations the fit used"),
     ("fitted_off_diagonal_penalty", pa.float64(),
      "SMS: the ridge coefficient c_M = λ_M (K(K−1))^ρ / n^τ of the off-diagonal entries the fit used (null for SVS)"),
+    ("fitted_beta_a", pa.list_(pa.float64()),
+     "Beta: the fitted a of each binary problem (class 1's at K = 2, else one per class in class order)"),
+    ("fitted_beta_b", pa.list_(pa.float64()), "Beta: the fitted b of each binary problem, as fitted_beta_a"),
+    ("fitted_beta_c", pa.list_(pa.float64()), "Beta: the fitted c of each binary problem, as fitted_beta_a"),
 ]
 RUN = [
     ("label", pa.string(), "the study's name for this trial's variant (a table row), empty if none"),

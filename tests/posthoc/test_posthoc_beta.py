@@ -94,6 +94,29 @@ def test_the_family_holds_logistic_calibration_on_the_log_odds():
                                expit(2 * logit(s) + math.log(3)), atol=1e-6)
 
 
+def test_the_fitted_coefficients_are_store_columns(tmp_path):
+    """Platt's case above (a = b = 2, c = ln 3) and the dropped a (0 in the column); at K = 3 one (a, b, c) per
+    class, in class order; they survive a write and read of a store row."""
+    import pyarrow as pa
+
+    from calib.store.schema import trial_schema
+
+    details = BetaCalibration().fit(*grouped([1 / 3, 1 / 2, 2 / 3], [7, 4, 13], [3, 3, 12])).fit_details()
+    np.testing.assert_allclose([details[f"fitted_beta_{name}"] for name in "abc"], [[2.0], [2.0], [math.log(3)]],
+                               atol=1e-5)
+    dropped = BetaCalibration().fit(*grouped([0.2, 0.5, 0.8], [20, 20, 20], [5, 10, 18])).fit_details()
+    assert dropped["fitted_beta_a"] == [0.0] and dropped["fitted_beta_b"][0] > 0
+    rng = np.random.default_rng(0)
+    logits, labels = torch.from_numpy(rng.normal(size=(300, 3)) * 2), torch.from_numpy(rng.integers(0, 3, 300))
+    calibrator = BetaCalibration().fit(logits, labels)
+    details = calibrator.fit_details()
+    assert [len(details[f"fitted_beta_{name}"]) for name in "abc"] == [3, 3, 3]
+    assert details["fitted_beta_c"] == calibrator.c.tolist()
+    schema = trial_schema()
+    row = pa.Table.from_pylist([{name: details.get(name) for name in schema.names}], schema=schema).to_pylist()[0]
+    assert [row[f"fitted_beta_{name}"] for name in "abc"] == [details[f"fitted_beta_{name}"] for name in "abc"]
+
+
 def test_a_negative_coefficient_is_dropped_and_the_rest_refitted():
     # Fractions ¼, ½, 9/10 at 0.2, 0.5, 0.8 need a = −0.042 < 0: Algorithm 1 refits σ(−b ln(1 − s) + c), whose
     # maximum likelihood the test finds by scipy.
