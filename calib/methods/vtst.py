@@ -145,9 +145,9 @@ def fit_vtst_population(
     the M-sample predictive, with the same evaluation noise every epoch. A member whose loss becomes
     non-finite gets a :class:`~calib.methods.population.TrainingDiverged`; the others go on.
     """
-    heads = [_initial_vtst_head(params, seed, train_features.shape[1], num_classes) for params, seed in members]
-    return train_stage_two_heads([(head, params, seed) for head, (params, seed) in zip(heads, members, strict=True)],
-                                 train_features, train_labels, val_features, val_labels, device=device)
+    heads = [(_initial_vtst_head(params, seed, train_features.shape[1], num_classes), params, seed)
+             for params, seed in members]
+    return train_stage_two_heads(heads, train_features, train_labels, val_features, val_labels, device=device)
 
 
 def fit_vtst(
