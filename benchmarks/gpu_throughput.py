@@ -43,7 +43,7 @@ from calib._help import HelpFormatter
 from calib.artifacts.stage1 import stage1_data
 from calib.config import parse_trial_config
 from calib.models import create_model
-from calib.study_rows import METHOD_ROWS
+from calib.study.rows import METHOD_ROWS
 from calib.training.compile import CUDA_GRAPH_MODES, enable_compile_caches
 from calib.training.device import autocast, configure_backend, resolve_device
 from calib.training.stage1 import (  # calib's own loop, step for step, and its compile-time measure

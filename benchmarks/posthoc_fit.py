@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from calib.cli import HelpFormatter
+from calib._help import HelpFormatter
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ REFERENCES: dict[str, tuple[str, Callable[[], Any]]] = {
     "Beta": ('get_calibrator("beta")', _probmetrics("beta")),
 }
 """probmetrics 1.3's counterpart of each post-hoc row that has one, by the row's label; the rows themselves, their
-order and their calibrators are the registry's (``calib.study_rows.POSTHOC_METHODS``)."""
+order and their calibrators are the registry's (``calib.study.rows.POSTHOC_METHODS``)."""
 
 
 @dataclass
@@ -119,7 +119,7 @@ def split(labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def rows(methods: list[str] | None = None) -> list[Method]:
     """The rows to run: every registered post-hoc method in the tables' order, with its probmetrics counterpart
     where :data:`REFERENCES` has one; only the labels in ``methods`` (all if None)."""
-    from calib.study_rows import POSTHOC_METHODS
+    from calib.study.rows import POSTHOC_METHODS
 
     chosen = [Method(label, name, *REFERENCES.get(label, (None, None))) for label, name in POSTHOC_METHODS.items()]
     if methods is not None:

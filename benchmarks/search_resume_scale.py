@@ -55,7 +55,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
 
-from calib.cli import HelpFormatter
+from calib._help import HelpFormatter
 from calib.config import config_hash
 from calib.presets import PRESETS, base_config
 from calib.search import load_search_space

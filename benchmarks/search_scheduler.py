@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from calib.cli import HelpFormatter
+from calib._help import HelpFormatter
 from calib.config import set_dotted
 from calib.presets import PRESETS, base_config
 from calib.report import format_mean_ci

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calib.cli import HelpFormatter
+from calib._help import HelpFormatter
 from calib.config import set_dotted
 from calib.presets import PRESETS, base_config
 from calib.search import ExecutionOptions, init_ray, load_search_space, run_search

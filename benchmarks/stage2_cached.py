@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from calib.cli import HelpFormatter
+from calib._help import HelpFormatter
 from calib.datasets import load_dataset
 from calib.methods.mac_cal import MacCalConfig
 from calib.methods.mac_cal_training import fit_mac_cal

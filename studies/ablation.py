@@ -15,23 +15,17 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.dataset as pads
 
-from calib.ablation import MODES, load_ladder
-from calib.cli import (
-    execution_options,
-    guarded_main,
-    preset_of,
-    require_datasets,
-    settings_line,
-    study_exit_code,
-    study_parser,
-    study_paths,
-    study_setups,
-)
 from calib.presets import base_config, with_preset_stage2
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.figures import plot_retention
 from calib.search import CheckedOnly, run_grid
 from calib.store import read_finished, read_history
+from calib.study.ablation import MODES, load_ladder
+from calib.study.flags import study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.resources import execution_options, settings_line
+from calib.study.sources import preset_of, require_datasets, study_setups
 
 DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
 METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}

@@ -27,13 +27,15 @@ per bin) to ``<store>/figures``. ``studies/report.py`` regenerates both from the
 from __future__ import annotations
 
 from calib._config import ConfigError
-from calib.cli import add_predictions_args, guarded_main, study_exit_code, study_parser, study_paths
 from calib.registries import METHODS
 from calib.report import report_step
 from calib.report.build import FULL, pooled_bins
 from calib.report.figures import plot_reliability
 from calib.search import CheckedOnly
-from calib.study_rows import GIVEN_STAGE1_ROWS, METHOD_ROWS, RegistryRows, print_row_tables, run_rows
+from calib.study.flags import add_predictions_args, study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.rows import GIVEN_STAGE1_ROWS, METHOD_ROWS, RegistryRows, print_row_tables, run_rows
 
 METRICS = FULL
 

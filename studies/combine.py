@@ -6,9 +6,11 @@ artifact and retrains only the head. Prints Acc / ECE / AECE (mean ± 95% CI ove
 
 from __future__ import annotations
 
-from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.search import CheckedOnly
-from calib.study_rows import Row, print_row_tables, run_rows
+from calib.study.flags import study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.rows import Row, print_row_tables, run_rows
 
 STAGE1 = {
     "CE": Row(),

@@ -8,10 +8,12 @@ and AUGRC per method, mean ± 95% CI over seeds, on the test split.
 
 from __future__ import annotations
 
-from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.report.build import FULL
 from calib.search import CheckedOnly
-from calib.study_rows import METHOD_ROWS, print_row_tables, run_rows
+from calib.study.flags import study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.rows import METHOD_ROWS, print_row_tables, run_rows
 
 METRICS = FULL
 

@@ -15,7 +15,6 @@ import argparse
 import pandas as pd
 
 from calib._config import ConfigError
-from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.datasets.corruptions import (
     C_DIRECTORY,
     CORRUPTIONS,
@@ -27,7 +26,10 @@ from calib.datasets.corruptions import (
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
 from calib.search import CheckedOnly
-from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
+from calib.study.flags import study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
 
 ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal"]
 

@@ -8,11 +8,13 @@ mean over seeds, with the ratio to vanilla. Timings are wall seconds on the mach
 
 from __future__ import annotations
 
-from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.report import report_step
 from calib.report.build import cost_table
 from calib.search import CheckedOnly
-from calib.study_rows import METHOD_ROWS, run_rows
+from calib.study.flags import study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.rows import METHOD_ROWS, run_rows
 
 
 @guarded_main

@@ -6,9 +6,11 @@ on the same 15 bins (docs/methods.md §6.4).
 
 from __future__ import annotations
 
-from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.search import CheckedOnly
-from calib.study_rows import POSTHOC_ROWS, Row, print_row_tables, run_rows
+from calib.study.flags import study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.rows import POSTHOC_ROWS, Row, print_row_tables, run_rows
 
 ROWS = {
     "CE": Row(),

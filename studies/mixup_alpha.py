@@ -6,11 +6,13 @@ shares with the Mixup row). Prints ECE and accuracy per (family, α) and writes 
 
 from __future__ import annotations
 
-from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
 from calib.search import CheckedOnly
-from calib.study_rows import Row, print_row_tables, run_rows
+from calib.study.flags import study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.rows import Row, print_row_tables, run_rows
 
 DEFAULT_ALPHAS = (0.1, 0.2, 0.4, 1.0)
 METRICS = {"test_ece": "ECE", "test_accuracy": "Acc", "test_oece": "O-ECE", "test_uece": "U-ECE"}

@@ -9,10 +9,12 @@ probability, in-distribution positive. Prints AUROC and FPR at 95% TPR averaged 
 from __future__ import annotations
 
 from calib._config import ConfigError
-from calib.cli import guarded_main, study_exit_code, study_parser, study_paths
 from calib.datasets import DEFAULT_OOD, OOD_SETS
 from calib.search import CheckedOnly
-from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
+from calib.study.flags import study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
 
 ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal", "DFL", "ACLS", "LS", "FeDLaS-LS", "MbLS",
         "FeDLaS-MbLS"]

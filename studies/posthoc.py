@@ -37,18 +37,6 @@ import yaml
 from calib._config import ConfigError
 from calib.artifacts.features_file import read_features_file
 from calib.artifacts.sources import predictions_split
-from calib.cli import (
-    add_predictions_args,
-    execution_options,
-    guarded_main,
-    preset_of,
-    require_datasets,
-    settings_line,
-    study_exit_code,
-    study_parser,
-    study_paths,
-    study_setups,
-)
 from calib.config import parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.synthetic_logits import write_synthetic_logits
@@ -57,7 +45,12 @@ from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary, plot_calibration_sizes
 from calib.search import CheckedOnly, run_grid
 from calib.store import read_finished
-from calib.study_rows import POSTHOC_METHODS
+from calib.study.flags import add_predictions_args, study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.resources import execution_options, settings_line
+from calib.study.rows import POSTHOC_METHODS
+from calib.study.sources import preset_of, require_datasets, study_setups
 
 DEFAULT_SIZES = ("50", "100", "500", "1000", "all")
 DEFAULT_DRAWS = 5

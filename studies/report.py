@@ -16,9 +16,11 @@ import argparse
 from pathlib import Path
 
 from calib._config import check
-from calib.cli import HelpFormatter, StudyPaths, guarded_main
+from calib._help import HelpFormatter
 from calib.report.build import build_report
 from calib.report.significance import CONTROL_CANDIDATES
+from calib.study.main import guarded_main
+from calib.study.paths import StudyPaths
 
 
 @guarded_main

@@ -16,17 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from calib.cli import (
-    execution_options,
-    guarded_main,
-    preset_of,
-    require_datasets,
-    settings_line,
-    study_exit_code,
-    study_parser,
-    study_paths,
-    study_setups,
-)
 from calib.config import SEED_LIMIT, set_dotted
 from calib.metrics import higher_is_better
 from calib.presets import base_config
@@ -36,6 +25,11 @@ from calib.search.importance import importance_report
 from calib.search.journal import journal_location
 from calib.search.optimize import DEFAULT_TPE_WINDOW
 from calib.store import read_finished
+from calib.study.flags import study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.resources import execution_options, settings_line
+from calib.study.sources import preset_of, require_datasets, study_setups
 
 
 def pareto_front(df, objectives: list[str]):

@@ -15,23 +15,17 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.dataset as pads
 
-from calib.cli import (
-    execution_options,
-    guarded_main,
-    preset_of,
-    require_datasets,
-    settings_line,
-    study_exit_code,
-    study_parser,
-    study_paths,
-    study_setups,
-)
 from calib.methods.mac_cal import STATS_SPLITS
 from calib.presets import base_config
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
 from calib.search import CheckedOnly, run_grid
 from calib.store import read_finished, read_history
+from calib.study.flags import study_parser
+from calib.study.main import guarded_main, study_exit_code
+from calib.study.paths import study_paths
+from calib.study.resources import execution_options, settings_line
+from calib.study.sources import preset_of, require_datasets, study_setups
 
 DEFAULT_GAMMAS = (0.8, 0.85, 0.9, 0.95, 1.0)
 METRICS = {"test_ece": "ECE (%)", "test_accuracy": "Acc (%)", "test_aece": "AECE (%)", "test_mce": "MCE (%)"}

@@ -313,9 +313,9 @@ def test_a_study_returns_checked_only_and_guarded_main_prints_it_and_exits_0(cap
     """``--check-only`` is a return value (``run_grid``/``run_search`` return it, the study's ``main`` returns it);
     ``guarded_main`` prints its line and exits 0, passes other codes on, and turns bad input into exit 2."""
     from calib._config import ConfigError
-    from calib.cli import guarded_main
     from calib.exit_codes import ExitCode
     from calib.search import CheckedOnly
+    from calib.study.main import guarded_main
 
     assert guarded_main(lambda argv: CheckedOnly("s", 4))([]) == ExitCode.OK == 0
     assert capsys.readouterr().out == "[s] checked: 4 trials to run; nothing was started (--check-only)\n"
@@ -447,7 +447,7 @@ def test_corrupt_and_foreign_files_are_skipped_with_a_warning_and_rerun(finished
 
 # ---------------------------------------------------------------------------------- bad input
 # Each case is a study command line as a user types it. A few run as real subprocesses; the rest call the
-# study's ``main(argv)`` in this process (the same function, wrapped by ``calib.cli.guarded_main``), with
+# study's ``main(argv)`` in this process (the same function, wrapped by ``calib.study.main.guarded_main``), with
 # Ray's start replaced by a failure so a mistakenly accepted input fails fast instead of training.
 
 SHORT = ["--epochs", "2", "--stage2-epochs", "2"]  # a mistakenly accepted input must not run long

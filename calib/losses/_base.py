@@ -19,7 +19,7 @@ class LossSpec:
     """``build(config, num_classes=..., reduction=...)`` returns an ``nn.Module`` called as
     ``loss(logits, targets, features)``; ``config`` is the loss's frozen config dataclass.
 
-    What the studies read from the spec (``calib.study_rows``): ``label``, the row of a Stage I trained with the
+    What the studies read from the spec (``calib.study.rows``): ``label``, the row of a Stage I trained with the
     loss (its defaults) in the tables and ``--methods`` (None: no row); ``order``, its place among the loss rows
     (ties: registration order); ``dataset_defaults``, config changes per dataset that the rows apply (FeDLaS's
     CIFAR-100 values); ``added_fields``, fields added after results were stored, with their defaults (left out

@@ -70,7 +70,7 @@ class MethodSpec:
     methods), so it runs on a predictions file, which holds no features and no training split; ``posthoc``: it
     is a post-hoc calibrator (:func:`calib.posthoc.register_posthoc_method` sets both).
 
-    What the studies read from the spec (``calib.study_rows``): ``label``, the method's row in the tables and its
+    What the studies read from the spec (``calib.study.rows``): ``label``, the method's row in the tables and its
     name in ``--methods`` (None: reachable by its registered name only, not a table row); ``order``, its place
     among the rows of its kind (ties: registration order). ``added_fields``: fields added after results were
     stored, with their defaults: at its default such a field is left out of the trial's identity, so trials

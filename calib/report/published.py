@@ -1,7 +1,7 @@
 """The papers' published numbers (docs/methods.md §9), shown beside ours when a table is on their setup.
 
 MaC-Cal Table 1: test ECE in percent (15 bins) per method, keyed by (dataset, architecture) in
-calib's registered names and by the row labels of ``calib.study_rows.METHOD_ROWS``.
+calib's registered names and by the row labels of ``calib.study.rows.METHOD_ROWS``.
 """
 
 from __future__ import annotations

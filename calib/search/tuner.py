@@ -28,7 +28,7 @@ class StudyRun:
 @dataclass(frozen=True)
 class CheckedOnly:
     """What a run returns for ``--check-only``: its configs, resources and store were checked and nothing was
-    started. ``str()`` is the line the study prints (then it exits 0, :func:`calib.cli.guarded_main`)."""
+    started. ``str()`` is the line the study prints (then it exits 0, :func:`calib.study.main.guarded_main`)."""
 
     study: str
     pending: int

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from calib._config import ConfigError
-from calib.ablation import load_ladder, parse_ladder
 from calib.config import parse_trial_config
+from calib.study.ablation import load_ladder, parse_ladder
 
 LADDER = Path(__file__).resolve().parents[2] / "studies" / "ladders" / "mac_cal.yaml"
 

@@ -17,8 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first: a module imports its own layer and those below
     ("launchers", ("calib.cluster",)),
-    ("study", ("calib.cli", "calib.study_flags", "calib.study_sources", "calib.study_resources", "calib.study_rows",
-               "calib.ablation", "calib.presets")),
+    ("study", ("calib.study", "calib.presets")),
     ("Ray Tune", ("calib.search", "calib.tracking")),
     ("run_trial", ("calib.trial",)),
     ("report", ("calib.report",)),
@@ -94,13 +93,13 @@ def test_no_module_imports_from_a_higher_layer():
 
 
 def test_the_check_sees_lazy_relative_and_package_imports():
-    """What it would have said of the store's CLI taking the study CLI's help formatter, lazily, and of a
+    """What it would have said of the store's CLI taking the study's guarded main, lazily, and of a
     method importing the trial through a relative import."""
-    store_cli = "def parser():\n    from calib.cli import HelpFormatter\n"
+    store_cli = "def parser():\n    from calib.study.main import guarded_main\n"
     assert upward_imports("calib.store.__main__", store_cli) == [
-        "calib.store.__main__:2 (store) imports calib.cli (study)"]
+        "calib.store.__main__:2 (store) imports calib.study.main (study)"]
     assert upward_imports("calib.methods.tst", "from ..trial import run_trial\n") == [
         "calib.methods.tst:1 (the parts of a trial) imports calib.trial (run_trial)"]
     assert upward_imports("calib.report.build", "from calib import store, metrics\n") == []
-    assert upward_imports("calib.metrics", "from calib import study_rows\n", is_package=True) == [
-        "calib.metrics:1 (components) imports calib.study_rows (study)"]
+    assert upward_imports("calib.metrics", "from calib import study\n", is_package=True) == [
+        "calib.metrics:1 (components) imports calib.study (study)"]

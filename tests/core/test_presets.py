@@ -8,9 +8,11 @@ import pytest
 
 from calib._config import ConfigError
 from calib._registry import UnknownNameError
-from calib.cli import add_common_args, execution_options, preset_of, study_setups
 from calib.config import parse_trial_config
 from calib.presets import PRESETS, base_config
+from calib.study.flags import add_common_args
+from calib.study.resources import execution_options
+from calib.study.sources import preset_of, study_setups
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -63,10 +65,11 @@ def test_epochs_flag_shortens_every_dataset_schedule():
 
 @pytest.fixture
 def machine(monkeypatch):
-    """``machine(cpus, gpus)``: what local Ray would start with, as :func:`calib.cli.execution_options` sees it."""
+    """``machine(cpus, gpus)``: what local Ray would start with, as
+    :func:`calib.study.resources.execution_options` sees it."""
 
     def set_machine(cpus: float, gpus: float) -> None:
-        monkeypatch.setattr("calib.study_resources.machine_resources", lambda: {"CPU": float(cpus), "GPU": float(gpus)})
+        monkeypatch.setattr("calib.study.resources.machine_resources", lambda: {"CPU": float(cpus), "GPU": float(gpus)})
         monkeypatch.setattr("torch.cuda.device_count", lambda: int(gpus))
         monkeypatch.setattr("torch.cuda.is_available", lambda: gpus > 0)
 

@@ -42,7 +42,7 @@ def test_row_tables_are_built_once_until_a_method_or_a_loss_is_registered(monkey
     """``RegistryRows`` is read hundreds of times per study start (each row table reads the others): built once
     (a study's start took 3 s rebuilding them on every read), and again after a registration (a ``--plugin``)."""
     from calib.registries import LOSSES, METHODS
-    from calib.study_rows import METHOD_ROWS, RegistryRows
+    from calib.study.rows import METHOD_ROWS, RegistryRows
 
     builds = []
     rows = RegistryRows(lambda: builds.append(1) or {"CE": "ce", **METHOD_ROWS}, "rows")

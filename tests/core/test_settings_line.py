@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from calib.cli import add_common_args, execution_options, preset_of, settings_line
 from calib.presets import base_config
+from calib.study.flags import add_common_args
+from calib.study.resources import execution_options, settings_line
+from calib.study.sources import preset_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +22,7 @@ class Scheduled(Exception):
 
 def study_main(script: str, monkeypatch: pytest.MonkeyPatch):
     """``studies/<script>``'s ``main``, with the grid and the search replaced by :class:`Scheduled`."""
-    import calib.study_rows
+    import calib.study.rows
 
     spec = importlib.util.spec_from_file_location(f"_settings_{Path(script).stem}", ROOT / "studies" / script)
     module = importlib.util.module_from_spec(spec)
@@ -29,7 +31,7 @@ def study_main(script: str, monkeypatch: pytest.MonkeyPatch):
     def scheduled(*args, **kwargs):
         raise Scheduled
 
-    for target in (module, calib.study_rows):
+    for target in (module, calib.study.rows):
         for name in ("run_grid", "run_search"):
             if hasattr(target, name):
                 monkeypatch.setattr(target, name, scheduled)

@@ -54,12 +54,12 @@ class Captured(Exception):
 
 def compare_methods_manifest(tmp_path, monkeypatch, *methods):
     """The manifest ``compare_methods.py --methods ...`` checks and records (nothing runs)."""
-    import calib.study_rows
+    import calib.study.rows
 
     def capture(configs, *, table=None, **kwargs):
         raise Captured(manifest_of([parse_trial_config(c) for c in (table or configs)]))
 
-    monkeypatch.setattr(calib.study_rows, "run_grid", capture)
+    monkeypatch.setattr(calib.study.rows, "run_grid", capture)
     spec = importlib.util.spec_from_file_location("compare_methods", ROOT / "studies" / "compare_methods.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

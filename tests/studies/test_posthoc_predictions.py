@@ -15,7 +15,7 @@ from sklearn.model_selection import train_test_split
 from test_study_scripts import trial_files
 
 from calib.datasets.synthetic_logits import overconfident_logits
-from calib.study_rows import POSTHOC_METHODS
+from calib.study.rows import POSTHOC_METHODS
 
 
 @pytest.fixture(scope="module")

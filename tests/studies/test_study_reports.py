@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 from trial_fixtures import tiny_config
 
-from calib.cli import study_exit_code
 from calib.report import report_step
 from calib.report.build import build_report
 from calib.store import read_trials, write_result
-from calib.study_rows import print_row_tables
+from calib.study.main import study_exit_code
+from calib.study.rows import print_row_tables
 from calib.trial import run_trial
 
 ROOT = Path(__file__).resolve().parents[2]

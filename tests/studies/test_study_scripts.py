@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from in_process import run_refused, run_report, run_study
 
-from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS
+from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--epochs", "2", "--stage2-epochs", "2"]

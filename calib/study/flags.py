@@ -8,11 +8,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from calib._config import field_types
 from calib._help import HelpFormatter
 from calib.config import Stage1Config
+from calib.methods import METHODS
+from calib.plugins import use_plugin
 from calib.presets import PRESETS, Preset
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL
-from calib.study_sources import DEFAULT_CALIBRATION_FRACTION, DEFAULT_SPLITS
+from calib.study.sources import DEFAULT_CALIBRATION_FRACTION, DEFAULT_SPLITS
 
 __all__ = ["StudyParser", "add_common_args", "add_own_model_args", "add_predictions_args", "study_parser"]
 
@@ -33,8 +36,6 @@ class StudyParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
                          ) -> tuple[argparse.Namespace, list[str]]:
-        from calib.plugins import use_plugin
-
         argv = list(sys.argv[1:] if args is None else args)
         for i, arg in enumerate(argv):
             if arg == "--plugin" and i + 1 < len(argv):
@@ -69,9 +70,6 @@ def _epochs_of(preset: Preset) -> str:
 
 
 def _stage2_epochs_of(preset: Preset) -> str:
-    from calib._config import field_types
-    from calib.methods import METHODS
-
     if "epochs" in preset.stage2:
         return str(preset.stage2["epochs"])
     defaults = sorted({METHODS.get(name).config.epochs for name in METHODS.names()
@@ -162,8 +160,6 @@ class _LoadPlugin(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        from calib.plugins import use_plugin
-
         use_plugin(str(values))
         getattr(namespace, self.dest).append(str(values))
 

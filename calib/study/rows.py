@@ -15,13 +15,15 @@ from typing import Any
 import pandas as pd
 
 from calib._registry import Registry
-from calib.cli import execution_options, preset_of, require_datasets, settings_line, study_paths, study_setups
 from calib.presets import base_config
 from calib.registries import LOSSES, METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.tables import PREDICTION_CHANGE_COLUMNS, with_current_labels
 from calib.search import CheckedOnly, StudyRun, run_grid
 from calib.store import read_finished
+from calib.study.paths import study_paths
+from calib.study.resources import execution_options, settings_line
+from calib.study.sources import preset_of, require_datasets, study_setups
 
 __all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "RegistryRows", "Row",
            "print_row_tables", "run_rows"]

@@ -1,9 +1,5 @@
-"""Command-line plumbing shared by the study scripts: common flags, paths, and clean error exits.
-
-Its parts: the flags and the parser (:mod:`calib.study_flags`), what a study runs on (:mod:`calib.study_sources`:
-the preset, the Stage-I source, the setups, the paths), where and with what its trials run
-(:mod:`calib.study_resources`); here, the exits of a study script. Every name is importable from here.
-"""
+"""A study script's exits: user errors as one ``error:`` line and exit 2, a stop by signal as exit 3, the
+study's own exit code from what it stored."""
 
 from __future__ import annotations
 
@@ -12,37 +8,18 @@ from collections.abc import Callable
 from typing import Any
 
 from calib._config import ConfigError
-from calib._help import HelpFormatter
 from calib._registry import UnknownNameError
 from calib.datasets import DatasetNotFoundError
 from calib.exit_codes import ExitCode
-from calib.study_flags import add_common_args, add_own_model_args, add_predictions_args, study_parser
-from calib.study_resources import execution_options, machine_resources, settings_line
-from calib.study_sources import StudyPaths, preset_of, require_datasets, study_paths, study_setups
 
-__all__ = [
-    "HelpFormatter",
-    "StudyPaths",
-    "add_common_args",
-    "add_own_model_args",
-    "add_predictions_args",
-    "execution_options",
-    "guarded_main",
-    "machine_resources",
-    "preset_of",
-    "require_datasets",
-    "settings_line",
-    "study_exit_code",
-    "study_parser",
-    "study_paths",
-    "study_setups",
-]
+__all__ = ["guarded_main", "study_exit_code"]
 
 
 def guarded_main(main: Callable[[list[str] | None], Any]) -> Callable[[list[str] | None], int]:
     """Turn the errors a user can fix (bad config, unknown name, missing data) into one message and exit 2;
     a run stopped by SIGTERM into its last line and exit 3; a :class:`~calib.search.CheckedOnly` that ``main``
     returns (``--check-only``) into its line and exit 0; otherwise ``main``'s exit code."""
+    # Not at the top: calib.search costs 3 s to import, and studies/report.py, which trains nothing, exits here too.
     from calib.search.stopping import StudyInterrupted
     from calib.search.tuner import CheckedOnly
 
@@ -62,9 +39,6 @@ def guarded_main(main: Callable[[list[str] | None], Any]) -> Callable[[list[str]
 
     wrapper.__doc__ = main.__doc__
     return wrapper
-
-
-
 
 
 def study_exit_code(study: str, store: str, failed: int, finished: int) -> int:

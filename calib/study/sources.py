@@ -1,7 +1,6 @@
 """What a study runs on: the preset with the flags applied, the Stage I it starts from (trained, a model's
 checkpoint, a features file, files of predictions: docs/how-to/own-model.md), its (dataset, architecture)
-setups, and where the store, the artifacts and the data live. Every value a user can get wrong is a
-``ConfigError`` here, before anything runs."""
+setups. Every value a user can get wrong is a ``ConfigError`` here, before anything runs."""
 
 from __future__ import annotations
 
@@ -12,16 +11,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from calib import storage
 from calib._config import ConfigError
-from calib.config import SEED_LIMIT, Stage1Config
+from calib.artifacts.predictions_file import split_pair
+from calib.artifacts.sources import check_source, resolve_source
+from calib.config import SEED_LIMIT, Stage1Config, parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.subsets import check_train_size
 from calib.models import check_arch
-from calib.presets import PRESETS, Preset
+from calib.presets import PRESETS, Preset, base_config
+from calib.study.paths import study_paths
 
-__all__ = ["DEFAULT_CALIBRATION_FRACTION", "DEFAULT_SPLITS", "FEATURES_ARCH", "PREDICTIONS_ARCH", "StudyPaths",
-           "preset_of", "require_datasets", "study_paths", "study_setups"]
+__all__ = ["DEFAULT_CALIBRATION_FRACTION", "DEFAULT_SPLITS", "FEATURES_ARCH", "PREDICTIONS_ARCH", "preset_of",
+           "require_datasets", "study_setups"]
 
 FEATURES_ARCH = "features"
 """The architecture name of a features Stage I in configs and tables (it has no model)."""
@@ -34,24 +35,6 @@ DEFAULT_SPLITS = 10
 
 DEFAULT_CALIBRATION_FRACTION = 0.5
 """The share of a predictions file in each split's calibration part (the benchmarks' 50/50)."""
-
-
-class StudyPaths:
-    """Absolute store, artifact and data locations (Ray Tune changes each trial's working directory).
-
-    ``store`` and ``artifacts`` are absolute paths or object-store URIs (``s3://...``); ``outputs`` is
-    the local directory for figures and reports: the store itself when it is local, else ``./results``.
-    """
-
-    def __init__(self, store: str, artifacts: str | None, data_root: str) -> None:
-        self.store = storage.normalize(store)
-        self.artifacts = storage.normalize(artifacts) if artifacts else storage.join(self.store, "artifacts")
-        self.data_root = Path(data_root).resolve()
-        self.outputs = Path("results").resolve() if storage.is_remote(self.store) else Path(self.store)
-
-
-def study_paths(args: argparse.Namespace) -> StudyPaths:
-    return StudyPaths(args.store, args.artifacts, args.data_root)
 
 
 def preset_of(args: argparse.Namespace) -> Preset:
@@ -94,7 +77,6 @@ _OPTION_FLAGS = {"image_size": "--image-size", "resize": "--resize", "mean": "--
 
 def _with_own_model(args: argparse.Namespace, preset: Preset) -> Preset:
     """``preset`` with the Stage-I source (``--checkpoint``, ``--features``) and the dataset options flags."""
-    from calib.artifacts.sources import resolve_source
 
     checkpoint, features = getattr(args, "checkpoint", None), getattr(args, "features", None)
     if getattr(args, "predictions", None) is not None:
@@ -134,7 +116,6 @@ def _with_own_model(args: argparse.Namespace, preset: Preset) -> Preset:
 
 def _with_predictions(args: argparse.Namespace, preset: Preset) -> Preset:
     """``preset`` with one Stage-I source per ``--predictions`` file (named by its stem) and its splits as seeds."""
-    from calib.artifacts.sources import resolve_source
 
     given = [flag for flag, dest in (("--checkpoint", "checkpoint"), ("--features", "features"),
                                      ("--datasets", "datasets"), ("--archs", "archs"), ("--train-size", "train_size"))
@@ -159,7 +140,7 @@ def _with_predictions(args: argparse.Namespace, preset: Preset) -> Preset:
     fraction = DEFAULT_CALIBRATION_FRACTION if fraction is None else float(fraction)
     sources: dict[str, dict[str, Any]] = {}
     for file in args.predictions:
-        name = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(file.partition(",")[0]).stem).lstrip("-_.") or "predictions"
+        name = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(split_pair(file)[0]).stem).lstrip("-_.") or "predictions"
         if name in sources:
             raise ConfigError(f"`--predictions` names two files {name!r}: a setup is named by its file's stem, so "
                               f"give files of different names.")
@@ -179,10 +160,6 @@ def _features_label(args: argparse.Namespace) -> str:
 
 def _check_source_files_load(args: argparse.Namespace, preset: Preset, setups: list[tuple[str, str]]) -> None:
     """The checkpoint or features file loads and fits each setup, before any trial (``ConfigError`` otherwise)."""
-    from calib.artifacts.sources import check_source
-    from calib.config import parse_trial_config
-    from calib.presets import base_config
-
     paths = study_paths(args)
     for dataset, arch in setups:
         config = base_config(preset, study="check", dataset=dataset, arch=arch, seed=0, method={"name": "vanilla"},

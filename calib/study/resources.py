@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from calib._config import ConfigError
+from calib._config import ConfigError, field_types
 from calib.config import Stage1Config
+from calib.methods import METHODS
 from calib.presets import Preset
 from calib.search.execution import ExecutionOptions
 from calib.tracking import check_trackers
@@ -173,9 +174,6 @@ def _numbers(values: Sequence[float]) -> str:
 
 def _stage2_epochs(config: Mapping[str, Any]) -> int | None:
     """The Stage-II epochs of a trial config's method, None for a method without a Stage II."""
-    from calib._config import field_types
-    from calib.methods import METHODS
-
     method = config["method"]
     spec = METHODS.get(method["name"])
     if "epochs" not in field_types(spec.config):

@@ -1,0 +1,13 @@
+"""What every study script shares, one concern a module, each importing only those above it in this list:
+
+- :mod:`calib.study.paths`: where a study writes (store, artifacts, data, local outputs);
+- :mod:`calib.study.sources`: what it runs on (the preset with the flags applied, the Stage-I source, the setups);
+- :mod:`calib.study.resources`: where and with what its trials run (resources checked against Ray's, the settings
+  line);
+- :mod:`calib.study.flags`: the flags every study shares and the parser;
+- :mod:`calib.study.rows`: row-based studies (a table's rows from the registries, run and print them);
+- :mod:`calib.study.ablation`: ablation ladders;
+- :mod:`calib.study.main`: a study script's exits (``guarded_main``, ``study_exit_code``).
+
+A study script in ``studies/`` imports what it needs from these modules; this package imports none of them.
+"""
