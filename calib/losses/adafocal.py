@@ -147,7 +147,7 @@ class AdaFocal(TrainingStateLoss):
         if logits.shape[0] == 0:
             raise ValueError("AdaFocal updates γ from the validation split, which is empty.")
         with torch.no_grad():
-            probs = F.softmax(logits.float(), dim=1)
+            probs = F.softmax(logits, dim=1)
             confidence, predicted = probs.max(dim=1)
             confidence = confidence.to(torch.float64).to(self.edges.device)
             correct = (predicted == labels.to(predicted.device)).to(torch.float64).to(self.edges.device)

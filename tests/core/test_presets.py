@@ -1,4 +1,5 @@
-"""The presets: the paper preset is MaC-Cal and FeDLaS Table 1's grid with the seeds' protocols (docs/methods.md §7.2-7.3)."""
+"""The presets: the paper preset is MaC-Cal's and FeDLaS's Table 1 grid with the seeds' protocols (docs/methods.md
+§7.2-7.3)."""
 
 from __future__ import annotations
 
