@@ -96,13 +96,14 @@ PRESETS.register("medium")(Preset(
 
 PRESETS.register("paper")(Preset(
     name="paper",
-    description="MaC-Cal Table 1's setups: CIFAR-10/100 × ResNet-50, ResNet-110 (FOCAL-R), WRN-26-10, DenseNet-121 "
-                "(350 epochs, ×0.1 at 150 and 250) and Tiny-ImageNet × ResNet-50 (100 epochs, ×0.1 at 40 and 60); "
-                "batch 128, clip 2, sum reduction; Stage II 40 epochs at lr 0.1; one GPU per Stage-I trial, "
-                "a quarter GPU per trial on a trained Stage I (docs/methods.md §7.2-7.3)",
+    description="MaC-Cal and FeDLaS Table 1's setups: CIFAR-10/100 × ResNet-50, ResNet-101 (FeDLaS), ResNet-110 "
+                "(FOCAL-R), WRN-26-10, DenseNet-121 (350 epochs, ×0.1 at 150 and 250) and Tiny-ImageNet × "
+                "ResNet-50, ResNet-101 (100 epochs, ×0.1 at 40 and 60); batch 128, clip 2, sum reduction; Stage II "
+                "40 epochs at lr 0.1; one GPU per Stage-I trial, a quarter GPU per trial on a trained Stage I "
+                "(docs/methods.md §7.2-7.3)",
     datasets=("cifar10", "cifar100", "tiny-imagenet"),
-    archs=("resnet50", "resnet110", "wrn26_10", "densenet121"),
-    dataset_archs={"tiny-imagenet": ("resnet50_tiny",)},
+    archs=("resnet50", "resnet101", "resnet110", "wrn26_10", "densenet121"),
+    dataset_archs={"tiny-imagenet": ("resnet50_tiny", "resnet101_tiny")},
     seeds=(1,),
     # The Stage1Config defaults are the papers' CIFAR protocol; on CUDA: bf16 autocast, the training step
     # compiled in the mode measured fastest per architecture, data held on the GPU (data_pipeline auto).

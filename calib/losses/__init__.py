@@ -6,31 +6,56 @@ Every loss is called as ``loss(logits, targets, features)`` and returns a scalar
 """
 
 from calib._registry import import_submodules
-from calib.losses import acls, cross_entropy, dual_focal, fedlas, flsd, focal, label_smoothing, mbls, mmce
-from calib.losses._base import LossSpec, Reduction
+from calib.losses import (
+    acls,
+    adafocal,
+    crl,
+    cross_entropy,
+    dual_focal,
+    ecp,
+    fedlas,
+    flsd,
+    focal,
+    label_smoothing,
+    mbls,
+    mdca,
+    mmce,
+)
+from calib.losses._base import LossSpec, Reduction, TrainingStateLoss
 from calib.losses._registry import LOSSES
 from calib.losses.acls import ACLS, ACLSConfig
+from calib.losses.adafocal import AdaFocal, AdaFocalConfig
+from calib.losses.crl import CRL, CRLConfig
 from calib.losses.cross_entropy import CrossEntropy, CrossEntropyConfig
 from calib.losses.dual_focal import DualFocalLoss, DualFocalLossConfig
+from calib.losses.ecp import ECP, ECPConfig
 from calib.losses.fedlas import FeDLaSLS, FeDLaSLSConfig, FeDLaSMbLS, FeDLaSMbLSConfig
 from calib.losses.flsd import FLSD53, FLSD53Config
 from calib.losses.focal import FocalLoss, FocalLossConfig
 from calib.losses.label_smoothing import LabelSmoothing, LabelSmoothingConfig
 from calib.losses.mbls import MbLS, MbLSConfig
+from calib.losses.mdca import MDCA, MDCAConfig
 from calib.losses.mmce import MMCE, MMCEConfig
 
 import_submodules(__name__, __path__)
 
 __all__ = [
     "ACLS",
+    "CRL",
+    "ECP",
     "FLSD53",
     "LOSSES",
+    "MDCA",
     "MMCE",
     "ACLSConfig",
+    "AdaFocal",
+    "AdaFocalConfig",
+    "CRLConfig",
     "CrossEntropy",
     "CrossEntropyConfig",
     "DualFocalLoss",
     "DualFocalLossConfig",
+    "ECPConfig",
     "FLSD53Config",
     "FeDLaSLS",
     "FeDLaSLSConfig",
@@ -41,17 +66,23 @@ __all__ = [
     "LabelSmoothing",
     "LabelSmoothingConfig",
     "LossSpec",
+    "MDCAConfig",
     "MMCEConfig",
     "MbLS",
     "MbLSConfig",
     "Reduction",
+    "TrainingStateLoss",
     "acls",
+    "adafocal",
+    "crl",
     "cross_entropy",
     "dual_focal",
+    "ecp",
     "fedlas",
     "flsd",
     "focal",
     "label_smoothing",
     "mbls",
+    "mdca",
     "mmce",
 ]

@@ -11,6 +11,11 @@ Note: FOCAL-R's "ResNet-110" is Bottleneck ×[3, 4, 26, 3], *not* He et al.'s CI
 inputs: the same body, but average pooling to 2×2 (2048 · 4 = 8192 features) and He-normal
 convolution weights (normal with std sqrt(2 / (k² · out_channels)), i.e. ``kaiming_normal_`` with
 ``mode="fan_out"``); BatchNorm and the head keep PyTorch's defaults, as there.
+
+``resnet101`` and ``resnet101_tiny`` are FeDLaS's ResNet-101 (FEDLAS-R ``configs/model/resnet101_*.yaml``:
+``calibrate/net/resnet_cifar10.py`` and ``resnet_tiny_imagenet.py``, ``resnet101``): Bottleneck ×[3, 4, 23, 3]
+in the same two variants (FEDLAS-R's ResNet-50s are these code bases' too, so ``resnet50`` and
+``resnet50_tiny`` are also FeDLaS's).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ __all__ = [
     "CifarResNet",
     "resnet50",
     "resnet50_tiny",
+    "resnet101",
+    "resnet101_tiny",
     "resnet110",
 ]
 
@@ -145,3 +152,15 @@ def resnet50(num_classes: int, in_channels: int = 3) -> CifarResNet:
 def resnet50_tiny(num_classes: int, in_channels: int = 3) -> CifarResNet:
     """FOCAL-R Tiny-ImageNet ResNet-50 (64×64 inputs): Bottleneck ×[3, 4, 6, 3], 2×2 pool, 8192 features."""
     return CifarResNet([3, 4, 6, 3], num_classes=num_classes, in_channels=in_channels, pool_size=2, he_init=True)
+
+
+@MODELS.register("resnet101")
+def resnet101(num_classes: int, in_channels: int = 3) -> CifarResNet:
+    """FEDLAS-R CIFAR ResNet-101: Bottleneck ×[3, 4, 23, 3], 2048 features."""
+    return CifarResNet([3, 4, 23, 3], num_classes=num_classes, in_channels=in_channels)
+
+
+@MODELS.register("resnet101_tiny")
+def resnet101_tiny(num_classes: int, in_channels: int = 3) -> CifarResNet:
+    """FEDLAS-R Tiny-ImageNet ResNet-101 (64×64 inputs): Bottleneck ×[3, 4, 23, 3], 2×2 pool, 8192 features."""
+    return CifarResNet([3, 4, 23, 3], num_classes=num_classes, in_channels=in_channels, pool_size=2, he_init=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -57,19 +58,42 @@ def _to_model(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if channels_last and x.dim() == 4 else x
 
 
+class _Indexed(Dataset):
+    """``dataset[i]`` as ``(x, y, i)``: the sample's position travels with it through a DataLoader."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[Any, Any, int]:
+        x, y = self.dataset[index]
+        return x, y, index
+
+
 class LoaderBatches:
-    """Training batches from a shuffling DataLoader (pinned memory and non-blocking copies on CUDA)."""
+    """Training batches from a shuffling DataLoader (pinned memory and non-blocking copies on CUDA).
+
+    Iterating gives ``(x, y)``; :meth:`indexed` gives ``(x, y, index)``, ``index`` the samples' positions in the
+    split (same batches, same order: the sampler draws the same permutation either way).
+    """
 
     def __init__(self, dataset: Dataset, batch_size: int, generator: torch.Generator, device: torch.device,
                  num_workers: int | None, channels_last: bool = False) -> None:
-        self.loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator,
+        self.loader = DataLoader(_Indexed(dataset), batch_size=batch_size, shuffle=True, generator=generator,
                                  **loader_kwargs(device, num_workers))
+        self.num_samples = len(dataset)  # type: ignore[arg-type]
         self.device, self.channels_last = device, channels_last
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for x, y in self.loader:
+    def indexed(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        for x, y, index in self.loader:
             yield (_to_model(x.to(self.device, non_blocking=True), self.channels_last),
-                   y.to(self.device, non_blocking=True))
+                   y.to(self.device, non_blocking=True), index.to(self.device, non_blocking=True))
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for x, y, _ in self.indexed():
+            yield x, y
 
     def state_dict(self) -> dict:
         return {}
@@ -95,7 +119,16 @@ class DeviceBatches:
         self.batch_size, self.generator, self.augment_generator = batch_size, generator, augment_generator
         self.device, self.channels_last = device, channels_last
 
+    @property
+    def num_samples(self) -> int:
+        return len(self.labels)
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for x, y, _ in self.indexed():
+            yield x, y
+
+    def indexed(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The batches as ``(x, y, index)``, ``index`` the samples' positions in the training split."""
         # The data-order generator is consumed as a single-process DataLoader consumes it: one seed draw
         # for its workers, RandomSampler's randperm, and, as the sampler runs out, the (empty) slice of a
         # second randperm. Without augmentation both pipelines see the same batches in the same order.
@@ -108,7 +141,7 @@ class DeviceBatches:
             index = order[start:start + self.batch_size]
             draws = draw_augmentation(self.augmentation, len(index), self.augment_generator)
             x = to_model_input(apply_augmentation(self.images[index], self.augmentation, draws), self.split)
-            yield _to_model(x, self.channels_last), self.labels[index]
+            yield _to_model(x, self.channels_last), self.labels[index], index
 
     def state_dict(self) -> dict:
         return {"augment_generator": self.augment_generator.get_state()}

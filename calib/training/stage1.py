@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from calib import progress
 from calib.config import TrialConfig
 from calib.datasets import DatasetSplits, TensorSplit
-from calib.losses import LOSSES
+from calib.losses import LOSSES, TrainingStateLoss
 from calib.metrics import expected_calibration_error, softmax64
 from calib.models import CalibModel, create_model
 from calib.training.batches import DeviceBatches, LoaderBatches, eval_batches, resolve_pipeline
@@ -91,16 +91,18 @@ def prepare_model(model: CalibModel, device: torch.device, channels_last: bool) 
     return model
 
 
-def _weighted_pair(loss_fn: nn.Module, weight: float, first: tuple, second: tuple) -> torch.Tensor:
+def _weighted_pair(loss_fn: nn.Module, weight: float, first: tuple, second: tuple,
+                   indices: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})) -> torch.Tensor:
     """weight·L(first) + (1 − weight)·L(second), with the loss's running state updated once per minibatch.
 
-    Stateful losses (FeDLaS's NCI statistics) update only in training mode, so the second call runs
-    in eval mode and reads the statistics the first call just updated.
+    Stateful losses (FeDLaS's NCI statistics, CRL's correctness history) update only in training mode, so the
+    second call runs in eval mode and reads the state the first call just updated. ``indices``: the keyword
+    arguments of each call (the samples' positions, for a loss that needs them).
     """
-    loss_a = loss_fn(*first)
+    loss_a = loss_fn(*first, **indices[0])
     loss_fn.eval()
     try:
-        loss_b = loss_fn(*second)
+        loss_b = loss_fn(*second, **indices[1])
     finally:
         loss_fn.train()
     return weight * loss_a + (1 - weight) * loss_b
@@ -163,6 +165,7 @@ class _Stage1Run:
     forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     cuda_graphs: bool
     scaler: torch.amp.GradScaler
+    indexed: bool = False
     best_state: dict[str, torch.Tensor] | None = None
     best_val: float = -1.0
     step_seconds: float = 0.0
@@ -197,6 +200,8 @@ def _start_run(cfg: TrialConfig, data: DatasetSplits, device: torch.device) -> _
                                                                augment_generator, channels_last)
     else:
         batches = LoaderBatches(data.train, s1.batch_size, generator, device, cfg.num_workers, channels_last)
+    if isinstance(loss_fn, TrainingStateLoss):
+        loss_fn.start_training(batches.num_samples)
     val_source = data.tensors.val if pipeline == "device" and data.tensors is not None else data.val
     compile_mode = resolve_compile_mode(s1.compile, cfg.arch, device)
     forward = _compiled_forward(model, compile_mode, s1.batch_size)
@@ -204,7 +209,7 @@ def _start_run(cfg: TrialConfig, data: DatasetSplits, device: torch.device) -> _
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and s1.amp == "fp16")
     return _Stage1Run(cfg, device, model, loss_fn, params, optimizer, scheduler, generator, mixup_rng, pipeline,
                       batches, val_source, channels_last, compile_mode, forward, compile_mode in CUDA_GRAPH_MODES,
-                      scaler)
+                      scaler, isinstance(loss_fn, TrainingStateLoss) and loss_fn.needs_sample_indices)
 
 
 def _resume(run: _Stage1Run, resume: dict[str, Any], result: Stage1Training) -> int:
@@ -237,16 +242,20 @@ def _checkpoint_state(run: _Stage1Run, epoch: int, result: Stage1Training) -> di
     }
 
 
-def _batch_loss(run: _Stage1Run, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loss of one minibatch (under Mixup, MIT, or as it is) and the logits it is scored by."""
+def _batch_loss(run: _Stage1Run, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss of one minibatch (under Mixup, MIT, or as it is) and the logits it is scored by. A loss that
+    needs the samples' positions gets ``indices=index`` (the permuted positions with the permuted labels)."""
     s1, device, forward = run.cfg.stage1, run.device, run.forward
+    positions = {"indices": index} if run.indexed else {}
     if s1.mixup_alpha is not None:
         lam = float(run.mixup_rng.beta(s1.mixup_alpha, s1.mixup_alpha))
         perm = torch.randperm(x.shape[0], generator=run.generator).to(device)
         with autocast(device, s1.amp):
             features, logits = forward(mix(x, x[perm], lam))
         features, logits = features.float(), logits.float()
-        return _weighted_pair(run.loss_fn, lam, (logits, y, features), (logits, y[perm], features)), logits
+        pair = (positions, {"indices": index[perm]} if run.indexed else {})
+        return _weighted_pair(run.loss_fn, lam, (logits, y, features), (logits, y[perm], features), pair), logits
     if s1.mit_alpha is not None:
         lam1, lam2 = mit_coefficients(s1.mit_alpha, run.mixup_rng)
         perm = torch.randperm(x.shape[0], generator=run.generator).to(device)
@@ -257,11 +266,12 @@ def _batch_loss(run: _Stage1Run, x: torch.Tensor, y: torch.Tensor) -> tuple[torc
             h2, z2 = forward(mix(x, x[perm], lam2))
         logits, logits_b = mit_decouple(z1.float(), z2.float(), lam1, lam2)
         features, features_b = mit_decouple(h1.float(), h2.float(), lam1, lam2)
-        return _weighted_pair(run.loss_fn, 0.5, (logits, y, features), (logits_b, y[perm], features_b)), logits
+        pair = (positions, {"indices": index[perm]} if run.indexed else {})
+        return _weighted_pair(run.loss_fn, 0.5, (logits, y, features), (logits_b, y[perm], features_b), pair), logits
     with autocast(device, s1.amp):
         features, logits = forward(x)
     features, logits = features.float(), logits.float()
-    return run.loss_fn(logits, y, features), logits
+    return run.loss_fn(logits, y, features, **positions), logits
 
 
 def _train_epoch(run: _Stage1Run, timed_steps: list[float] | None) -> tuple[float, float, float, int]:
@@ -271,11 +281,11 @@ def _train_epoch(run: _Stage1Run, timed_steps: list[float] | None) -> tuple[floa
     # Running sums stay on the device: one host sync per epoch instead of three per step.
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, confidence
     seen = 0
-    for x, y in run.batches:
+    for x, y, index in run.batches.indexed():
         step_start = time.perf_counter()
         if run.cuda_graphs:  # a new training step: earlier graph outputs may be overwritten from here on
             torch.compiler.cudagraph_mark_step_begin()
-        loss, logits = _batch_loss(run, x, y)
+        loss, logits = _batch_loss(run, x, y, index)
         run.optimizer.zero_grad(set_to_none=True)
         run.scaler.scale(loss).backward()
         if s1.grad_clip is not None:
@@ -301,12 +311,15 @@ def _train_epoch(run: _Stage1Run, timed_steps: list[float] | None) -> tuple[floa
 
 
 def _validate(run: _Stage1Run, epoch: int) -> tuple[float, float]:
-    """Validation accuracy and ECE of the model after ``epoch``."""
+    """Validation accuracy and ECE of the model after ``epoch``; a loss that learns from the validation split
+    (:class:`~calib.losses.TrainingStateLoss`: AdaFocal) sees its logits."""
     cfg = run.cfg
     _, val_logits, val_labels = predict(run.model, run.val_source, run.device, num_workers=cfg.num_workers,
                                         amp=cfg.stage1.amp, channels_last=run.channels_last)
     if not torch.isfinite(val_logits).all():
         raise FloatingPointError(f"Stage-I validation logits became non-finite at epoch {epoch}.")
+    if isinstance(run.loss_fn, TrainingStateLoss):
+        run.loss_fn.observe_validation(val_logits.to(run.device), val_labels.to(run.device))
     val_probs = softmax64(val_logits)
     val_acc = float((val_probs.argmax(1) == val_labels.numpy()).mean())
     return val_acc, expected_calibration_error(val_probs, val_labels.numpy(), num_bins=cfg.num_bins)
@@ -356,6 +369,8 @@ def train_stage1(
             epoch_seconds -= result.compile_seconds
         run.step_seconds += epoch_seconds
         run.images += seen
+        if isinstance(run.loss_fn, TrainingStateLoss):
+            run.loss_fn.end_epoch(epoch)
         if s1.scheduler_step == "epoch_end":
             run.scheduler.step()
         val_acc, val_ece = _validate(run, epoch)

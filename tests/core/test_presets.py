@@ -1,4 +1,5 @@
-"""The presets: the paper preset is MaC-Cal Table 1's grid with the seeds' protocols (docs/methods.md §7.2-7.3)."""
+"""The presets: the paper preset is MaC-Cal's and FeDLaS's Table 1 grid with the seeds' protocols (docs/methods.md
+§7.2-7.3)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,18 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-PAPER_SETUPS = [(d, a) for d in ("cifar10", "cifar100") for a in ("resnet50", "resnet110", "wrn26_10", "densenet121")]
+PAPER_SETUPS = [(d, a) for d in ("cifar10", "cifar100")
+                for a in ("resnet50", "resnet101", "resnet110", "wrn26_10", "densenet121")]
+TINY_SETUPS = [("tiny-imagenet", "resnet50_tiny"), ("tiny-imagenet", "resnet101_tiny")]
 
 
 def test_paper_preset_is_table1s_grid():
-    assert PRESETS.get("paper").setups() == [*PAPER_SETUPS, ("tiny-imagenet", "resnet50_tiny")]
+    # MaC-Cal Table 1 (ResNet-50/110, WRN-26-10, DenseNet-121) and FeDLaS Table 1 (ResNet-50/101 on all three)
+    assert PRESETS.get("paper").setups() == [*PAPER_SETUPS, *TINY_SETUPS]
     assert PRESETS.get("quick").setups() == [("digits-noisy", "small_cnn")]
 
 
-@pytest.mark.parametrize("dataset, arch", [*PAPER_SETUPS, ("tiny-imagenet", "resnet50_tiny")])
+@pytest.mark.parametrize("dataset, arch", [*PAPER_SETUPS, *TINY_SETUPS])
 def test_paper_configs_follow_the_protocol(dataset, arch, tmp_path):
     preset = PRESETS.get("paper")
     cfg = parse_trial_config(base_config(preset, study="t", dataset=dataset, arch=arch, seed=1,

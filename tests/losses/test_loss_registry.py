@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from calib._config import field_types, from_dict
-from calib.losses import LOSSES
+from calib.losses import LOSSES, TrainingStateLoss
 
 NAMES = LOSSES.names()
 
@@ -21,7 +21,12 @@ def test_builds_and_trains(name, reduction):
     logits = (torch.randn(8, 10, generator=gen) * 3).requires_grad_()
     features = torch.randn(8, 16, generator=gen).abs()
     targets = torch.randint(0, 10, (8,), generator=gen)
-    loss = loss_fn(logits, targets, features)
+    positions = {}
+    if isinstance(loss_fn, TrainingStateLoss):  # Stage I's hooks (calib/training/stage1.py)
+        loss_fn.start_training(20)
+        if loss_fn.needs_sample_indices:
+            positions = {"indices": torch.arange(8) * 2}
+    loss = loss_fn(logits, targets, features, **positions)
     assert loss.dim() == 0 and torch.isfinite(loss)
     loss.backward()
     assert logits.grad is not None and torch.isfinite(logits.grad).all()

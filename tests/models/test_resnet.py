@@ -12,7 +12,7 @@ from torch import nn
 from calib.models import CifarResNet, create_model
 from calib.models.resnet import Bottleneck
 
-DEPTHS = {"resnet50": [3, 4, 6, 3], "resnet110": [3, 4, 26, 3]}
+DEPTHS = {"resnet50": [3, 4, 6, 3], "resnet101": [3, 4, 23, 3], "resnet110": [3, 4, 26, 3]}
 
 
 def conv_params(in_channels: int, out_channels: int, kernel: int) -> int:
@@ -68,6 +68,27 @@ def test_parameter_count_anchors() -> None:
     # ResNet-101 of the same code base ([3, 4, 23, 3]) has 42,512,970; three more stage-3 blocks of
     # 1024·256 + 256·256·9 + 256·1024 + 2·(256 + 256 + 1024) = 1,117,184 each give 45,864,522.
     assert expected_parameter_count(DEPTHS["resnet110"], 10) == 42_512_970 + 3 * 1_117_184 == 45_864_522
+
+
+# torchvision's published size of the ImageNet ResNet-101 (ResNet101_Weights.IMAGENET1K_V1: num_params 44,549,160):
+# a 7×7 stem (3·64·49 = 9,408) and a 1000-class head (2048·1000 + 1000), the same body as FEDLAS-R's.
+TORCHVISION_RESNET101 = 44_549_160
+RESNET101_BODY = TORCHVISION_RESNET101 - 3 * 64 * 49 - (2048 * 1000 + 1000) + 3 * 64 * 9  # 3×3 stem, no head
+
+
+def test_resnet101_parameter_count_is_the_published_one() -> None:
+    # FEDLAS-R's CIFAR ResNet-101 (resnet101_cifar10.yaml): 42,512,970 parameters for 10 classes, the body of the
+    # published ImageNet ResNet-101 with a 3×3 stem and a 10-class head.
+    assert RESNET101_BODY + 2048 * 10 + 10 == 42_512_970
+    for num_classes in (10, 100):
+        model = create_model("resnet101", num_classes=num_classes)
+        assert sum(p.numel() for p in model.parameters()) == RESNET101_BODY + 2048 * num_classes + num_classes
+    # FEDLAS-R's Tiny-ImageNet ResNet-101 (resnet101_tiny.yaml): 2×2 pool, an 8192-wide 200-class head.
+    tiny101 = create_model("resnet101_tiny", num_classes=200)
+    assert sum(p.numel() for p in tiny101.parameters()) == RESNET101_BODY + 8192 * 200 + 200 == 44_131_080
+    assert (tiny101.num_features, tiny101.pool_size, tiny101.blocks_per_stage) == (8192, 2, (3, 4, 23, 3))
+    torchvision = pytest.importorskip("torchvision")
+    assert sum(p.numel() for p in torchvision.models.resnet101().parameters()) == TORCHVISION_RESNET101
 
 
 @pytest.mark.parametrize("name", sorted(DEPTHS))

@@ -124,6 +124,25 @@ def test_compare_methods_shares_the_ce_stage1(tmp_path):
 
 
 @pytest.mark.ray
+def test_compare_methods_runs_fedlas_table1_baselines(tmp_path):
+    # FeDLaS Table 1's ECP, MDCA, CRL and AdaFocal rows: each trains its Stage I (2 epochs, digits-noisy, quick preset)
+    # with its defaults and stores an ok row; CRL gets the samples' positions, AdaFocal the validation logits.
+    store = tmp_path / "results"
+    rows = ["ECP", "MDCA", "CRL", "AdaFocal"]
+    out = run_study("compare_methods.py", "--store", str(store), "--seeds", "1", "--methods", *rows, *TINY)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for row in rows:
+        assert f"| {row} | 1 |" in out.stdout
+    df = pd.read_parquet(store / "trials")
+    assert sorted(df["loss"]) == ["adafocal", "crl", "ecp", "mdca"] and (df["status"] == "ok").all()
+    assert df["stage1_id"].nunique() == 4 and not df["stage1_cache_hit"].any()
+    by_loss = df.set_index("loss")
+    assert by_loss.loc["ecp", "loss_penalty_weight"] == 0.1 and by_loss.loc["ecp", "loss_entropy_reduction"] == "mean"
+    assert by_loss.loc["mdca", "loss_penalty_weight"] == 1.0 and by_loss.loc["crl", "loss_rank_target"] == "softmax"
+    assert by_loss.loc["adafocal", "loss_num_bins"] == 15 and by_loss.loc["adafocal", "loss_gamma_max"] == 20.0
+
+
+@pytest.mark.ray
 def test_ablation_study_prints_the_ladder(gamma_and_ablation):
     store, _, out = gamma_and_ablation
     assert "| Vanilla | 1 |" in out.stdout and "| +Decaying Adaptive Sparsity (Δ ECE " in out.stdout

@@ -1,0 +1,98 @@
+"""ECP: the confidence penalty (Pereyra, Tucker, Chorowski, Kaiser, Hinton, ICLR workshop 2017), docs/methods.md §4.11.
+
+With p = softmax(z), the per-sample loss is cross-entropy minus β times the entropy of p:
+
+    ECP_i = CE_i − β · H̄_i,   H̄_i = (1/C) · Σ_k −p_{i,k} · log p_{i,k}      (``entropy_reduction="mean"``)
+
+The paper writes the full entropy H_i = Σ_k −p_{i,k} log p_{i,k} (``entropy_reduction="sum"``). FeDLaS's
+ECP row is copied from the ACLS paper (FEDLAS-P Table 1, "values are from [33]"), and ACLS is built on the
+MbLS code base, whose ``PenaltyEntropy`` (``calibrate/losses/penalty_entropy.py``, config
+``configs/loss/penalty_ent.yaml``: α = 0.1) averages −p·log p over the batch *and the classes*, i.e. uses
+H̄ = H/C; that is the default here (ASSUMPTION: ACLS's own baseline code is not public). As there, p is
+clamped to [1e-10, 1 − 1e-10] inside the entropy (a clamped probability passes no gradient through it).
+
+Batch reduction: see :mod:`calib.losses._reduction` (the MbLS code averages: ``reduction="mean"``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from calib._config import check
+from calib.losses._base import LossSpec, Reduction
+from calib.losses._reduction import check_reduction, reduce_per_sample
+from calib.losses._registry import LOSSES
+
+__all__ = ["ECP", "ECPConfig", "entropy_terms"]
+
+EntropyReduction = Literal["mean", "sum"]
+_ENTROPY_REDUCTIONS = ("mean", "sum")
+PROBABILITY_CLAMP = 1e-10
+"""p is clamped to [1e-10, 1 − 1e-10] inside the entropy (the MbLS code's ``EPS``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ECPConfig:
+    """Confidence penalty (``ecp``). Defaults: the MbLS code's ``penalty_ent.yaml`` (docs/methods.md §4.11).
+
+    Attributes:
+        penalty_weight: β, the weight of the entropy, >= 0 (0.1). β = 0 is cross-entropy.
+        entropy_reduction: "mean" (H/C, the MbLS/ACLS code) or "sum" (H, the paper's formula) ("mean").
+    """
+
+    penalty_weight: float = 0.1
+    entropy_reduction: EntropyReduction = "mean"
+
+    def __post_init__(self) -> None:
+        check(math.isfinite(self.penalty_weight) and self.penalty_weight >= 0, "penalty_weight",
+              self.penalty_weight, "be a finite number >= 0")
+        check(self.entropy_reduction in _ENTROPY_REDUCTIONS, "entropy_reduction", self.entropy_reduction,
+              "be one of 'mean', 'sum'")
+
+
+def entropy_terms(logits: torch.Tensor, entropy_reduction: EntropyReduction = "mean") -> torch.Tensor:
+    """H̄_i (``"mean"``: over the classes) or H_i (``"sum"``) per sample, shape (B,), with p clamped as above."""
+    probs = F.log_softmax(logits, dim=1).exp().clamp(PROBABILITY_CLAMP, 1.0 - PROBABILITY_CLAMP)
+    terms = -probs * probs.log()
+    return terms.mean(dim=1) if entropy_reduction == "mean" else terms.sum(dim=1)
+
+
+class ECP(nn.Module):
+    """ECP_i = CE_i − β·H̄_i (or − β·H_i), reduced over the batch by ``reduction`` (see the module docstring)."""
+
+    def __init__(self, penalty_weight: float = 0.1, entropy_reduction: EntropyReduction = "mean",
+                 reduction: Reduction = "mean") -> None:
+        super().__init__()
+        ECPConfig(penalty_weight=penalty_weight, entropy_reduction=entropy_reduction)  # validates
+        self.penalty_weight = float(penalty_weight)
+        self.entropy_reduction: EntropyReduction = entropy_reduction
+        self.reduction = check_reduction(reduction)
+
+    def forward(
+        self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        ce = F.cross_entropy(logits, targets, reduction="none")
+        entropy = entropy_terms(logits, self.entropy_reduction)
+        return reduce_per_sample(ce - self.penalty_weight * entropy, self.reduction)
+
+    def extra_repr(self) -> str:
+        return (f"penalty_weight={self.penalty_weight}, entropy_reduction={self.entropy_reduction!r}, "
+                f"reduction={self.reduction!r}")
+
+
+LOSSES.register("ecp")(
+    LossSpec(
+        config=ECPConfig,
+        label="ECP",
+        order=7.1,
+        build=lambda params, *, num_classes, reduction: ECP(params.penalty_weight, params.entropy_reduction,
+                                                            reduction),
+        description="ECP: CE − β·entropy, the confidence penalty (Pereyra et al. 2017)",
+    )
+)
