@@ -6,10 +6,11 @@ Every loss is called as ``loss(logits, targets, features)`` and returns a scalar
 """
 
 from calib._registry import import_submodules
-from calib.losses import acls, cross_entropy, dual_focal, fedlas, flsd, focal, label_smoothing, mbls, mmce
+from calib.losses import acls, cpc, cross_entropy, dual_focal, fedlas, flsd, focal, label_smoothing, mbls, mmce
 from calib.losses._base import LossSpec, Reduction
 from calib.losses._registry import LOSSES
 from calib.losses.acls import ACLS, ACLSConfig
+from calib.losses.cpc import CPC, CPCConfig
 from calib.losses.cross_entropy import CrossEntropy, CrossEntropyConfig
 from calib.losses.dual_focal import DualFocalLoss, DualFocalLossConfig
 from calib.losses.fedlas import FeDLaSLS, FeDLaSLSConfig, FeDLaSMbLS, FeDLaSMbLSConfig
@@ -23,10 +24,12 @@ import_submodules(__name__, __path__)
 
 __all__ = [
     "ACLS",
+    "CPC",
     "FLSD53",
     "LOSSES",
     "MMCE",
     "ACLSConfig",
+    "CPCConfig",
     "CrossEntropy",
     "CrossEntropyConfig",
     "DualFocalLoss",
@@ -46,6 +49,7 @@ __all__ = [
     "MbLSConfig",
     "Reduction",
     "acls",
+    "cpc",
     "cross_entropy",
     "dual_focal",
     "fedlas",
