@@ -14,8 +14,8 @@ from calib.datasets import DEFAULT_OOD, OOD_SETS
 from calib.search import CheckedOnly
 from calib.study_rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
 
-ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal", "DFL", "ACLS", "LS", "FeDLaS-LS", "MbLS",
-        "FeDLaS-MbLS"]
+ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "PLP", "TST", "V-TST", "BalCAL", "MaC-Cal", "DFL", "ACLS", "LS", "FeDLaS-LS",
+        "MbLS", "FeDLaS-MbLS"]
 
 
 @guarded_main
