@@ -16,9 +16,9 @@ BatchNorm's weight and bias, the head's weight and bias), M groups in forward or
 first ⌈M·(S−k)/S⌉ of them (S = 11, the official number of stages), so the last stage trains the bottom ~1/S.
 
 Difference from the official loop: it moves to the next stage only on the epoch that equals that stage's start
-(``if epoch == epoch_froze[-1]``), so when two starts coincide (E < S·something, e.g. a 2-epoch run) it stops
-peeling; here the stage of epoch e is the last one whose start is <= e. For E = 350 and S = 11 (the papers'
-protocol) the starts are distinct and the two agree.
+(``if epoch == epoch_froze[-1]``), so when two starts coincide (few epochs, e.g. a 2-epoch run) it stops
+peeling; here the stage of epoch e is the last one whose start is <= e (stages without an epoch are skipped).
+For E = 350 and S = 11 (the papers' protocol) the starts are distinct and the two agree.
 """
 
 from __future__ import annotations
