@@ -148,3 +148,4 @@ def test_degenerate_configurations_fail_clearly(make_config):
         parse_trial_config(make_config(method={"name": "vanilla"}, balcal_delta=0.95, mit_alpha=1.0))
     with pytest.raises(ConfigError, match=r"at least as many features as classes.*got 128 features for 200"):
         BalCALModel(create_model("small_cnn", num_classes=200, in_channels=1))
+
