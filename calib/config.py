@@ -73,6 +73,12 @@ class Stage1Config:
         mixup_alpha: α of Mixup's Beta(α, α); ``None`` trains without Mixup (docs/methods.md §4.8).
         mit_alpha: α of MIT's Beta(α, α) (Mixup Inference in Training: two mixed forward passes whose
             outputs are decoupled; docs/methods.md §4.9); ``None`` trains without MIT.
+        plp_gamma: γ of PLP, progressively layer-peeled training (Wang & Zhang, ICML 2024; docs/methods.md
+            §4.10): stage k of 11 starts at epoch ⌊(k/11)^γ · epochs⌋ and freezes the model's top layers
+            (:mod:`calib.training.plp`); ``None`` trains every layer throughout. The PLP row uses 1.0.
+        balcal_delta: δ of BalCAL (Ni et al., CVPR 2025; docs/methods.md §4.10): trains a simplex-ETF
+            classifier beside the linear head and balances the two by the accuracy-confidence feedback rule
+            (:mod:`calib.training.balcal`); ``None`` trains the plain model. The BalCAL row uses 0.95.
         checkpoint: the model kept: the "last" epoch (FOCAL-R's default) or the "best_val" accuracy.
         scheduler_step: when the learning-rate schedule advances: at the "epoch_end" (PyTorch's
             convention), or at the "epoch_start" as FOCAL-R's ``train.py`` does, which moves every decay
@@ -111,6 +117,8 @@ class Stage1Config:
     loss_reduction: Literal["mean", "sum"] = "sum"
     mixup_alpha: float | None = None
     mit_alpha: float | None = None
+    plp_gamma: float | None = None
+    balcal_delta: float | None = None
     checkpoint: Literal["last", "best_val"] = "last"
     scheduler_step: Literal["epoch_end", "epoch_start"] = "epoch_end"
     train_size: int | None = None
@@ -142,6 +150,15 @@ class Stage1Config:
               "be > 0, or null to train without Mixup")
         check(self.mit_alpha is None or self.mit_alpha > 0, "stage1.mit_alpha", self.mit_alpha,
               "be > 0, or null to train without MIT")
+        check(self.plp_gamma is None or self.plp_gamma > 0, "stage1.plp_gamma", self.plp_gamma,
+              "be > 0, or null to train without PLP's layer peeling")
+        check(self.balcal_delta is None or self.balcal_delta > 0, "stage1.balcal_delta", self.balcal_delta,
+              "be > 0, or null to train without BalCAL's ETF classifier")
+        if self.balcal_delta is not None and (self.mixup_alpha is not None or self.mit_alpha is not None):
+            raise ConfigError(
+                "`stage1.balcal_delta` trains on clean inputs: set stage1.mixup_alpha and stage1.mit_alpha to null, "
+                f"got stage1.mixup_alpha={self.mixup_alpha!r}, stage1.mit_alpha={self.mit_alpha!r}."
+            )
         if self.mixup_alpha is not None and self.mit_alpha is not None:
             raise ConfigError(
                 "`stage1.mixup_alpha` and `stage1.mit_alpha` exclude each other: pick Mixup or MIT and set the "
@@ -325,7 +342,7 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
 
 
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
-    "stage1": {"train_size": None},
+    "stage1": {"train_size": None, "plp_gamma": None, "balcal_delta": None},
     "source": {"labels_sha256": None, "calibration_fraction": None},
 }
 """Fields added after results were stored, per section ("stage1", "source"), with their defaults; a method's or

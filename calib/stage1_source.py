@@ -90,10 +90,9 @@ def check_config_fits_given_stage1(cfg: TrialConfig) -> None:
     if cfg.loss.name != "cross_entropy" or cfg.loss.params != LOSSES.get("cross_entropy").config():
         raise ConfigError(f"`loss`={cfg.loss.name!r} is a way to train Stage I, but {given}: loss-based methods do "
                           f"not apply to it (they are Stage-I trainings). {runs_on_it}")
-    for key in ("mixup_alpha", "mit_alpha"):
+    for key, name in (("mixup_alpha", "Mixup"), ("mit_alpha", "MIT"), ("plp_gamma", "PLP"), ("balcal_delta", "BalCAL")):
         value = getattr(cfg.stage1, key)
-        check(value is None, f"stage1.{key}", value,
-              f"be null: {'Mixup' if key == 'mixup_alpha' else 'MIT'} trains Stage I, but {given}", runs_on_it)
+        check(value is None, f"stage1.{key}", value, f"be null: {name} trains Stage I, but {given}", runs_on_it)
     if kind not in FILE_KINDS:
         return
     check(cfg.stage1.train_size is None, "stage1.train_size", cfg.stage1.train_size,

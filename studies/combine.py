@@ -22,6 +22,7 @@ STAGE1 = {
     "FL": Row(loss={"name": "focal"}),
     "FLSD-53": Row(loss={"name": "flsd53"}),
     "DFL": Row(loss={"name": "dual_focal"}),
+    "CPC": Row(loss={"name": "cpc"}),
     "MMCE": Row(loss={"name": "mmce"}),
 }
 METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}

@@ -16,8 +16,8 @@ from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
 
-ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal", "DFL", "AdaFocal", "ACLS", "LS", "FeDLaS-LS", "MbLS",
-        "FeDLaS-MbLS"]
+ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "PLP", "TST", "V-TST", "BalCAL", "MaC-Cal", "DFL", "AdaFocal", "ACLS", "LS",
+        "FeDLaS-LS", "MbLS", "FeDLaS-MbLS"]
 
 
 @guarded_main

@@ -47,6 +47,7 @@ from calib.artifacts.checks import (
 )
 from calib.config import TrialConfig, config_hash, stage1_identity
 from calib.models import CalibModel, create_model
+from calib.training.balcal import BalCALModel
 
 __all__ = ["ARTIFACT_FILES", "SPLITS", "SplitCache", "Stage1Artifact", "load_artifact", "load_local", "local_root",
            "remote_dir", "stage1_dir", "stage1_exists"]
@@ -94,6 +95,8 @@ class Stage1Artifact:
                               f"features of other images (OOD sets, corrupted test sets, other splits).")
         model = create_model(self.record["arch"], num_classes=self.num_classes,
                              in_channels=int(self.record["input_shape"][0]), head=source.get("head"))
+        if (self.record.get("stage1") or {}).get("balcal_delta") is not None:  # trained with BalCAL's ETF head
+            model = BalCALModel(model)
         model.load_state_dict(self._model_state())
         return model.to(device).eval()
 

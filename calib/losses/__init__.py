@@ -9,6 +9,7 @@ from calib._registry import import_submodules
 from calib.losses import (
     acls,
     adafocal,
+    cpc,
     crl,
     cross_entropy,
     dual_focal,
@@ -26,6 +27,7 @@ from calib.losses._registry import LOSSES
 from calib.losses.acls import ACLS, ACLSConfig
 from calib.losses.adafocal import AdaFocal, AdaFocalConfig
 from calib.losses.crl import CRL, CRLConfig
+from calib.losses.cpc import CPC, CPCConfig
 from calib.losses.cross_entropy import CrossEntropy, CrossEntropyConfig
 from calib.losses.dual_focal import DualFocalLoss, DualFocalLossConfig
 from calib.losses.ecp import ECP, ECPConfig
@@ -41,6 +43,7 @@ import_submodules(__name__, __path__)
 
 __all__ = [
     "ACLS",
+    "CPC",
     "CRL",
     "ECP",
     "FLSD53",
@@ -51,6 +54,7 @@ __all__ = [
     "AdaFocal",
     "AdaFocalConfig",
     "CRLConfig",
+    "CPCConfig",
     "CrossEntropy",
     "CrossEntropyConfig",
     "DualFocalLoss",
@@ -74,6 +78,7 @@ __all__ = [
     "TrainingStateLoss",
     "acls",
     "adafocal",
+    "cpc",
     "crl",
     "cross_entropy",
     "dual_focal",

@@ -25,8 +25,8 @@ from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.sources import preset_of, require_datasets, study_setups
 
-__all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "RegistryRows", "Row",
-           "print_row_tables", "run_rows"]
+__all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "STAGE1_ROWS", "RegistryRows",
+           "Row", "print_row_tables", "run_rows"]
 
 @dataclass(frozen=True)
 class Row:
@@ -94,13 +94,19 @@ def _stage2_rows() -> list[tuple[str, Row]]:
 def _method_rows() -> dict[str, Row]:
     losses = [(label, Row(loss={"name": name})) for label, name in _labelled(LOSSES, lambda spec: True)]
     return _unique([("Vanilla (CE)", Row()), *losses, ("Mixup", Row(stage1={"mixup_alpha": 1.0})),
-                    ("MIT", Row(stage1={"mit_alpha": 1.0})), *POSTHOC_ROWS.items(), *_stage2_rows()], "rows")
+                    ("MIT", Row(stage1={"mit_alpha": 1.0})), *STAGE1_ROWS.items(), *POSTHOC_ROWS.items(),
+                    *_stage2_rows()], "rows")
 
 
 def _given_stage1_rows() -> dict[str, Row]:
     return _unique([("Uncalibrated", Row()), *((label, Row(method={"name": name}))
                                                for label, name in POSTHOC_METHODS.items()), *_stage2_rows()], "rows")
 
+
+STAGE1_ROWS: dict[str, Row] = {"PLP": Row(stage1={"plp_gamma": 1.0}), "BalCAL": Row(stage1={"balcal_delta": 0.95})}
+"""Stage-I training procedures beyond a loss (docs/methods.md §4.10), each with its official defaults: PLP's layer
+peeling with γ = 1 (``dengbaowang/PLP`` README) and BalCAL's ETF classifier with δ = 0.95 (BALCAL-R
+``train_BalCAL.sh``)."""
 
 POSTHOC_METHODS: Mapping[str, str] = RegistryRows(_posthoc_methods, "post-hoc methods")
 """Every post-hoc method by its label (its spec's ``label``, docs/methods.md §5), in the order of the tables (its
@@ -113,8 +119,8 @@ POSTHOC_ROWS: Mapping[str, Row] = RegistryRows(
 
 METHOD_ROWS: Mapping[str, Row] = RegistryRows(_method_rows, "method rows")
 """The rows of the method comparison (MaC-Cal Table 1): the vanilla model, a Stage I trained with each labelled
-loss, Mixup and MIT, each post-hoc method on the CE Stage I, and each labelled Stage-II method; each with its
-paper defaults."""
+loss, Mixup, MIT, PLP and BalCAL, each post-hoc method on the CE Stage I, and each labelled Stage-II method; each
+with its paper defaults."""
 
 GIVEN_STAGE1_ROWS: Mapping[str, Row] = RegistryRows(_given_stage1_rows, "rows on a given Stage I")
 """The rows that run on a Stage I calib does not train (``calibrate.py``): the uncalibrated model, every post-hoc

@@ -1,9 +1,11 @@
-"""Stage I: train backbone and linear head jointly with SGD (docs/methods.md §7.2), optionally with Mixup or MIT."""
+"""Stage I: train backbone and linear head jointly with SGD (docs/methods.md §7.2), optionally with Mixup or MIT,
+PLP's layer peeling or BalCAL's second (ETF) classifier."""
 
 from __future__ import annotations
 
 import copy
 import time
+from functools import partial
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,10 +22,12 @@ from calib.datasets import DatasetSplits, TensorSplit
 from calib.losses import LOSSES, TrainingStateLoss
 from calib.metrics import expected_calibration_error, softmax64
 from calib.models import CalibModel, create_model
+from calib.training.balcal import BalCALModel, BalCALObjective
 from calib.training.batches import DeviceBatches, LoaderBatches, eval_batches, resolve_pipeline
 from calib.training.compile import CUDA_GRAPH_MODES, enable_compile_caches, resolve_compile_mode
 from calib.training.device import autocast, configure_backend, seed_everything
 from calib.training.mixing import mit_coefficients, mit_decouple, mix
+from calib.training.plp import PLPSchedule
 
 __all__ = ["EXTRACT_BATCH_SIZE", "Stage1Training", "precision_of", "predict", "prepare_model", "train_stage1"]
 
@@ -166,6 +170,8 @@ class _Stage1Run:
     cuda_graphs: bool
     scaler: torch.amp.GradScaler
     indexed: bool = False
+    peeling: PLPSchedule | None = None
+    balcal: BalCALObjective | None = None
     best_state: dict[str, torch.Tensor] | None = None
     best_val: float = -1.0
     step_seconds: float = 0.0
@@ -181,8 +187,10 @@ def _start_run(cfg: TrialConfig, data: DatasetSplits, device: torch.device) -> _
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     channels_last = s1.channels_last and device.type == "cuda"
-    model = prepare_model(create_model(cfg.arch, num_classes=data.num_classes, in_channels=data.input_shape[0]),
-                          device, channels_last)
+    model = create_model(cfg.arch, num_classes=data.num_classes, in_channels=data.input_shape[0])
+    if s1.balcal_delta is not None:
+        model = BalCALModel(model)
+    model = prepare_model(model, device, channels_last)
     loss_fn = LOSSES.get(cfg.loss.name).create(
         cfg.loss.params, num_classes=data.num_classes, reduction=s1.loss_reduction
     ).to(device)
@@ -207,9 +215,12 @@ def _start_run(cfg: TrialConfig, data: DatasetSplits, device: torch.device) -> _
     forward = _compiled_forward(model, compile_mode, s1.batch_size)
     # fp16 needs loss scaling; bf16 has float32's range. A disabled scaler is a no-op (CPU, off, bf16).
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and s1.amp == "fp16")
+    peeling = None if s1.plp_gamma is None else PLPSchedule(cfg.arch, model, epochs=s1.epochs, gamma=s1.plp_gamma)
+    balcal = None if s1.balcal_delta is None else BalCALObjective(model, s1.balcal_delta)
     return _Stage1Run(cfg, device, model, loss_fn, params, optimizer, scheduler, generator, mixup_rng, pipeline,
                       batches, val_source, channels_last, compile_mode, forward, compile_mode in CUDA_GRAPH_MODES,
-                      scaler, isinstance(loss_fn, TrainingStateLoss) and loss_fn.needs_sample_indices)
+                      scaler, isinstance(loss_fn, TrainingStateLoss) and loss_fn.needs_sample_indices, peeling,
+                      balcal)
 
 
 def _resume(run: _Stage1Run, resume: dict[str, Any], result: Stage1Training) -> int:
@@ -271,6 +282,9 @@ def _batch_loss(run: _Stage1Run, x: torch.Tensor, y: torch.Tensor, index: torch.
     with autocast(device, s1.amp):
         features, logits = forward(x)
     features, logits = features.float(), logits.float()
+    if run.balcal is not None:  # both heads score the same samples: a loss that needs positions gets them twice
+        pair_loss = partial(_weighted_pair, indices=(positions, positions))
+        return run.balcal.loss(run.loss_fn, features, y, pair_loss), logits
     return run.loss_fn(logits, y, features, **positions), logits
 
 
@@ -356,6 +370,8 @@ def train_stage1(
                 run.scheduler.step()
         model.train()
         run.loss_fn.train()
+        if run.peeling is not None:
+            run.peeling.apply(epoch)
         lr = run.optimizer.param_groups[0]["lr"]
         # The first epoch of a compiled run times each step (one sync per step) to tell compiling apart.
         timed_steps: list[float] | None = [] if run.compile_mode != "off" and epoch == first_epoch else None
@@ -371,6 +387,8 @@ def train_stage1(
         run.images += seen
         if isinstance(run.loss_fn, TrainingStateLoss):
             run.loss_fn.end_epoch(epoch)
+        if run.balcal is not None:
+            run.balcal.end_epoch()
         if s1.scheduler_step == "epoch_end":
             run.scheduler.step()
         val_acc, val_ece = _validate(run, epoch)
@@ -386,6 +404,8 @@ def train_stage1(
             run.best_val, run.best_state, result.best_epoch = val_acc, copy.deepcopy(model.state_dict()), epoch
         if on_checkpoint is not None:
             on_checkpoint(_checkpoint_state(run, epoch, result))
+    if run.peeling is not None:
+        run.peeling.release()
     result.train_seconds = time.perf_counter() - start
     result.images_per_second = run.images / run.step_seconds if run.step_seconds > 0 else 0.0
     if device.type == "cuda":
