@@ -426,7 +426,8 @@ def compact_study(store: str | os.PathLike, study: str, *, full: bool = False,
     renew()
     _remove_stale_temporaries(store, study)
     for table in ("predictions", "history", "trials"):  # a trial's other parts exist before its trials part
-        on_step(f"write {table} parts")
+        if plans[table].sources:
+            on_step(f"write {table} parts")
         written = _write_parts(store, study, plans[table], on_step)
         report.parts_written += len(written)
     for table in ("trials", "history", "predictions"):
