@@ -45,6 +45,8 @@ class Preset:
     gpus_if_available: bool = False
     """The GPU shares apply only where there are GPUs (a CUDA device here, or a cluster given by
     ``--address``); on a machine without one the trials ask for none and run on the CPU."""
+    keep_predictions: str = "off"
+    """Whether trials keep their val and test probabilities in the store (``--keep-predictions``)."""
     source: dict[str, Any] = field(default_factory=dict)
     """Where Stage I comes from when it is not trained (``TrialConfig.source``: ``--checkpoint``,
     ``--features``); empty: trained."""
@@ -73,6 +75,7 @@ PRESETS.register("quick")(Preset(
     stage1={"epochs": 60, "batch_size": 64, "milestones": [30, 45], "loss_reduction": "mean"},
     stage2={},
     device="cpu",
+    keep_predictions="on",
 ))
 
 PRESETS.register("medium")(Preset(
@@ -92,6 +95,7 @@ PRESETS.register("medium")(Preset(
     gpus_per_cached_trial=0.125,
     gpus_if_available=True,
     checkpoint_every=5,
+    keep_predictions="on",
 ))
 
 PRESETS.register("paper")(Preset(

@@ -98,17 +98,22 @@ def prediction_change(probs: np.ndarray, uncalibrated_logits: np.ndarray, labels
 
 
 def _evaluate(cfg: TrialConfig, artifact: Any, outcome: Any, device: torch.device
-              ) -> tuple[dict[str, float], dict[str, list]]:
+              ) -> tuple[dict[str, float], dict[str, list], dict[str, dict[str, Any]]]:
     """Metrics of ``outcome`` on val and test, its prediction change from the Stage-I model's test logits, the test
-    reliability bins, OOD and corruption values."""
+    reliability bins, OOD and corruption values; and the val and test probabilities the metrics were computed from."""
     metrics: dict[str, float] = {}
+    predictions: dict[str, dict[str, Any]] = {}
     for split, probs in (("val", outcome.val_probs), ("test", outcome.test_probs)):
         labels = artifact.splits[split].labels
-        if split == "val" and outcome.val_indices is not None:
-            labels = labels[outcome.val_indices]
+        indices = outcome.val_indices if split == "val" else None
+        if indices is not None:
+            labels = labels[indices]
         labels = labels.numpy()
-        scores = compute_all(probs.detach().cpu().double().numpy(), labels, num_bins=cfg.num_bins)
+        values = probs.detach().cpu().double().numpy()
+        scores = compute_all(values, labels, num_bins=cfg.num_bins)
         metrics.update({f"{split}_{k}": v for k, v in scores.items()})
+        predictions[split] = {"probs": values, "labels": labels,
+                              "indices": None if indices is None else torch.as_tensor(indices).cpu().numpy()}
     test = artifact.splits["test"]
     metrics.update(prediction_change(outcome.test_probs.detach().cpu().double().numpy(),
                                      test.logits.detach().cpu().double().numpy(), test.labels.numpy()))
@@ -126,14 +131,14 @@ def _evaluate(cfg: TrialConfig, artifact: Any, outcome: Any, device: torch.devic
     corrupted_means, corrupted_lists = _corruption_metrics(cfg, artifact, outcome, device)
     metrics.update(corrupted_means)
     details.update(corrupted_lists)
-    return metrics, details
+    return metrics, details, predictions
 
 
 def _result(cfg: TrialConfig, artifact: Any, cache_hit: bool, outcome: Any, device: torch.device, *,
             started_at: dt.datetime, load_seconds: float, method_seconds: float, population_size: int = 1
             ) -> TrialResult:
     evaluating = time.perf_counter()
-    metrics, details = _evaluate(cfg, artifact, outcome, device)
+    metrics, details, predictions = _evaluate(cfg, artifact, outcome, device)
     eval_seconds = time.perf_counter() - evaluating
     return TrialResult(
         config=cfg,
@@ -161,6 +166,7 @@ def _result(cfg: TrialConfig, artifact: Any, cache_hit: bool, outcome: Any, devi
         device=describe_device(device),
         population_size=population_size,
         fit_details=dict(outcome.fit_details),
+        predictions=predictions,
     )
 
 

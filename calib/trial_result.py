@@ -53,6 +53,9 @@ class TrialResult:
     """The ``--log-to`` runs of the trial by store column (``mlflow_run_id``, ``tensorboard_run``, ``wandb_run_id``)."""
     fit_details: dict[str, Any] = field(default_factory=dict)
     """The method's fit columns (``fit_degenerate``, ``fit_degenerate_reason``, ``fitted_*``, ``cv_nll``)."""
+    predictions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Split (``val``, ``test``) -> ``probs`` (N, C float64, what the metrics were computed from), ``labels`` (N,)
+    and ``indices`` (the validation samples covered, None: all): kept in the store on request."""
 
     @property
     def plugins(self) -> list[str]:

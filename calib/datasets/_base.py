@@ -111,7 +111,8 @@ class DatasetInfo:
     of the user's own images): then they are known after loading, from :class:`DatasetSplits`;
     ``train_images`` is the size of the training split Stage I trains on (None: not known before
     loading), which bounds ``stage1.train_size`` before any trial starts; ``val_images`` the size of
-    the validation split, which bounds a post-hoc method's ``calibration_size`` the same way.
+    the validation split, which bounds a post-hoc method's ``calibration_size`` the same way; ``test_images`` the
+    size of the test split (with ``val_images``, what a study's kept predictions will take, said before it runs).
 
     ``options`` is the config class of the loader's keyword options, a
     ``@dataclass(frozen=True, kw_only=True)`` whose fields are the keyword arguments ``load`` takes
@@ -127,3 +128,4 @@ class DatasetInfo:
     train_images: int | None = None
     options: type | None = None
     val_images: int | None = None
+    test_images: int | None = None

@@ -274,6 +274,7 @@ DATASETS.register("cifar10")(
         description="CIFAR-10 (torchvision), FOCAL-R split 45k/5k/10k, crop+flip augmentation.",
         train_images=50_000 - VAL_SIZE,
         val_images=VAL_SIZE,
+        test_images=10_000,
     )
 )
 DATASETS.register("cifar100")(
@@ -285,5 +286,6 @@ DATASETS.register("cifar100")(
         description="CIFAR-100 (torchvision), FOCAL-R split 45k/5k/10k, crop+flip, CIFAR test statistics.",
         train_images=50_000 - VAL_SIZE,
         val_images=VAL_SIZE,
+        test_images=10_000,
     )
 )

@@ -52,6 +52,8 @@ DIGITS_TRAIN_IMAGES = 898
 """Training images of the split (of scikit-learn's 1,797), checked against the split in the tests."""
 DIGITS_VAL_IMAGES = 269
 """Validation images of the split, checked the same way."""
+DIGITS_TEST_IMAGES = 630
+"""Test images of the split, checked the same way."""
 
 NOISE_STD = 0.3
 """Standard deviation σ of the additive Gaussian noise of ``digits-noisy``, on the [0, 1] pixel scale.
@@ -170,6 +172,7 @@ DATASETS.register("digits")(
         description="scikit-learn 8x8 digits in [0, 1], fixed stratified split 50/15/35 (offline).",
         train_images=DIGITS_TRAIN_IMAGES,
         val_images=DIGITS_VAL_IMAGES,
+        test_images=DIGITS_TEST_IMAGES,
     )
 )
 DATASETS.register("digits-noisy")(
@@ -180,6 +183,7 @@ DATASETS.register("digits-noisy")(
         input_shape=INPUT_SHAPE,
         train_images=DIGITS_TRAIN_IMAGES,
         val_images=DIGITS_VAL_IMAGES,
+        test_images=DIGITS_TEST_IMAGES,
         description=(
             f"digits plus fixed Gaussian noise sigma={NOISE_STD} (seed {NOISE_SEED}), not clipped; "
             "the embedded default (~80% test accuracy, overconfident)."

@@ -276,6 +276,7 @@ DATASETS.register("fashion-mnist")(
         input_shape=INPUT_SHAPE,
         train_images=60_000 - VAL_SIZE,
         val_images=VAL_SIZE,
+        test_images=10_000,
         description="Fashion-MNIST (IDX files in FashionMNIST/raw or the Debian package's folder), stratified "
         "split 55k/5k/10k (fixed seed), crop (padding 2) without flip, its own statistics.",
     )

@@ -226,6 +226,7 @@ DATASETS.register("synthetic-cifar10")(
         input_shape=INPUT_SHAPE,
         train_images=NUM_TRAIN - VAL_SIZE,
         val_images=VAL_SIZE,
+        test_images=NUM_TEST,
         description=(
             "CIFAR-10-shaped synthetic images generated in memory (fixed seed; no files): 10 classes of "
             "smooth random colour templates, randomly shifted, plus per-image distractor patterns, "

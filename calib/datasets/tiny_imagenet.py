@@ -313,5 +313,6 @@ DATASETS.register("tiny-imagenet")(
         "crop+flip, ImageNet statistics.",
         train_images=200 * (500 - VAL_PER_CLASS),
         val_images=200 * VAL_PER_CLASS,
+        test_images=10_000,
     )
 )

@@ -21,7 +21,9 @@ import pyarrow.dataset as pads
 from calib.datasets import DATASETS
 from calib.metrics import clopper_pearson
 from calib.report import figures
+from calib.report.bootstrap import bootstrap_markers
 from calib.report.published import published_ece
+from calib.report.rescored import rescored_headers, with_rescored
 from calib.report.significance import CONTROL_CANDIDATES, RankComparison, default_control, rank_comparison
 from calib.report.significance_tables import LATEX_MARKS, MARKS, cell_markers, rank_latex, rank_markdown
 from calib.report.steps import report_step
@@ -291,12 +293,13 @@ def build_report(
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
     out = Path(out)
-    trials = read_trials(store, filters=pads.field("status") == "ok")
+    trials = with_rescored(read_trials(store, filters=pads.field("status") == "ok"), store)
     present = sorted(set(trials["study"].astype(str))) if not trials.empty else []
     written: list[Path] = []
     for study in sorted(set(KNOWN_STUDIES) | set(present)):
         script, metrics = KNOWN_STUDIES.get(study, ("", FULL))
         rows = trials[trials["study"].astype(str) == study] if present else trials
+        metrics = {**metrics, **rescored_headers(rows)}
         if rows.empty:
             log(f"skipped {study}: not in the store (run: python {script} --store {store})")
             continue
@@ -306,7 +309,7 @@ def build_report(
             name = f"{study} · {dataset} · {arch}"
             with report_step(study, f"tables of {dataset} · {arch}", log=log):
                 written += _tables(study, str(dataset), str(arch), group, metrics, spread, out / "tables",
-                                   control=study_control, alpha=alpha, log=log)
+                                   control=study_control, alpha=alpha, log=log, store=str(store))
             if note := mixed_trainings(group):
                 log(f"{name}: {note}")
             with report_step(study, f"reliability diagram of {dataset} · {arch}", log=log):
@@ -347,7 +350,7 @@ def _study_control(study: str, labels: list[str], control: str | None, log: Call
 
 def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: dict[str, str], spread: Spread,
             out: Path, *, control: str | None = None, alpha: float = 0.05,
-            log: Callable[[str], None] = print) -> list[Path]:
+            log: Callable[[str], None] = print, store: str | None = None) -> list[Path]:
     """The study's Markdown and LaTeX tables of one (dataset, architecture), with the markers of the cells
     significantly better / worse than ``control`` over seeds, and the cost table of the method comparison."""
     written = []
@@ -362,8 +365,9 @@ def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: d
     caption += f" · {note}" if note else ""
     markers, legend = None, []
     if control is not None and (group["label"] == control).any():
-        markers, legend = cell_markers(group, {m: h for m, h in metrics.items() if m != "method_seconds"}, control,
-                                       alpha=alpha)
+        tested = {m: h for m, h in metrics.items() if m != "method_seconds"}
+        bootstrapped = None if store is None else bootstrap_markers(store, study, group, tested, control, alpha=alpha)
+        markers, legend = bootstrapped or cell_markers(group, tested, control, alpha=alpha)
     elif control is not None:
         log(f"{study} · {dataset} · {arch}: no significance markers: the control {control} has no trial here")
     markdown = markdown_table(table, metrics, spread, published, markers)

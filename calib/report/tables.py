@@ -67,14 +67,19 @@ def column_higher_is_better(column: str) -> bool:
                            ("method_seconds", False)):
         if column.startswith(prefix):
             return higher
-    return higher_is_better(column.split("_", 1)[-1])
+    return higher_is_better(_metric_of(column))
+
+
+def _metric_of(column: str) -> str:
+    """The metric of a split's column: ``test_ece`` and the rescored ``test_ece_bins10`` → ``ece``."""
+    return re.sub(r"_bins\d+$", "", column.split("_", 1)[-1])
 
 
 def comparison_values(column: str, values: pd.Series | np.ndarray) -> pd.Series | np.ndarray:
     """The values by which a column's rows are compared (bold, ranks, tests): the values themselves, or their
     distance to 0 for an error whose estimate can be negative (``test_nll_calibration``: −0.3 is not better
     than 0)."""
-    spec = METRICS.get(column.split("_", 1)[-1])
+    spec = METRICS.get(_metric_of(column))
     return abs(values) if spec is not None and spec.zero_is_best else values
 
 
@@ -82,7 +87,7 @@ def is_fraction_metric(column: str) -> bool:
     """Whether a metric column (``test_ece``) is a fraction in [0, 1], shown in percent."""
     if column.startswith(("ood_auroc", "ood_fpr95", "corrupted_ece", "corrupted_accuracy", *PREDICTION_CHANGE_COLUMNS)):
         return True
-    name = column.split("_", 1)[-1]
+    name = _metric_of(column)
     return name in METRICS and METRICS[name].bounds == (0.0, 1.0)
 
 

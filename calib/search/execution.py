@@ -70,6 +70,9 @@ class ExecutionOptions:
     check_only: bool = False
     """``--check-only``: validate the run (configs, store, manifest) and stop before Ray starts."""
     log_to: tuple[str, ...] = ()
+    keep_predictions: str = "off"
+    """``--keep-predictions``: keep each trial's val and test probabilities in the store (``on``: float64; ``float32``,
+    ``float16``; ``off``), :mod:`calib.store.predictions`."""
     tracking: Any = None
     """The trackers of ``--log-to``, and (set by the driver when the run starts) where their runs go:
     :class:`calib.tracking.TrackingSettings`."""
@@ -185,7 +188,8 @@ def _store(store: str, result: TrialResult, options: ExecutionOptions, node_id: 
         from calib.tracking import log_trial
 
         result.tracker_runs = log_trial(options.tracking, result)
-    write_result(store, result, node_id=node_id, **kwargs)
+    write_result(store, result, node_id=node_id, keep_predictions=options.keep_predictions, **kwargs)
+    result.predictions = {}  # stored: a population's other results need not hold them in memory
 
 
 def execute(config: dict[str, Any], store: str, options: ExecutionOptions,

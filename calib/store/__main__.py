@@ -1,4 +1,5 @@
-"""``python -m calib.store compact``: move finished trials' rows from their own files into a few large parts.
+"""``python -m calib.store compact``: move finished trials' rows from their own files into a few large parts;
+``python -m calib.store rescore``: compute a metric on the trials' kept predictions, without training.
 
 Studies compact themselves (every ``--compact-every`` finished trials and when a run ends); this command
 is for a store written by an earlier calib (one file per trial), a run that was killed, or ``--full``:
@@ -45,7 +46,30 @@ def _parser() -> argparse.ArgumentParser:
                      help="when another process is compacting a study (a study's driver, another compact), wait up "
                           "to SECONDS for it to finish, then compact the study after it; still busy then: skip the "
                           "study (exit code 4); 0: skip at once")
+    again = sub.add_parser("rescore", formatter_class=HelpFormatter,
+                           help="compute a metric on the trials' kept predictions, without training",
+                           description="Compute a registered metric (at any number of bins) on the kept val/test "
+                                       "predictions of every ok trial, into <store>/rescored; values already there "
+                                       "are kept (a rerun adds nothing). The report shows them as columns.",
+                           epilog="exit codes:\n  0  done\n  1  an error stopped it (a traceback)\n  2  bad input: "
+                                  "no store there, an unknown --study or --metric, --bins of a metric without bins")
+    again.add_argument("--store", default="results", help="result-store directory or s3:// URI")
+    again.add_argument("--metric", required=True, help="registered metric name (calib.metrics.METRICS), e.g. ece")
+    again.add_argument("--bins", type=int, default=None,
+                       help="bins of a binned metric (default: 15); not allowed for a metric without bins")
+    again.add_argument("--study", nargs="+", default=None, help="only these studies (default: every study)")
+    again.add_argument("--split", choices=["test", "val", "both"], default="test", help="which kept split to score")
     return parser
+
+
+def _rescore(args: argparse.Namespace, store: str, studies: list[str]) -> int:
+    from calib.store.rescore import check_metric, rescore
+
+    check_metric(args.metric, args.bins)
+    splits = ("val", "test") if args.split == "both" else (args.split,)
+    for report in rescore(store, args.metric, args.bins, studies=args.study or studies, splits=splits):
+        print(report.line())
+    return ExitCode.OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise ConfigError(f"No study {', '.join(map(repr, unknown))} in the store {store}; it holds: "
                               f"{', '.join(studies)}.")
+        if args.command == "rescore":
+            return _rescore(args, store, studies)
         if args.wait < 0:
             raise ConfigError(f"--wait must be >= 0 seconds, got {args.wait:g}.")
         reports = compact(store, args.study, full=args.full, wait_seconds=args.wait)

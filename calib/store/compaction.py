@@ -6,13 +6,15 @@ of 100,000 trials would be 200,000 small files that every reader opens. A compac
 1. lists the study's files of both tables and reads their ``trial_id`` (and ``status``) columns;
 2. picks, per trial, the file whose rows count (the readers' rule, :func:`calib.store.scan.winning_rows`);
 3. writes the rows of the finished trials (``ok``, ``pruned``) still in their own files, and the rows of
-   the parts it merges, into new parts, history first; each part appears whole (a rename, one upload);
+   the parts it merges, into new parts, predictions and history first; each part appears whole (a rename,
+   one upload);
 4. deletes the trials' own files whose rows are now in a part, and the merged parts.
 
 Parts merge by size tiers: the new part joins the parts of its tier or below once there are
 :data:`FANOUT` of them (tier k holds up to ``1000 · FANOUT^k`` trials), so a row is rewritten
 O(log n) times over a study's life and a study keeps a few parts per tier. A part grows to about
-:data:`PART_TRIALS` trials. ``full=True`` merges every part below that size.
+:data:`PART_TRIALS` trials (a ``predictions`` part also stops at :data:`PREDICTIONS_PART_BYTES`).
+``full=True`` merges every part below that size.
 
 Any crash leaves a readable store and nothing to repair by hand: between 3 and 4 a trial's rows are in
 two files, which readers read once, and the next compaction deletes the spare copy (a trial's own file
@@ -53,6 +55,7 @@ from calib._config import ConfigError
 from calib._lease import HeldLease, OtherHolder, lease_record, lease_seconds_of, try_take
 from calib.config import validate_study_name
 from calib.store.files import TABLES, StoreFile, file_location, list_table, new_part_name, study_folder, table_location
+from calib.store.predictions import predictions_schema
 from calib.store.scan import _STATUS_RANK as _RANK
 from calib.store.scan import FINAL_STATUSES, PartIndex, Scan, part_index, remember_part, scan_files, winners
 from calib.store.schema import history_schema, trial_schema
@@ -64,8 +67,16 @@ FANOUT = 4
 PART_TRIALS = 100_000
 """A part stops growing once it holds this many trials (merging two sources may reach about twice)."""
 _TIER_BASE = 1_000
-_ROW_GROUP_ROWS = {"trials": 16_384, "history": 262_144}
-_INDEX_COLUMNS = {"trials": ["trial_id", "status"], "history": ["trial_id"]}
+PREDICTIONS_PART_BYTES = 1 << 30
+"""A ``predictions`` part also stops growing at this many bytes (a trial's probabilities take up to megabytes)."""
+_ROW_GROUP_ROWS = {"trials": 16_384, "history": 262_144, "predictions": 16}
+_INDEX_COLUMNS = {"trials": ["trial_id", "status"], "history": ["trial_id"], "predictions": ["trial_id"]}
+_SCHEMAS = {"trials": trial_schema, "history": history_schema, "predictions": predictions_schema}
+
+
+def _full(table: str, trials: int, size: int) -> bool:
+    """Whether a part of ``table`` holding ``trials`` trials in ``size`` bytes has stopped growing."""
+    return trials >= PART_TRIALS or (table == "predictions" and size >= PREDICTIONS_PART_BYTES)
 LEASE_ENV = "CALIB_COMPACTION_LEASE_SECONDS"
 _STALE_PART = re.compile(r"\.part-[0-9a-f]{32}\.parquet\.[0-9a-f]{32}\.tmp")
 
@@ -219,7 +230,7 @@ def _plan(scan: Scan, table: str, final: set[str] | None, full: bool) -> tuple[_
                 deletes.append(file)  # its rows are in a part, or will be once the new parts exist
         elif index in forced_files:
             forced.append(file)
-        elif trials_in.get(index, 0) < PART_TRIALS:
+        elif not _full(table, trials_in.get(index, 0), file.size):
             small.append((file, int(trials_in.get(index, 0))))
     if full:
         merged = forced + [part for part, _ in small] if moves or forced or len(small) > 1 else []
@@ -248,6 +259,7 @@ class _PartWriter:
         self._buffered = 0
         self._index: list[pa.Table] = []  # the part's trials, remembered once it is published
         self.trials = 0
+        self.bytes = 0
 
     def _open(self) -> None:
         self._name = new_part_name()
@@ -260,6 +272,7 @@ class _PartWriter:
             self._local = Path(self.folder) / f".{self._name}.{uuid.uuid4().hex}.tmp"
         self._writer = pq.ParquetWriter(self._local, self.schema, compression="zstd")
         self.trials = 0
+        self.bytes = 0
         self._index = []
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -267,8 +280,9 @@ class _PartWriter:
             self._open()
         self._buffer.append(batch)
         self._buffered += batch.num_rows
+        self.bytes += batch.nbytes
         index = pa.Table.from_batches([batch]).select(self.index_columns)
-        if self.index_columns == ["trial_id"]:  # history: rows per epoch, one index row per trial
+        if self.index_columns == ["trial_id"]:  # history, predictions: rows per epoch or split, one per trial
             index = index.group_by(["trial_id"]).aggregate([])
         self._index.append(index)
         self.trials += index.num_rows
@@ -315,7 +329,7 @@ def _write_parts(store: str, study: str, plan: _Plan, on_step: Callable[[str], N
     """Write the winning rows of ``plan.sources`` into new parts; their locations."""
     if not plan.sources:
         return []
-    store_schema = trial_schema() if plan.table == "trials" else history_schema()
+    store_schema = _SCHEMAS[plan.table]()
     try:
         schema = pa.unify_schemas([store_schema, *plan.scan.schemas], promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
@@ -332,7 +346,7 @@ def _write_parts(store: str, study: str, plan: _Plan, on_step: Callable[[str], N
         for tagged in dataset.scanner(batch_readahead=4).scan_batches():
             source = index[tagged.fragment.path]
             if source != current:
-                if writer.trials >= PART_TRIALS:
+                if _full(plan.table, writer.trials, writer.bytes):
                     writer.close_part()
                 current = source
             batch = tagged.record_batch
@@ -373,7 +387,7 @@ def _index_scan(store: str, study: str, table: str, final: set[str] | None) -> S
     per process, the trials' own files' read now (in ``history``, only those of the ``final`` trials:
     the others stay where they are). Foreign files are problems."""
     fs, root = storage.filesystem(table_location(store, table))
-    schema = trial_schema() if table == "trials" else history_schema()
+    schema = _SCHEMAS[table]()
     files = list_table(fs, root, [study])
     problems = {f.path: f.problem for f in files if f.kind is None}
     files = [f for f in files if f.kind == "part" or (f.kind == "trial" and (final is None or f.trial_id in final))]
@@ -411,11 +425,12 @@ def compact_study(store: str | os.PathLike, study: str, *, full: bool = False,
         plans[table], final = _plan(_index_scan(store, study, table, final), table, final, full)
     renew()
     _remove_stale_temporaries(store, study)
-    for table in ("history", "trials"):  # a trial's history part exists before its trials part
-        on_step(f"write {table} parts")
+    for table in ("predictions", "history", "trials"):  # a trial's other parts exist before its trials part
+        if plans[table].sources:
+            on_step(f"write {table} parts")
         written = _write_parts(store, study, plans[table], on_step)
         report.parts_written += len(written)
-    for table in ("trials", "history"):
+    for table in ("trials", "history", "predictions"):
         plan = plans[table]
         if plan.deletes:
             renew()

@@ -1,6 +1,6 @@
 """The files of the result store: their names, and listing them.
 
-Each table (``trials``, ``history``) is a hive-partitioned folder of Parquet files of two kinds::
+Each table (``trials``, ``history``, ``predictions``) is a hive-partitioned folder of Parquet files of two kinds::
 
     <store>/<table>/study=<study>/<trial_id>.parquet       a trial's own file, written by its worker
     <store>/<table>/study=<study>/part-<32 hex>.parquet    a part: the rows of many finished trials
@@ -24,7 +24,7 @@ from calib.config import validate_study_name
 __all__ = ["TABLES", "StoreFile", "file_location", "list_table", "new_part_name", "study_folder", "table_location",
            "trial_file"]
 
-TABLES = ("trials", "history")
+TABLES = ("trials", "history", "predictions")
 _TRIAL_FILE = re.compile(r"[0-9a-f]{16}\.parquet")
 _PART_FILE = re.compile(r"part-[0-9a-f]{32}\.parquet")
 

@@ -5,6 +5,7 @@ Layout (hive-partitioned by study; :mod:`calib.store.files`)::
     <store>/trials/study=<study>/<trial_id>.parquet       a trial's row, written by its worker
     <store>/history/study=<study>/<trial_id>.parquet      its rows per (stage, epoch)
     <store>/{trials,history}/study=<study>/part-*.parquet the rows of many finished trials (compacted)
+    <store>/predictions/study=<study>/...                 kept probabilities (:mod:`calib.store.predictions`)
 
 ``<store>`` is a local directory or an object-store URI (``s3://bucket/prefix``, see
 :mod:`calib.storage`). A trial's own files are its unit of durability: a local file is written to a
@@ -45,6 +46,7 @@ import pyarrow.parquet as pq
 from calib import storage
 from calib.config import validate_study_name
 from calib.store.files import StoreFile, study_folder, table_location, trial_file
+from calib.store.predictions import encode_predictions
 from calib.store.scan import part_index, scan_files, scan_listed, winners
 from calib.store.schema import history_schema, trial_schema
 from calib.trial_result import TrialResult
@@ -130,8 +132,11 @@ def write_file(table: pa.Table, location: str, **options: Any) -> None:
 
 
 def write_result(store: str | os.PathLike, result: TrialResult, *, node_id: str | None = None,
-                 known_new: bool = False) -> str:
-    """Write ``result`` into ``store`` (history first, then the trial row); returns the trial file.
+                 known_new: bool = False, keep_predictions: str = "off") -> str:
+    """Write ``result`` into ``store`` (its predictions, then history, then the trial row); returns the trial file.
+
+    ``keep_predictions`` (:data:`calib.store.predictions.KEEP_CHOICES`): whether, and in which precision, the
+    trial's validation and test probabilities are kept (:mod:`calib.store.predictions`); ``off``: not kept.
 
     A trial already stored as ``ok`` is left untouched: the file holding its row is returned. Checking
     costs one listing of the study's folder and reads the ``trial_id`` and ``status`` columns of its own
@@ -143,6 +148,9 @@ def write_result(store: str | os.PathLike, result: TrialResult, *, node_id: str 
     path = trial_file(store, "trials", study, result.trial_id)
     if not known_new and (stored := _stored_ok(store, study, result.trial_id)) is not None:
         return stored
+    if keep_predictions != "off" and result.predictions:
+        write_file(encode_predictions(result.trial_id, result.predictions, keep_predictions),
+                   trial_file(store, "predictions", study, result.trial_id), compression="zstd")
     rows = [{"trial_id": result.trial_id, "method": result.config.method.name, "seed": result.config.seed, **h}
             for h in result.history]
     write_file(_table(rows, history_schema()), trial_file(store, "history", study, result.trial_id))

@@ -59,6 +59,8 @@ def compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
         return pa.types.is_string(actual) or pa.types.is_large_string(actual) or str(actual) == "string_view"
     if pa.types.is_timestamp(expected):
         return pa.types.is_timestamp(actual)
+    if pa.types.is_binary(expected):
+        return pa.types.is_binary(actual) or pa.types.is_large_binary(actual)
     if pa.types.is_list(expected):
         listy = pa.types.is_list(actual) or pa.types.is_large_list(actual) or pa.types.is_fixed_size_list(actual)
         return listy and compatible(actual.value_type, expected.value_type)

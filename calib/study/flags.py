@@ -152,6 +152,11 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
                         help="also log the study to this tracker (repeatable): a parent per study, a child run per "
                              "trial; where to comes from MLFLOW_TRACKING_URI, WANDB_MODE/WANDB_PROJECT, "
                              "CALIB_TENSORBOARD_DIR (default <store>/tensorboard)")
+    parser.add_argument("--keep-predictions", default=None, choices=["on", "float32", "float16", "off"],
+                        help="keep each trial's val and test probabilities in the store, for `python -m calib.store "
+                             "rescore` and the report's bootstrap: on = float64, as the metrics were computed; "
+                             "float32 / float16 round them (bounds: docs/how-to/result-store.md); the settings line "
+                             f"says the size (default: {_per_preset(lambda p: p.keep_predictions)})")
     add_own_model_args(parser)
 
 

@@ -18,6 +18,7 @@ from calib.config import Stage1Config
 from calib.methods import METHODS
 from calib.presets import Preset
 from calib.search.execution import ExecutionOptions
+from calib.store.predictions import kept_predictions_note
 from calib.tracking import check_trackers
 
 __all__ = ["execution_options", "machine_resources", "settings_line"]
@@ -158,6 +159,7 @@ def execution_options(args: argparse.Namespace, preset: Preset) -> ExecutionOpti
         configs_per_trial=args.configs_per_trial, compact_every=args.compact_every,
         check_only=args.check_only,
         log_to=tuple(dict.fromkeys(getattr(args, "log_to", None) or ())),
+        keep_predictions=getattr(args, "keep_predictions", None) or preset.keep_predictions,
     )
     check_trackers(options.log_to)
     _check_whole_gpus(options, args, preset)
@@ -216,4 +218,5 @@ def settings_line(study: str, preset: Preset, configs: Sequence[Mapping[str, Any
         return " + ".join(f"{v:g} {k}" for k, v in options.resources(role).items() if v > 0)
 
     parts.append(f"per trial {amounts('stage1')} (cached {amounts('cached')})")
+    parts.append(kept_predictions_note(configs, options.keep_predictions))
     return f"[{study}] preset {preset.name} · " + " · ".join(parts)

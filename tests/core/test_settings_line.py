@@ -38,19 +38,20 @@ def study_main(script: str, monkeypatch: pytest.MonkeyPatch):
     return module.main
 
 
-@pytest.mark.parametrize(("script", "argv", "seeds"), [
-    ("sensitivity_gamma.py", [], "4 5"),
-    ("compare_methods.py", ["--methods", "Vanilla (CE)", "TST"], "4 5"),
-    ("ablation.py", [], "4 5"),
-    ("search.py", ["--space", str(ROOT / "search_spaces" / "mac_cal.yaml")], "4"),  # a search runs the first seed
+# kept predictions, quick preset: (269 + 630) digits-noisy samples × (10 classes × 8 bytes + 4) = 75.5 kB a trial
+@pytest.mark.parametrize(("script", "argv", "seeds", "kept"), [
+    ("sensitivity_gamma.py", [], "4 5", "0.906 MB"),  # 12 trials
+    ("compare_methods.py", ["--methods", "Vanilla (CE)", "TST"], "4 5", "0.302 MB"),  # 4 trials
+    ("ablation.py", [], "4 5", "0.906 MB"),
+    ("search.py", ["--space", str(ROOT / "search_spaces" / "mac_cal.yaml")], "4", "75.5 kB"),  # the first seed
 ])
-def test_every_study_prints_the_epochs_and_seeds_it_runs(script, argv, seeds, monkeypatch, capsys, tmp_path):
+def test_every_study_prints_the_epochs_and_seeds_it_runs(script, argv, seeds, kept, monkeypatch, capsys, tmp_path):
     main = study_main(script, monkeypatch)
     with pytest.raises(Scheduled):
         main(["--epochs", "3", "--seeds", "4", "5", "--stage2-epochs", "2", "--store", str(tmp_path / "r"), *argv])
     (line,) = [line for line in capsys.readouterr().out.splitlines() if " preset " in line]
     assert line.endswith(f"] preset quick · Stage I 3 epochs · Stage II 2 epochs · seeds {seeds} · device cpu "
-                         f"· per trial 1 CPU (cached 1 CPU)")
+                         f"· per trial 1 CPU (cached 1 CPU) · predictions kept (float64) ≈ {kept}, 75.5 kB a trial")
     assert "60 + 40 epochs" not in line
 
 
@@ -65,4 +66,5 @@ def test_per_dataset_epochs_train_size_and_gpus():
     line = settings_line("t", preset, configs, execution_options(args, preset))
     assert line == ("[t] preset paper · Stage I cifar10 350, tiny-imagenet 100 epochs · Stage II 40 epochs · seeds 1 2 "
                     "· train size 4000 · device auto (cuda on a node with a GPU) · per trial 4 CPU + 1 GPU "
-                    "(cached 2 CPU + 0.25 GPU)")
+                    "(cached 2 CPU + 0.25 GPU) · predictions not kept (--keep-predictions on would take ≈ 133 MB, "
+                    "16.7 MB a trial)")  # 4 × 15,000 × (10 · 8 + 4) + 4 × 20,000 × (200 · 8 + 4) bytes
