@@ -35,7 +35,7 @@ from calib.search import CheckedOnly
 from calib.study.flags import add_predictions_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.rows import GIVEN_STAGE1_ROWS, METHOD_ROWS, RegistryRows, print_row_tables, run_rows
+from calib.study.rows import GIVEN_STAGE1_ROWS, METHOD_ROWS, RegistryRows, print_row_tables, row_label, run_rows
 
 METRICS = FULL
 
@@ -50,7 +50,7 @@ CHOICES = RegistryRows(lambda: {**ROWS, **{label: row for label, row in METHOD_R
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="calibrate")
-    parser.add_argument("--methods", nargs="+", default=None, choices=CHOICES, metavar="ROW",
+    parser.add_argument("--methods", nargs="+", default=None, choices=CHOICES, type=row_label, metavar="ROW",
                         help="rows to run: the uncalibrated model, the post-hoc and the Stage-II methods (default: all "
                              "of them; with --predictions, the post-hoc ones); from: %(choices)s (the rows that "
                              "train a Stage I are refused)")

@@ -13,7 +13,7 @@ from calib.search import CheckedOnly
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.rows import METHOD_ROWS, print_row_tables, run_rows
+from calib.study.rows import METHOD_ROWS, print_row_tables, row_label, run_rows
 
 METRICS = FULL
 
@@ -21,7 +21,7 @@ METRICS = FULL
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="compare_methods")
-    parser.add_argument("--methods", nargs="+", default=None, choices=METHOD_ROWS, metavar="ROW",
+    parser.add_argument("--methods", nargs="+", default=None, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help="rows to run, from: %(choices)s (default: all of them)")
     args = parser.parse_args(argv)
     result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods or METHOD_ROWS}, table=METHOD_ROWS)

@@ -23,15 +23,16 @@ from calib.datasets.corruptions import (
     ensure_digits_c,
     load_corrupted,
 )
+from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
 from calib.search import CheckedOnly
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
+from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, row_label, run_rows
 
-ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal"]
+ROWS = [UNCALIBRATED_LABEL, *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal"]
 
 
 def evaluation_for(args: argparse.Namespace):
@@ -52,7 +53,7 @@ def evaluation_for(args: argparse.Namespace):
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="corruption")
-    parser.add_argument("--methods", nargs="+", default=ROWS, choices=METHOD_ROWS, metavar="ROW",
+    parser.add_argument("--methods", nargs="+", default=ROWS, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help=f"rows to run, from: %(choices)s (default: {', '.join(ROWS)})")
     args = parser.parse_args(argv)
     result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS,

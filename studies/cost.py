@@ -14,13 +14,13 @@ from calib.search import CheckedOnly
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.rows import METHOD_ROWS, run_rows
+from calib.study.rows import METHOD_ROWS, row_label, run_rows
 
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="compare_methods")
-    parser.add_argument("--methods", nargs="+", default=None, choices=METHOD_ROWS, metavar="ROW",
+    parser.add_argument("--methods", nargs="+", default=None, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help="rows to run, from: %(choices)s (default: all of them)")
     args = parser.parse_args(argv)
     result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods or METHOD_ROWS}, table=METHOD_ROWS)

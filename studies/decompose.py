@@ -6,28 +6,24 @@ on the same 15 bins (docs/methods.md §6.4).
 
 from __future__ import annotations
 
+from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.search import CheckedOnly
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.rows import POSTHOC_ROWS, Row, print_row_tables, run_rows
+from calib.study.rows import POSTHOC_ROWS, Row, loss_row, method_row, print_row_tables, row_label, run_rows
 
-ROWS = {
-    "CE": Row(),
-    "LS": Row(loss={"name": "label_smoothing"}),
-    "FeDLaS-LS": Row(loss={"name": "fedlas_ls"}),
-    "MbLS": Row(loss={"name": "mbls"}),
-    "FeDLaS-MbLS": Row(loss={"name": "fedlas_mbls"}),
-    **POSTHOC_ROWS,
-    "MaC-Cal": Row(method={"name": "mac_cal"}),
-}
+TABLE4_LOSSES = ("label_smoothing", "fedlas_ls", "mbls", "fedlas_mbls")
+"""The Stage-I losses of FeDLaS Table 4, by registered name (their rows' labels are their specs')."""
+ROWS = {UNCALIBRATED_LABEL: Row(), **dict(loss_row(name) for name in TABLE4_LOSSES), **POSTHOC_ROWS,
+        **dict([method_row("mac_cal")])}
 METRICS = {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_accuracy": "Acc"}
 
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="decompose")
-    parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=list(ROWS), metavar="ROW",
+    parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=list(ROWS), type=row_label, metavar="ROW",
                         help=f"rows to run, from: {', '.join(ROWS)} (default: all of them)")
     args = parser.parse_args(argv)
     result = run_rows(args, {label: ROWS[label] for label in args.methods}, table=ROWS)

@@ -12,7 +12,7 @@ from calib.search import CheckedOnly
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.rows import Row, print_row_tables, run_rows
+from calib.study.rows import MIXING_ROWS, Row, method_row, mixup_row, print_row_tables, run_rows
 
 DEFAULT_ALPHAS = (0.1, 0.2, 0.4, 1.0)
 METRICS = {"test_ece": "ECE", "test_accuracy": "Acc", "test_oece": "O-ECE", "test_uece": "U-ECE"}
@@ -21,9 +21,10 @@ METRICS = {"test_ece": "ECE", "test_accuracy": "Acc", "test_oece": "O-ECE", "tes
 def rows(alphas: list[float]) -> dict[str, Row]:
     out = {}
     for alpha in alphas:
-        out[f"Mixup α={alpha:g}"] = Row(stage1={"mixup_alpha": alpha})
-        out[f"MIT α={alpha:g}"] = Row(stage1={"mit_alpha": alpha})
-        out[f"Mixup+MaC-Cal α={alpha:g}"] = Row(method={"name": "mac_cal"}, stage1={"mixup_alpha": alpha})
+        for label, make_row in MIXING_ROWS.items():
+            out[f"{label} α={alpha:g}"] = make_row(alpha)
+        mac_cal, row = method_row("mac_cal", mixup_row(alpha))
+        out[f"Mixup+{mac_cal} α={alpha:g}"] = row
     return out
 
 

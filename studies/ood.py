@@ -10,20 +10,21 @@ from __future__ import annotations
 
 from calib._config import ConfigError
 from calib.datasets import DEFAULT_OOD, OOD_SETS
+from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.search import CheckedOnly
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, run_rows
+from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, row_label, run_rows
 
-ROWS = ["Vanilla (CE)", *POSTHOC_ROWS, "PLP", "TST", "V-TST", "BalCAL", "MaC-Cal", "DFL", "AdaFocal", "ACLS", "LS",
-        "FeDLaS-LS", "MbLS", "FeDLaS-MbLS"]
+ROWS = [UNCALIBRATED_LABEL, *POSTHOC_ROWS, "PLP", "TST", "V-TST", "BalCAL", "MaC-Cal", "DFL", "AdaFocal", "ACLS",
+        "LS", "FeDLaS-LS", "MbLS", "FeDLaS-MbLS"]
 
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="ood")
-    parser.add_argument("--methods", nargs="+", default=ROWS, choices=METHOD_ROWS, metavar="ROW",
+    parser.add_argument("--methods", nargs="+", default=ROWS, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help=f"rows to run, from: %(choices)s (default: {', '.join(ROWS)})")
     args = parser.parse_args(argv)
     def evaluation(dataset: str) -> dict:

@@ -40,6 +40,7 @@ from calib.artifacts.sources import predictions_split
 from calib.config import parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.synthetic_logits import write_synthetic_logits
+from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.presets import Preset, base_config
 from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary, plot_calibration_sizes
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
             common = {"preset": preset, "study": args.study, "dataset": dataset, "arch": arch, "seed": seed,
                       "data_root": str(paths.data_root), "artifact_root": paths.artifacts,
                       "download": args.download, "device": args.device}
-            configs.append({**base_config(method={"name": "vanilla"}, **common), "label": "Uncalibrated",
+            configs.append({**base_config(method={"name": "vanilla"}, **common), "label": UNCALIBRATED_LABEL,
                             "label_rank": 0})
             for label, name in zip(args.methods, names, strict=True):
                 for size in sizes_by_dataset[dataset]:

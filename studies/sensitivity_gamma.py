@@ -16,7 +16,9 @@ import pandas as pd
 import pyarrow.dataset as pads
 
 from calib.methods.mac_cal import STATS_SPLITS
+from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.presets import base_config
+from calib.registries import METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
 from calib.search import CheckedOnly, run_grid
@@ -65,11 +67,12 @@ def print_report(trials: pd.DataFrame, *, study: str, store: str, figures: Path,
                 parts.append(summarize(chosen, ["method"], list(METRICS)).assign(γ=f"on val ECE ({picks})"))
             table = pd.concat(parts, ignore_index=True)
             table["γ"] = ["–" if pd.isna(g) else g for g in table.get("γ", [None] * len(table))]
+            table["method"] = [METHODS.get(name).label or name for name in table["method"]]
             print(f"\n{dataset} · {arch} · mean ± 95% CI over seeds (test split)\n")
             print(to_markdown(table, ["method", "γ"], METRICS))
             if note := mixed_trainings(by_dataset):
                 print(f"\n{note}")
-            missing = ([] if not vanilla.empty else ["vanilla"]) + [
+            missing = ([] if not vanilla.empty else [UNCALIBRATED_LABEL]) + [
                 f"γ={g:g}" for g in sorted(gammas) if not (mac["method_accuracy_weight"] == g).any()]
             if missing:
                 print(f"\nno finished trial for: {', '.join(missing)}")
@@ -127,7 +130,8 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
             common = {"preset": preset, "study": args.study, "dataset": dataset, "arch": arch, "seed": seed,
                       "data_root": str(paths.data_root), "artifact_root": paths.artifacts,
                       "download": args.download, "device": args.device}
-            configs.append({**base_config(method={"name": "vanilla"}, **common), "label": "vanilla", "label_rank": 0})
+            configs.append({**base_config(method={"name": "vanilla"}, **common), "label": UNCALIBRATED_LABEL,
+                            "label_rank": 0})
             source = {} if args.stats_source == "train" else {"stats_source": args.stats_source}
             configs += [{**base_config(method={"name": "mac_cal", "accuracy_weight": g, **source}, **common),
                          "label": f"MaC-Cal γ={g:g}", "label_rank": rank}

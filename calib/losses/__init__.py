@@ -26,8 +26,8 @@ from calib.losses._base import LossSpec, Reduction, TrainingStateLoss
 from calib.losses._registry import LOSSES
 from calib.losses.acls import ACLS, ACLSConfig
 from calib.losses.adafocal import AdaFocal, AdaFocalConfig
-from calib.losses.crl import CRL, CRLConfig
 from calib.losses.cpc import CPC, CPCConfig
+from calib.losses.crl import CRL, CRLConfig
 from calib.losses.cross_entropy import CrossEntropy, CrossEntropyConfig
 from calib.losses.dual_focal import DualFocalLoss, DualFocalLossConfig
 from calib.losses.ecp import ECP, ECPConfig
@@ -53,8 +53,8 @@ __all__ = [
     "ACLSConfig",
     "AdaFocal",
     "AdaFocalConfig",
-    "CRLConfig",
     "CPCConfig",
+    "CRLConfig",
     "CrossEntropy",
     "CrossEntropyConfig",
     "DualFocalLoss",

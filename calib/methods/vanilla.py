@@ -13,7 +13,14 @@ from calib.methods._registry import METHODS
 if TYPE_CHECKING:
     from calib.artifacts import Stage1Artifact
 
-__all__ = ["VanillaConfig", "run_vanilla"]
+__all__ = ["FORMER_UNCALIBRATED_LABELS", "UNCALIBRATED_LABEL", "VanillaConfig", "run_vanilla"]
+
+UNCALIBRATED_LABEL = "Vanilla"
+"""The row of the uncalibrated model in every table, flag and store ``label`` (MaC-Cal's name for the model as
+trained, on its own checkpoint or logits too)."""
+
+FORMER_UNCALIBRATED_LABELS = ("Vanilla (CE)", "CE", "Uncalibrated", "vanilla")
+"""Its names before it had one: still accepted where a user types a row, read as it in stored rows."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,4 +35,5 @@ def run_vanilla(
 
 
 METHODS.register("vanilla")(
-    MethodSpec(VanillaConfig, run_vanilla, "the Stage-I model, no recalibration", logits_only=True))
+    MethodSpec(VanillaConfig, run_vanilla, "the Stage-I model, no recalibration", logits_only=True,
+               label=UNCALIBRATED_LABEL, order=0))

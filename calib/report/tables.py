@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from calib.methods.vanilla import FORMER_UNCALIBRATED_LABELS, UNCALIBRATED_LABEL
 from calib.metrics import METRICS, higher_is_better
 
 __all__ = ["PREDICTION_CHANGE_COLUMNS", "column_higher_is_better", "comparison_values", "format_mean_ci",
@@ -119,12 +120,31 @@ def mixed_trainings(trials: pd.DataFrame) -> str | None:
 _EQUAL_MASS_HB = re.compile(r"(^|\+)HB(?= · |$)")
 
 
+def _current_uncalibrated_label(label: object) -> object:
+    """The uncalibrated model's former row names (``Vanilla (CE)``, ``CE``, ``Uncalibrated``) as ``Vanilla``, also
+    as the Stage I of a combined row (``CE +MaC-Cal`` → ``Vanilla +MaC-Cal``)."""
+    if not isinstance(label, str):
+        return label
+    for former in FORMER_UNCALIBRATED_LABELS:
+        if label == former or label.startswith(former + " +"):
+            return UNCALIBRATED_LABEL + label[len(former):]
+    return label
+
+
 def with_current_labels(trials: pd.DataFrame) -> pd.DataFrame:
-    """``trials`` with their labels as the tables name the rows now: an equal-mass histogram binning trial
+    """``trials`` with their labels as the tables name the rows now: the uncalibrated model's former names (on the
+    vanilla CE model, or a method on it) are ``Vanilla``; an equal-mass histogram binning trial
     (``histogram_binning``) stored as "HB", "CE+HB" or "HB · n=…" before HB came to mean equal width is HB-EM."""
     if trials.empty or "method" not in trials or "label" not in trials:
         return trials
     labels = trials["label"].astype(object)
+    mixing = [column for column in ("stage1_mixup_alpha", "stage1_mit_alpha") if column in trials]
+    ce = trials["loss"].isin(["cross_entropy", None]) if "loss" in trials else trials["method"] == "vanilla"
+    ce &= trials[mixing].isna().all(axis=1)
+    renamed = labels.where(~ce, labels.map(_current_uncalibrated_label))
+    if not renamed.equals(labels):
+        trials = trials.assign(label=renamed)
+        labels = renamed
     legacy = (trials["method"] == "histogram_binning") & labels.map(
         lambda label: isinstance(label, str) and bool(_EQUAL_MASS_HB.search(label)))
     if not legacy.any():

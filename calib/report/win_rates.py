@@ -18,12 +18,13 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from calib.methods.vanilla import FORMER_UNCALIBRATED_LABELS, UNCALIBRATED_LABEL
 from calib.report.significance import CONTROL_CANDIDATES
 
 __all__ = ["PAIR_KEYS", "UNCALIBRATED_CANDIDATES", "WIN_METRICS", "WinRate", "win_rates"]
 
-UNCALIBRATED_CANDIDATES = ("Uncalibrated", "Vanilla (CE)")
-"""The rows of the uncalibrated model the studies label (posthoc and calibrate; compare_methods)."""
+UNCALIBRATED_CANDIDATES = (UNCALIBRATED_LABEL, *FORMER_UNCALIBRATED_LABELS)
+"""The row of the uncalibrated model (every study labels it ``Vanilla``), and its names in stores written before."""
 
 WIN_METRICS = {"test_nll": "NLL", "test_brier": "Brier"}
 """The losses CalArena's win rates compare (column -> header)."""

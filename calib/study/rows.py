@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from calib._registry import Registry
+from calib.methods.vanilla import FORMER_UNCALIBRATED_LABELS, UNCALIBRATED_LABEL
 from calib.presets import base_config
 from calib.registries import LOSSES, METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
@@ -25,8 +26,10 @@ from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.sources import preset_of, require_datasets, study_setups
 
-__all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "STAGE1_ROWS", "RegistryRows",
-           "Row", "print_row_tables", "run_rows"]
+__all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "MIXING_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "PROCEDURE_ROWS",
+           "STAGE1_ROWS",
+           "TABLE_MIXUP_ALPHA", "RegistryRows", "Row", "loss_row", "method_row", "mit_row", "mixup_row",
+           "print_row_tables", "row_label", "run_rows"]
 
 @dataclass(frozen=True)
 class Row:
@@ -91,20 +94,61 @@ def _stage2_rows() -> list[tuple[str, Row]]:
             for label, name in _labelled(METHODS, lambda spec: not spec.posthoc and not spec.logits_only)]
 
 
-def _method_rows() -> dict[str, Row]:
+TABLE_MIXUP_ALPHA = 1.0
+"""The Beta(α, α) of the Mixup and MIT rows of the tables (MaC-Cal Tables 1 and 3)."""
+
+
+def mixup_row(alpha: float = TABLE_MIXUP_ALPHA) -> Row:
+    """Mixup (Zhang et al. 2018): the CE Stage I trained on Beta(α, α) mixtures, evaluated as trained."""
+    return Row(stage1={"mixup_alpha": alpha})
+
+
+def mit_row(alpha: float = TABLE_MIXUP_ALPHA) -> Row:
+    """MIT (Wang et al. 2023): Mixup with the mixing inference in training (docs/methods.md §4.9)."""
+    return Row(stage1={"mit_alpha": alpha})
+
+
+MIXING_ROWS: Mapping[str, Callable[[float], Row]] = {"Mixup": mixup_row, "MIT": mit_row}
+"""The Stage-I changes that are rows of their own, by label: each gives its row at a Beta(α, α)."""
+
+
+def _stage1_rows() -> dict[str, Row]:
     losses = [(label, Row(loss={"name": name})) for label, name in _labelled(LOSSES, lambda spec: True)]
-    return _unique([("Vanilla (CE)", Row()), *losses, ("Mixup", Row(stage1={"mixup_alpha": 1.0})),
-                    ("MIT", Row(stage1={"mit_alpha": 1.0})), *STAGE1_ROWS.items(), *POSTHOC_ROWS.items(),
-                    *_stage2_rows()], "rows")
+    mixing = [(label, make_row()) for label, make_row in MIXING_ROWS.items()]
+    return _unique([(UNCALIBRATED_LABEL, Row()), *losses, *mixing], "Stage-I rows")
+
+
+def _method_rows() -> dict[str, Row]:
+    return _unique([*STAGE1_ROWS.items(), *PROCEDURE_ROWS.items(), *POSTHOC_ROWS.items(), *_stage2_rows()], "rows")
 
 
 def _given_stage1_rows() -> dict[str, Row]:
-    return _unique([("Uncalibrated", Row()), *((label, Row(method={"name": name}))
-                                               for label, name in POSTHOC_METHODS.items()), *_stage2_rows()], "rows")
+    return _unique([(UNCALIBRATED_LABEL, Row()), *((label, Row(method={"name": name}))
+                                                   for label, name in POSTHOC_METHODS.items()), *_stage2_rows()],
+                   "rows")
 
 
-STAGE1_ROWS: dict[str, Row] = {"PLP": Row(stage1={"plp_gamma": 1.0}), "BalCAL": Row(stage1={"balcal_delta": 0.95})}
-"""Stage-I training procedures beyond a loss (docs/methods.md §4.10), each with its official defaults: PLP's layer
+def method_row(name: str, stage1: Row | None = None) -> tuple[str, Row]:
+    """(label, row) of the registered method ``name`` (its spec's label) on the Stage I of ``stage1`` (default:
+    the vanilla CE one)."""
+    stage1 = stage1 or Row()
+    return METHODS.get(name).label or name, Row(loss=stage1.loss, method={"name": name}, stage1=stage1.stage1)
+
+
+def loss_row(name: str) -> tuple[str, Row]:
+    """(label, row) of the Stage I trained with the registered loss ``name`` (its spec's label)."""
+    return LOSSES.get(name).label or name, Row(loss={"name": name})
+
+
+def row_label(text: str) -> str:
+    """A row as a user types it (``--methods``, ``--losses``), under the label the tables give it now: the
+    uncalibrated model's former names (``Vanilla (CE)``, ``CE``, ``Uncalibrated``) are ``Vanilla``."""
+    return UNCALIBRATED_LABEL if text in FORMER_UNCALIBRATED_LABELS else text
+
+
+PROCEDURE_ROWS: dict[str, Row] = {"PLP": Row(stage1={"plp_gamma": 1.0}),
+                                  "BalCAL": Row(stage1={"balcal_delta": 0.95})}
+"""Stage-I training procedures that change the classifier themselves, beyond a loss (docs/methods.md §4.10), each with its official defaults: PLP's layer
 peeling with γ = 1 (``dengbaowang/PLP`` README) and BalCAL's ETF classifier with δ = 0.95 (BALCAL-R
 ``train_BalCAL.sh``)."""
 
@@ -117,10 +161,13 @@ POSTHOC_ROWS: Mapping[str, Row] = RegistryRows(
     lambda: {f"CE+{label}": Row(method={"name": name}) for label, name in POSTHOC_METHODS.items()}, "post-hoc rows")
 """The post-hoc methods with their defaults, each fitted on the vanilla (CE) Stage I's validation logits."""
 
+STAGE1_ROWS: Mapping[str, Row] = RegistryRows(_stage1_rows, "Stage-I rows")
+"""Every Stage I of the tables, as trained: the vanilla (CE) model, a Stage I trained with each labelled loss,
+Mixup and MIT (at :data:`TABLE_MIXUP_ALPHA`); each with its paper defaults."""
+
 METHOD_ROWS: Mapping[str, Row] = RegistryRows(_method_rows, "method rows")
-"""The rows of the method comparison (MaC-Cal Table 1): the vanilla model, a Stage I trained with each labelled
-loss, Mixup, MIT, PLP and BalCAL, each post-hoc method on the CE Stage I, and each labelled Stage-II method; each
-with its paper defaults."""
+"""The rows of the method comparison (MaC-Cal Table 1): the :data:`STAGE1_ROWS`, the :data:`PROCEDURE_ROWS`, each
+post-hoc method on the CE Stage I, and each labelled Stage-II method; each with its paper defaults."""
 
 GIVEN_STAGE1_ROWS: Mapping[str, Row] = RegistryRows(_given_stage1_rows, "rows on a given Stage I")
 """The rows that run on a Stage I calib does not train (``calibrate.py``): the uncalibrated model, every post-hoc

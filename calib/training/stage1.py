@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import copy
 import time
-from functools import partial
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np

@@ -32,7 +32,8 @@ def store_row(store, tmp, *, study: str, label: str, rank: int, setup: tuple[str
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """decompose over 4 setups × 3 seeds: CE+TS's ECE 0.03 + 0.004·seed + 0.001·setup; MaC-Cal 0.01 lower on every
-    seed (±0.0005), Vanilla 0.05 higher (±0.001), CE+HB +0.002, −0.002, +0.003 (no consistent difference).
+    seed (±0.0005), Vanilla 0.05 higher (±0.001; stored under its former label "Vanilla (CE)", shown as
+    "Vanilla"), CE+HB +0.002, −0.002, +0.003 (no consistent difference).
     ablation: one setup, no TS row. combine: CE+TS only in the first of two setups, MIT only in the second."""
     tmp = tmp_path_factory.mktemp("markers")
     store = tmp / "results"
@@ -62,7 +63,7 @@ def test_markers_rank_table_and_diagrams(store, tmp_path):
     table = (tmp_path / "report" / "tables" / "decompose_digits-noisy_resnet20.md").read_text().splitlines()
     assert table[2:] == [
         "| row | n | ECE | O-ECE | U-ECE | Acc |", "|---|---|---|---|---|---|",
-        "| Vanilla (CE) | 3 | 9.10 ± 1.24 ▼ | 4.55 ± 0.62 ▼ | 4.55 ± 0.62 ▼ | **90.00 ± 0.00** |",
+        "| Vanilla | 3 | 9.10 ± 1.24 ▼ | 4.55 ± 0.62 ▼ | 4.55 ± 0.62 ▼ | **90.00 ± 0.00** |",
         "| CE+TS | 3 | 4.10 ± 0.99 | 2.05 ± 0.50 | 2.05 ± 0.50 | 90.00 ± 0.00 |",
         "| CE+HB | 3 | 4.20 ± 1.29 | 2.10 ± 0.65 | 2.10 ± 0.65 | 90.00 ± 0.00 |",
         "| MaC-Cal | 3 | **3.10 ± 1.12** ▲ | **1.55 ± 0.56** ▲ | **1.55 ± 0.56** ▲ | 90.00 ± 0.00 |",
@@ -82,7 +83,7 @@ def test_markers_rank_table_and_diagrams(store, tmp_path):
     # F_F infinite; CD = 2.569 · √(4·5/(6·4)) = 2.35; Holm against CE+TS: smallest p 0.0285 · 3 > 0.05, no marker
     assert ranks[2:12] == [
         "| row | ECE | O-ECE | U-ECE | Acc |", "|---|---|---|---|---|",
-        "| Vanilla (CE) | 4.00 | 4.00 | 4.00 | **2.50** |", "| CE+TS | 2.00 | 2.00 | 2.00 | **2.50** |",
+        "| Vanilla | 4.00 | 4.00 | 4.00 | **2.50** |", "| CE+TS | 2.00 | 2.00 | 2.00 | **2.50** |",
         "| CE+HB | 3.00 | 3.00 | 3.00 | **2.50** |", "| MaC-Cal | **1.00** | **1.00** | **1.00** | **2.50** |",
         "| setups N / methods k | 4 / 4 | 4 / 4 | 4 / 4 | 4 / 4 |",
         "| Friedman χ²_F (p) | 12.00 (0.007) | 12.00 (0.007) | 12.00 (0.007) | 0.00 (1.000) |",

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from in_process import run_study, study_module
-
 from calib.study_rows import METHOD_ROWS
+from in_process import run_study, study_module
 
 TINY = ["--epochs", "2", "--stage2-epochs", "2"]
 

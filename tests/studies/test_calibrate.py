@@ -58,7 +58,8 @@ def test_calibrate_runs_every_method_on_the_checkpoints_model(calibrated):
     tmp, model, done = calibrated
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Stage I from the checkpoint" in done.stdout and "head fc" in done.stdout
-    assert "| Uncalibrated | 2 |" in done.stdout and "| TST | 2 |" in done.stdout
+    # "Uncalibrated", the uncalibrated model's former name, typed in --methods: its row is "Vanilla"
+    assert "| Vanilla | 2 |" in done.stdout and "| TST | 2 |" in done.stdout
     trials = pd.read_parquet(tmp / "store" / "trials")
     assert len(trials) == 6 and set(trials["status"]) == {"ok"}
     assert trials["stage1_id"].nunique() == 1 and (~trials["stage1_cache_hit"]).sum() == 1  # one Stage I, no seed
@@ -73,7 +74,7 @@ def test_calibrate_runs_every_method_on_the_checkpoints_model(calibrated):
     labels = np.array([data.test[i][1] for i in range(len(data.test))])
     with torch.no_grad():
         probs = softmax64(model(images))
-    uncalibrated = trials[trials["label"] == "Uncalibrated"]
+    uncalibrated = trials[trials["label"] == "Vanilla"]
     assert np.allclose(uncalibrated["test_accuracy"], accuracy(probs, labels), atol=1e-12)
     assert np.allclose(uncalibrated["test_ece"], expected_calibration_error(probs, labels), atol=1e-5)
     assert (tmp / "store" / "figures" / "calibrate_imagefolder_torchvision:resnet18_reliability.png").exists()
@@ -86,7 +87,7 @@ def test_the_report_regenerates_the_calibrate_table(calibrated):
     report = run_report("--store", str(tmp / "store"))
     assert report.returncode == 0, report.stderr[-3000:]
     table = (tmp / "store" / "report" / "tables" / "calibrate_imagefolder_torchvision:resnet18.md").read_text()
-    assert "| Uncalibrated |" in table and "| TS |" in table and "| TST |" in table
+    assert "| Vanilla |" in table and "| TS |" in table and "| TST |" in table
 
 
 @pytest.mark.ray

@@ -56,7 +56,7 @@ def test_gamma_study_with_every_mac_cal_trial_failed(results, tmp_path, capsys):
     study_module("sensitivity_gamma.py").print_report(
         trials, study="sensitivity_gamma", store=str(store), figures=tmp_path / "figures", gammas=[0.8, 0.9])
     out = capsys.readouterr().out
-    assert "| vanilla | – | 1 |" in out
+    assert "| Vanilla | – | 1 |" in out
     assert "no finished trial for: γ=0.8, γ=0.9" in out
     assert "[sensitivity_gamma] γ figure for digits-noisy · small_cnn not drawn: no MaC-Cal trial finished" in out
     assert not (tmp_path / "figures").exists()
@@ -70,7 +70,7 @@ def test_gamma_study_without_vanilla_and_with_nan_metrics(results, tmp_path, cap
     study_module("sensitivity_gamma.py").print_report(
         trials, study="sensitivity_gamma", store=str(store), figures=tmp_path / "figures", gammas=[0.9])
     out = capsys.readouterr().out
-    assert "| mac_cal | 0.9 | 1 | – |" in out  # no ECE to show, the other metrics are there
+    assert "| MaC-Cal | 0.9 | 1 | – |" in out  # no ECE to show, the other metrics are there
     assert "no finished trial for: vanilla" in out
     assert (tmp_path / "figures" / "sensitivity_gamma_digits-noisy_small_cnn.png").exists()
 

@@ -40,7 +40,7 @@ GAMMA_ARGS = ["--seeds", "2", "3", "--gammas", "0.8", "0.9", "1.0", *TINY]
 @pytest.mark.ray
 def test_gamma_study_trains_stage1_once_per_seed_and_resumes(gamma_and_ablation):
     store, first, _ = gamma_and_ablation
-    assert "| mac_cal | 0.9 | 2 |" in first.stdout and "| vanilla | – | 2 |" in first.stdout
+    assert "| MaC-Cal | 0.9 | 2 |" in first.stdout and "| Vanilla | – | 2 |" in first.stdout
     assert (store / "figures" / "sensitivity_gamma_digits-noisy_small_cnn.png").read_bytes()[:4] == b"\x89PNG"
 
     df = pd.read_parquet(store / "trials", filters=[("study", "==", "sensitivity_gamma")])
@@ -108,7 +108,7 @@ def test_missing_dataset_message_names_the_flag(tmp_path, monkeypatch, capsys):
 @pytest.mark.ray
 def test_compare_methods_shares_the_ce_stage1(tmp_path):
     store = tmp_path / "results"
-    rows = ["Vanilla (CE)", "CE+TS", "CE+SMART", "TST", "V-TST", "MaC-Cal", "LS"]
+    rows = ["Vanilla", "CE+TS", "CE+SMART", "TST", "V-TST", "MaC-Cal", "LS"]
     out = run_study("compare_methods.py", "--store", str(store), "--seeds", "1", "2", "--methods", *rows, *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
     for row in rows:
@@ -156,11 +156,12 @@ def test_ablation_study_prints_the_ladder(gamma_and_ablation):
 @pytest.mark.ray
 def test_row_studies_run_into_the_store(tmp_path):
     store = tmp_path / "results"
+    # "CE" is the uncalibrated model's former name: still accepted, the table says "Vanilla"
     combine = run_study("combine.py", "--store", str(store), "--seeds", "1", "--losses", "CE", "LS", *TINY)
     assert combine.returncode == 0, combine.stderr[-3000:]
-    assert "| LS +MaC-Cal | 1 |" in combine.stdout
+    assert "| LS +MaC-Cal | 1 |" in combine.stdout and "| Vanilla +MaC-Cal | 1 |" in combine.stdout
     decompose = run_study("decompose.py", "--store", str(store), "--seeds", "1",
-                           "--methods", "CE", "FeDLaS-LS", "CE+TS", "CE+HB", "MaC-Cal", *TINY)
+                           "--methods", "Vanilla", "FeDLaS-LS", "CE+TS", "CE+HB", "MaC-Cal", *TINY)
     assert decompose.returncode == 0, decompose.stderr[-3000:]
     assert "| row | n | ECE | O-ECE | U-ECE | Acc |" in decompose.stdout
     mixup = run_study("mixup_alpha.py", "--store", str(store), "--seeds", "1", "--alphas", "0.2", "1.0", *TINY)
@@ -185,7 +186,7 @@ def test_cost_reuses_the_comparison_trials(tmp_path):
     rows = [row for row in METHOD_ROWS if row not in POSTHOC_ROWS] + ["CE+TS", "CE+ETS", "CE+HB"]
     first = run_study("cost.py", "--store", str(store), "--seeds", "1", "--methods", *rows, *TINY)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "| MIT |" in first.stdout and "| Vanilla (CE) |" in first.stdout and "| CE+HB |" in first.stdout
+    assert "| MIT |" in first.stdout and "| Vanilla |" in first.stdout and "| CE+HB |" in first.stdout
     again = run_study("cost.py", "--store", str(store), "--seeds", "1", "--methods", *rows, *TINY)
     assert f"{len(rows)} trials: {len(rows)} already in the store, 0 to run" in again.stdout
 
@@ -205,7 +206,7 @@ def test_report_regenerates_tables_byte_for_byte(gamma_and_ablation, tmp_path):
                            "sensitivity_gamma_digits-noisy_small_cnn.md",
                            "sensitivity_gamma_digits-noisy_small_cnn.tex"}
     md = tables["sensitivity_gamma_digits-noisy_small_cnn.md"].decode()
-    assert [line.split(" | ")[0] for line in md.splitlines()[4:]] == ["| vanilla", "| MaC-Cal γ=0.8",
+    assert [line.split(" | ")[0] for line in md.splitlines()[4:]] == ["| Vanilla", "| MaC-Cal γ=0.8",
                                                                         "| MaC-Cal γ=0.9", "| MaC-Cal γ=1"]
     assert md.count("**") == 2 * 4, "one bold best per metric column"
     assert r"\textbf{" in tables["ablation_digits-noisy_small_cnn.tex"].decode()
