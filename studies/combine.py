@@ -10,6 +10,7 @@ from calib.search import CheckedOnly
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
+from calib.study.row_file import add_row_args, row_control
 from calib.study.rows import Row, print_row_tables, run_rows
 
 STAGE1 = {
@@ -41,12 +42,14 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="combine")
     parser.add_argument("--losses", nargs="+", default=list(STAGE1), choices=list(STAGE1), metavar="LOSS",
                         help=f"Stage-I rows, from: {', '.join(STAGE1)} (default: all of them)")
+    add_row_args(parser)
     args = parser.parse_args(argv)
-    result = run_rows(args, rows(args.losses), table=rows(list(STAGE1)))
+    selected = rows(args.losses)
+    result = run_rows(args, selected, table=rows(list(STAGE1)))
     if isinstance(result, CheckedOnly):
         return result
     trials, run = result
-    print_row_tables(trials, METRICS, study=args.study)
+    print_row_tables(trials, METRICS, study=args.study, control=row_control(args, selected))
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
