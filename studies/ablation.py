@@ -26,7 +26,7 @@ from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
-from calib.study.row_file import add_row_args
+from calib.study.row_file import add_row_args, file_rows
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     require_datasets(list(dict.fromkeys(d for d, _ in setups)), paths.data_root, args.download)
     options = execution_options(args, preset)
 
+    rows_from_files = file_rows(args)
     configs, order = [], []
     for dataset, arch in setups:
         for seed in seeds:
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                     order.append(step.label)
                 config = with_preset_stage2(preset, step.config)
                 configs.append({**config, "label": step.label, "label_rank": order.index(step.label)})
-            for label, row in args.row:  # a searched config (a row file) after the ladder's steps
+            for label, row in rows_from_files:  # a searched config (a row file) after the ladder's steps
                 if label in (step.label for step in steps):
                     raise ConfigError(f"--row: the label {label!r} is already a step of the ladder; give the file "
                                       f"another one: --row FILE LABEL.")

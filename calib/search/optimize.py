@@ -431,7 +431,7 @@ def run_search(
     if options.address is not None:  # a cluster: some node must fit each trial (or join within the wait)
         wait_for_resources(options)
     record_manifest(store, study, manifest)
-    display = ProgressDisplay(study, remaining, objectives[0]) if options.verbose else None
+    display = ProgressDisplay(study, remaining * len(replicates), objectives[0]) if options.verbose else None
     tuner = _search_tuner(replicates, store, study, options, searcher,
                           scheduler.make(objectives[0], modes[0], parse_trial_config(probe).stage1.epochs),
                           -(-remaining * len(replicates) // configs_per_trial), display,

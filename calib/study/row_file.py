@@ -20,7 +20,7 @@ from calib.presets import PRESETS, base_config
 from calib.registries import LOSSES, METHODS
 from calib.study.rows import METHOD_ROWS, Row
 
-__all__ = ["ROW_FILE_KEYS", "add_row_args", "default_row", "read_row_file", "row_control", "row_of_config",
+__all__ = ["ROW_FILE_KEYS", "add_row_args", "default_row", "file_rows", "read_row_file", "row_control", "row_of_config",
            "write_row_file"]
 
 ROW_FILE_KEYS = ("label", "method", "loss", "stage1", "search")
@@ -69,7 +69,7 @@ def _check_fields(path: str, row: Row) -> None:
     """A ``ConfigError`` naming the file when the row's fields are not its method's, loss's or Stage I's."""
     preset = PRESETS.get("quick")
     config = base_config(preset, study="row_file", dataset=preset.datasets[0], seed=0, method=dict(row.method),
-                         loss=dict(row.loss), data_root=".", artifact_root=".")
+                         loss=dict(row.loss), data_root="/", artifact_root="/")
     config["stage1"].update(row.stage1)
     try:
         parse_trial_config(config)
@@ -109,17 +109,13 @@ def read_row_file(path: str, label: str | None = None) -> tuple[str, Row]:
 
 
 class _RowAction(argparse.Action):
-    """``--row FILE [LABEL]``: read and checked as soon as it is parsed (a bad file: exit 2, one line)."""
+    """``--row FILE [LABEL]``: a file and an optional label (read by :func:`file_rows` when the study starts)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         if not 1 <= len(values) <= 2:
             parser.error(f"--row takes a file and an optional label, got {len(values)} values: {' '.join(values)}")
-        try:
-            entry = read_row_file(*values)
-        except (ConfigError, KeyError) as err:
-            parser.error(str(err).strip("'\""))
-        getattr(namespace, self.dest).append(entry)
+        getattr(namespace, self.dest).append(tuple(values))
 
 
 def add_row_args(parser: argparse.ArgumentParser) -> None:
@@ -129,10 +125,21 @@ def add_row_args(parser: argparse.ArgumentParser) -> None:
                              "studies/search.py writes it), labelled LABEL or the file's label; repeatable")
 
 
+def file_rows(args: argparse.Namespace) -> list[tuple[str, Row]]:
+    """The (label, row) of each ``--row`` file, read and checked (a ``ConfigError`` naming the bad file)."""
+    out = []
+    for entry in getattr(args, "row", None) or []:
+        try:
+            out.append(read_row_file(*entry))
+        except KeyError as err:  # an unknown method or loss name: its message lists the valid ones
+            raise ConfigError(f"--row {entry[0]}: {str(err).strip(chr(34) + chr(39))}") from None
+    return out
+
+
 def row_control(args: argparse.Namespace, rows: Mapping[str, Row]) -> str | None:
     """The row the ``--row`` rows are marked against (▲/▼): the default row of the first file's method and
     loss, when it is among ``rows``; None without ``--row``."""
-    files = getattr(args, "row", None) or []
+    files = file_rows(args)
     if not files:
         return None
     label, _ = default_row(files[0][1], rows)

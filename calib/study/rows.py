@@ -126,8 +126,10 @@ method and every labelled Stage-II method."""
 def with_file_rows(args: argparse.Namespace, rows: Mapping[str, Row]) -> dict[str, Row]:
     """``rows`` and the ``--row`` files' rows after them (:mod:`calib.study.row_file`); a ``ConfigError`` for a
     label a row already has."""
+    from calib.study.row_file import file_rows  # it builds on this module's Row
+
     out = dict(rows)
-    for label, row in getattr(args, "row", None) or []:
+    for label, row in file_rows(args):
         if label in out:
             raise ConfigError(f"--row: the label {label!r} is already a row of this table; give the file another "
                               f"one: --row FILE LABEL.")

@@ -83,8 +83,8 @@ def test_replicates_run_in_populations_and_optuna_is_told_their_aggregate(tmp_pa
         results = []
         for m in population:
             calib_id = reps.ids(m["params"])[m["replicate"]]
-            values[(m["number"], m["replicate"])] = 0.01 * (1 + m["number"]) + 0.001 * m["replicate"]
-            results.append({"calib_trial_id": calib_id, "status": "ok", "val_ece": values[(m["number"], m["replicate"])]})
+            value = values[(m["number"], m["replicate"])] = 0.01 * (1 + m["number"]) + 0.001 * m["replicate"]
+            results.append({"calib_trial_id": calib_id, "status": "ok", "val_ece": value})
         searcher.on_trial_complete(tune_id, {"calib_results": json.dumps(results)})
     trials = study.get_trials()
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
@@ -101,7 +101,7 @@ def test_a_failed_replicate_fails_its_trial(tmp_path):
     searcher = PopulationSearcher(study, space, objectives=["val_ece"], modes=["min"], budget=1, configs_per_trial=1,
                                   calib_id_of=lambda p: reps.ids(p)[0], replicate_ids=reps.ids)
     (one,) = searcher.suggest("a")["population"]
-    (two,) = searcher.suggest("b")["population"]
+    assert len(searcher.suggest("b")["population"]) == 1  # its second replicate
     ids = reps.ids(one["params"])
     searcher.on_trial_complete("a", {"calib_results": json.dumps([{"calib_trial_id": ids[0], "status": "ok",
                                                                    "val_ece": 0.1}])})
