@@ -199,6 +199,9 @@ class TrialConfig:
     corruptions: tuple[str, ...] = ()
     label: str = ""
     label_rank: int = 0
+    search_trial: int | None = None
+    """The number of the Optuna trial of a search that ran this config (one of its replicates), else None:
+    bookkeeping, left out of the trial id."""
     source: Stage1Source = dataclasses.field(default_factory=Stage1Source)
     dataset_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -219,7 +222,8 @@ class TrialConfig:
 _TOP_LEVEL = {f.name for f in dataclasses.fields(TrialConfig)}
 # Keys that say where and how a trial runs or how a study names it, not what it computes: excluded from
 # the identity hashes.
-_PLACEMENT_KEYS = ("data_root", "artifact_root", "download", "device", "num_workers", "label", "label_rank")
+_PLACEMENT_KEYS = ("data_root", "artifact_root", "download", "device", "num_workers", "label", "label_rank",
+                   "search_trial")
 
 
 _STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.dataset as pads
 
+from calib._config import ConfigError
 from calib.presets import base_config, with_preset_stage2
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.figures import plot_retention
@@ -25,6 +26,7 @@ from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
+from calib.study.row_file import add_row_args, file_rows
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="ablation")
     parser.add_argument("--ladder", default=str(DEFAULT_LADDER), help="ladder file (YAML)")
     parser.add_argument("--mode", default="incremental", choices=MODES, help="how components are combined")
+    add_row_args(parser)
     args = parser.parse_args(argv)
     ladder = load_ladder(args.ladder)
     preset = preset_of(args)
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     require_datasets(list(dict.fromkeys(d for d, _ in setups)), paths.data_root, args.download)
     options = execution_options(args, preset)
 
+    rows_from_files = file_rows(args)
     configs, order = [], []
     for dataset, arch in setups:
         for seed in seeds:
@@ -58,6 +62,17 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                     order.append(step.label)
                 config = with_preset_stage2(preset, step.config)
                 configs.append({**config, "label": step.label, "label_rank": order.index(step.label)})
+            for label, row in rows_from_files:  # a searched config (a row file) after the ladder's steps
+                if label in (step.label for step in steps):
+                    raise ConfigError(f"--row: the label {label!r} is already a step of the ladder; give the file "
+                                      f"another one: --row FILE LABEL.")
+                if label not in order:
+                    order.append(label)
+                config = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,
+                                     method=dict(row.method), loss=dict(row.loss), data_root=str(paths.data_root),
+                                     artifact_root=paths.artifacts, download=args.download, device=args.device)
+                config["stage1"].update(row.stage1)
+                configs.append({**config, "label": label, "label_rank": order.index(label)})
     for note in dict.fromkeys(skipped):
         print(f"[{args.study}] skipped step {note}")
     print(settings_line(args.study, preset, configs, options))

@@ -10,6 +10,7 @@ from calib.search import CheckedOnly
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
+from calib.study.row_file import add_row_args, row_control
 from calib.study.rows import STAGE1_ROWS, Row, method_row, print_row_tables, row_label, run_rows
 
 METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
@@ -30,12 +31,14 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="combine")
     parser.add_argument("--losses", nargs="+", default=None, choices=STAGE1_ROWS, type=row_label, metavar="LOSS",
                         help="Stage-I rows, from: %(choices)s (default: all of them)")
+    add_row_args(parser)
     args = parser.parse_args(argv)
-    result = run_rows(args, rows(args.losses or list(STAGE1_ROWS)), table=rows(list(STAGE1_ROWS)))
+    selected = rows(args.losses or list(STAGE1_ROWS))
+    result = run_rows(args, selected, table=rows(list(STAGE1_ROWS)))
     if isinstance(result, CheckedOnly):
         return result
     trials, run = result
-    print_row_tables(trials, METRICS, study=args.study)
+    print_row_tables(trials, METRICS, study=args.study, control=row_control(args, selected))
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 

@@ -13,6 +13,7 @@ from calib.search import CheckedOnly
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
+from calib.study.row_file import add_row_args, row_control
 from calib.study.rows import METHOD_ROWS, print_row_tables, row_label, run_rows
 
 METRICS = FULL
@@ -23,12 +24,14 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="compare_methods")
     parser.add_argument("--methods", nargs="+", default=None, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help="rows to run, from: %(choices)s (default: all of them)")
+    add_row_args(parser)
     args = parser.parse_args(argv)
-    result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods or METHOD_ROWS}, table=METHOD_ROWS)
+    selected = {label: METHOD_ROWS[label] for label in args.methods or METHOD_ROWS}
+    result = run_rows(args, selected, table=METHOD_ROWS)
     if isinstance(result, CheckedOnly):
         return result
     trials, run = result
-    print_row_tables(trials, METRICS, study=args.study)
+    print_row_tables(trials, METRICS, study=args.study, control=row_control(args, selected))
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 

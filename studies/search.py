@@ -7,66 +7,142 @@ two objectives, the Pareto front), then the fANOVA importance of each parameter 
 sampler first and only the missing ones run; a larger --num-trials extends it. The Optuna study is
 kept in <store>/optuna/ (optuna-dashboard opens it). --scheduler asha|hyperband stops unpromising
 trials during Stage I (stored as pruned). The test split never drives the search; its numbers are
-shown for the selected trials only.
+shown for the selected trials only. --replicates K runs each trial on K seeds of every setup and
+optimises their --aggregate. The chosen config (the best, or each of a Pareto front) is written as a
+row file under <store>/rows/ that the table studies take with --row FILE; --confirm N re-runs it
+beside its method's default row on N seeds the search never used.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
 
-import numpy as np
-
+from calib._config import ConfigError
 from calib.config import SEED_LIMIT, set_dotted
 from calib.metrics import higher_is_better
 from calib.presets import base_config
 from calib.report import format_mean_ci, report_step
 from calib.search import SAMPLERS, SCHEDULERS, CheckedOnly, SchedulerSettings, load_search_space, run_search
+from calib.search.chosen import chosen_trials, completed_trials, fresh_seeds, pareto_front
 from calib.search.importance import importance_report
 from calib.search.journal import journal_location
 from calib.search.optimize import DEFAULT_TPE_WINDOW
-from calib.store import read_finished
+from calib.search.replicates import AGGREGATES, Replicates
+from calib.store import read_finished, read_trials
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
+from calib.study.row_file import default_row, row_of_config, write_row_file
+from calib.study.rows import print_row_tables, run_rows
 from calib.study.sources import preset_of, require_datasets, study_setups
 
-
-def pareto_front(df, objectives: list[str]):
-    """Rows not dominated on ``objectives`` (each oriented by its metric's direction)."""
-    values = np.column_stack([df[o].to_numpy() * (-1 if higher_is_better(o.split("_", 1)[1]) else 1)
-                              for o in objectives])
-    keep = [not any(np.all(other <= row) and np.any(other < row) for other in values) for row in values]
-    return df[keep]
+CONFIRM_METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE",
+                   "test_nll": "NLL", "test_brier": "Brier"}
 
 
-def print_best(trials, space, objectives: list[str]) -> None:
-    """The 5 best finished trials by the objective, or the Pareto front of two or more objectives."""
-    if trials.empty:
+def print_best(completed, space, objectives: list[str], replicates: Replicates) -> None:
+    """The 5 best completed trials by the objective, or the Pareto front of two or more objectives; with
+    replicates, the values Optuna saw are their aggregate, the test numbers their mean."""
+    if completed.empty:
         return
     columns = [f"{k.replace('.', '_')}" for k in space.parameters]
+    over = f" ({replicates.how} over {len(replicates)} replicates)" if len(replicates) > 1 else ""
     if len(objectives) == 1:
         objective = objectives[0]
-        best = trials.sort_values(objective, ascending=not higher_is_better(objective.split("_", 1)[1])).head(5)
-        print(f"\nbest {len(best)} of {len(trials)} trials by {objective}:")
+        best = completed.sort_values(objective, ascending=not higher_is_better(objective.split("_", 1)[1]),
+                                     kind="stable").head(5)
+        print(f"\nbest {len(best)} of {len(completed)} trials by {objective}{over}:")
     else:
-        best = pareto_front(trials, objectives)
-        print(f"\nPareto front of {len(trials)} trials on {objectives}:")
+        best = pareto_front(completed, objectives)
+        print(f"\nPareto front of {len(completed)} trials on {objectives}{over}:")
     for _, row in best.iterrows():
         params = ", ".join(f"{c}={row[c]:.4g}" if isinstance(row[c], float) else f"{c}={row[c]}" for c in columns)
         scores = " · ".join(f"{o} {format_mean_ci(row[o], float('nan'))}%" for o in objectives)
-        print(f"  {row['trial_id']}  {scores} · test_ece {format_mean_ci(row['test_ece'], float('nan'))}% "
-              f"· test_accuracy {format_mean_ci(row['test_accuracy'], float('nan'))}%  [{params}]")
+        print(f"  #{row['search_trial']} {row['trial_id']}  {scores} · test_ece "
+              f"{format_mean_ci(row['test_ece'], float('nan'))}% · test_accuracy "
+              f"{format_mean_ci(row['test_accuracy'], float('nan'))}%  [{params}]")
 
 
-@guarded_main
-def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study=None, study_default="search_<name of the space file>")
+def write_chosen(chosen, space, replicates: Replicates, objectives: list[str], study: str, paths) -> list:
+    """Each chosen trial as a row file under <store>/rows/ (a Pareto front: one file each): [(label, row)]."""
+    configs = read_finished(paths.store, study, list(chosen["trial_id"])).set_index("trial_id")["config_json"]
+    keys = [*space.parameters, *space.base]
+    files = []
+    for _, trial in chosen.iterrows():
+        row = row_of_config(json.loads(configs[trial["trial_id"]]), keys)
+        label = f"{default_row(row)[0]} (tuned: {study} #{trial['search_trial']})"
+        name = f"{study}.yaml" if len(chosen) == 1 else f"{study}_trial{trial['search_trial']}.yaml"
+        path = write_row_file(paths.outputs / "rows" / name, label, row, {
+            "study": study, "store": str(paths.store), "search_trial": int(trial["search_trial"]),
+            "trial_ids": list(trial["replicate_ids"]), "replicates": replicates.described(),
+            "aggregate": replicates.how, "objectives": {o: float(trial[o]) for o in objectives}})
+        print(f"chosen config #{trial['search_trial']} as a table row: {path} "
+              f"(python studies/compare_methods.py --row {path})")
+        files.append((label, row))
+    return files
+
+
+def confirm(args, files: list, study: str, searched_seeds: list[int]) -> tuple[int, int] | CheckedOnly:
+    """Run the chosen rows and the default row of their method on --confirm fresh seeds (study <study>_confirm)
+    and print the table, each cell marked against the default row: the run's failed and finished trials."""
+    preset = preset_of(args)
+    used = set(searched_seeds) | set(read_trials(study_paths(args).store, study=study, columns=["seed"])["seed"])
+    seeds = fresh_seeds(args.seeds or list(preset.seeds), used, args.confirm)
+    default_label, default = default_row(files[0][1])
+    rows = {default_label: default, **dict(files)}
+    print(f"\n[{study}] confirming on {args.confirm} fresh seeds {' '.join(map(str, seeds))} (the search used "
+          f"{' '.join(map(str, sorted(used)))}) beside {default_label} at its defaults: study {study}_confirm")
+    confirm_args = argparse.Namespace(**{**vars(args), "study": f"{study}_confirm", "seeds": seeds, "row": []})
+    result = run_rows(confirm_args, rows)
+    if isinstance(result, CheckedOnly):
+        return result
+    trials, run = result
+    print_row_tables(trials, CONFIRM_METRICS, study=f"{study}_confirm", control=default_label)
+    return run.failed, len(trials)
+
+
+def replicate_bases(args: argparse.Namespace, preset, space, study: str, paths) -> list[dict]:
+    """The base config of each replicate: every setup × the first --replicates seeds, the space's base set."""
+    seeds = args.seeds or list(preset.seeds)
+    if args.replicates > len(seeds):
+        raise ConfigError(f"--replicates {args.replicates} needs as many seeds; --seeds (or the preset's) has "
+                          f"{len(seeds)}: {' '.join(map(str, seeds))}.")
+    setups = study_setups(args, preset)
+    require_datasets(list(dict.fromkeys(d for d, _ in setups)), paths.data_root, args.download)
+    bases = []
+    for dataset, arch in setups:
+        for seed in seeds[:args.replicates]:
+            base = base_config(preset, study=study, dataset=dataset, arch=arch, seed=seed,
+                               method={"name": space.base.get("method.name", "mac_cal")},
+                               data_root=str(paths.data_root), artifact_root=paths.artifacts,
+                               download=args.download, device=args.device)
+            for key, value in space.base.items():
+                base = set_dotted(base, key, value)
+            bases.append(base)
+    return bases
+
+
+def add_search_args(parser: argparse.ArgumentParser) -> None:
+    """The search's own flags."""
     parser.add_argument("--space", required=True, help="search-space YAML file (search_spaces/*.yaml)")
     parser.add_argument("--num-trials", type=int, default=20,
-                        help="finished trials the study should hold; the stored ones count, only the rest run")
+                        help="finished Optuna trials the study should hold; the stored ones count, only the rest run")
     parser.add_argument("--objective", nargs="+", default=["val_ece"],
                         help="validation metric(s) to optimise; two give a multi-objective search")
+    parser.add_argument("--replicates", type=int, default=1, metavar="K",
+                        help="each Optuna trial runs its config on the first K seeds of --seeds, on every setup "
+                             "(--datasets × --archs), each a row of the store; Optuna sees their --aggregate")
+    parser.add_argument("--aggregate", default="mean", choices=AGGREGATES,
+                        help="what Optuna sees of an objective's replicates: mean, median, worst (the max of a "
+                             "minimised objective, the min of a maximised one), or mean_plus_std (the mean moved "
+                             "one sample standard deviation towards worse)")
+    parser.add_argument("--confirm", type=int, default=0, metavar="N",
+                        help="re-run the chosen config and its method's default row on N seeds the search never "
+                             "used (those of --seeds after the searched ones, then the integers after the largest), "
+                             "into a table with ▲/▼ against the default (study <study>_confirm); 0: none")
     parser.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="Optuna sampler")
     parser.add_argument("--sampler-seed", type=int, default=0, help="seed of the Optuna sampler")
     parser.add_argument("--tpe-window", type=int, default=DEFAULT_TPE_WINDOW, metavar="N",
@@ -75,57 +151,77 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                              "0: on all of them")
     parser.add_argument("--scheduler", default="none", choices=SCHEDULERS,
                         help="stop unpromising trials during Stage I: Ray Tune's ASHA or HyperBand, on the "
-                             "objective's per-epoch validation value (spaces that change Stage I only)")
+                             "objective's per-epoch validation value (spaces that change Stage I only; one "
+                             "replicate)")
     parser.add_argument("--grace-period", type=int, default=None,
                         help="ASHA: Stage-I epochs every trial runs before it can be stopped (default: a quarter "
                              "of the Stage-I epochs: quick 15, paper 87)")
     parser.add_argument("--reduction-factor", type=float, default=3.0,
                         help="ASHA / HyperBand: η, a trial continues past a rung if in the best 1/η")
-    args = parser.parse_args(argv)
-    if args.num_trials < 1:
-        parser.error(f"--num-trials must be >= 1, got {args.num_trials}")
+
+
+def check_search_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for flag, value, least in (("--num-trials", args.num_trials, 1), ("--replicates", args.replicates, 1),
+                               ("--confirm", args.confirm, 0)):
+        if value < least:
+            parser.error(f"{flag} must be >= {least}, got {value}")
     if args.tpe_window < 0:
         parser.error(f"--tpe-window must be >= 0 (finished trials; 0: all), got {args.tpe_window}")
     if not 0 <= args.sampler_seed < SEED_LIMIT:
         parser.error(f"--sampler-seed must be an integer with 0 <= seed < 2**32 (Optuna's samplers seed NumPy with "
                      f"it), got {args.sampler_seed}")
-    space = load_search_space(args.space)
-    study = args.study or f"search_{Path(args.space).stem}"
-    preset = preset_of(args)
-    paths = study_paths(args)
-    dataset, arch = study_setups(args, preset)[0]
-    seed = (args.seeds or list(preset.seeds))[0]
-    require_datasets([dataset], paths.data_root, args.download)
-    options = execution_options(args, preset)
-    base = base_config(preset, study=study, dataset=dataset, arch=arch, seed=seed,
-                       method={"name": space.base.get("method.name", "mac_cal")},
-                       data_root=str(paths.data_root), artifact_root=paths.artifacts,
-                       download=args.download, device=args.device)
-    for key, value in space.base.items():
-        base = set_dotted(base, key, value)
-    print(settings_line(study, preset, [base], options))
-    print(f"[{study}] sampler {args.sampler} · objective {args.objective} · "
-          f"{dataset}/{arch} seed {seed} · store {paths.store}")
-    scheduler = SchedulerSettings(args.scheduler, args.grace_period, args.reduction_factor)
-    run = run_search(base, space, store=paths.store, study=study, num_trials=args.num_trials,
-                     objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
-                     options=options, scheduler=scheduler, tpe_window=args.tpe_window)
-    if isinstance(run, CheckedOnly):
-        return run
-    trials = read_finished(paths.store, study, run.trial_ids)
-    with report_step(study, "best-trials table"):
-        print_best(trials, space, args.objective)
+
+
+def report_search(trials, completed, space, objective: str, study: str, paths) -> None:
     with report_step(study, "importances"):
-        importance = importance_report(trials, space, args.objective[0], paths.outputs / "report", study)
+        importance = importance_report(trials, space, objective, paths.outputs / "report", study)
         if importance.importances:
-            print(f"\nfANOVA importance for {args.objective[0]}: "
+            print(f"\nfANOVA importance for {objective}: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in importance.importances.items()))
         for note in importance.notes:
             print(f"[{study}] {note}")
         print(f"importances and slice plot: {', '.join(str(f) for f in importance.files)}")
+
+
+@guarded_main
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
+    parser = study_parser(__doc__, study=None, study_default="search_<name of the space file>")
+    add_search_args(parser)
+    args = parser.parse_args(argv)
+    check_search_args(parser, args)
+    space = load_search_space(args.space)
+    study = args.study or f"search_{Path(args.space).stem}"
+    preset = preset_of(args)
+    paths = study_paths(args)
+    replicates = Replicates(tuple(replicate_bases(args, preset, space, study, paths)), args.aggregate)
+    options = execution_options(args, preset)
+    print(settings_line(study, preset, list(replicates.bases), options))
+    shown = ", ".join(f"{d}/{a} seed {s}" for d, a, s in replicates.described())
+    print(f"[{study}] sampler {args.sampler} · objective {args.objective}"
+          + (f" ({args.aggregate} of {len(replicates)} replicates)" if len(replicates) > 1 else "")
+          + f" · {shown} · store {paths.store}")
+    scheduler = SchedulerSettings(args.scheduler, args.grace_period, args.reduction_factor)
+    run = run_search(replicates.bases[0], space, store=paths.store, study=study, num_trials=args.num_trials,
+                     objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
+                     options=options, scheduler=scheduler, tpe_window=args.tpe_window, replicates=replicates)
+    if isinstance(run, CheckedOnly):
+        return run
+    trials = read_finished(paths.store, study, run.trial_ids)
+    completed = completed_trials(paths.store, study)
+    with report_step(study, "best-trials table"):
+        print_best(completed, space, args.objective, replicates)
+    report_search(trials, completed, space, args.objective[0], study, paths)
+    chosen = chosen_trials(completed, args.objective)
+    files = write_chosen(chosen, space, replicates, args.objective, study, paths) if not chosen.empty else []
     print(f"\nstore: {paths.store} (study={study}, {len(trials)} finished trials; Optuna study: "
           f"{journal_location(paths.store, study)})")
-    return study_exit_code(study, paths.store, run.failed, len(trials))
+    failed, finished = run.failed, len(trials)
+    if args.confirm and files:
+        confirmed = confirm(args, files, study, [s for _, _, s in replicates.described()])
+        if isinstance(confirmed, CheckedOnly):
+            return confirmed
+        failed, finished = failed + confirmed[0], finished + confirmed[1]
+    return study_exit_code(study, paths.store, failed, finished)
 
 
 if __name__ == "__main__":

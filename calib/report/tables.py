@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -92,13 +92,18 @@ def is_fraction_metric(column: str) -> bool:
     return name in METRICS and METRICS[name].bounds == (0.0, 1.0)
 
 
-def to_markdown(summary: pd.DataFrame, labels: Sequence[str], metrics: dict[str, str]) -> str:
-    """A Markdown table: the ``labels`` columns, then ``mean ± 95% CI`` per metric (fractions in percent)."""
+def to_markdown(summary: pd.DataFrame, labels: Sequence[str], metrics: dict[str, str],
+                marks: Mapping[tuple[str, str], str] | None = None) -> str:
+    """A Markdown table: the ``labels`` columns, then ``mean ± 95% CI`` per metric (fractions in percent);
+    ``marks``: a marker after the cell of (the first label column's value, metric)."""
+    marks = marks or {}
     header = [*labels, "n", *metrics.values()]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, row in summary.iterrows():
         cells = [str(row[c]) for c in labels] + [str(int(row["n"]))]
-        cells += [format_mean_ci(row[f"{m}_mean"], row[f"{m}_ci"], percent=is_fraction_metric(m)) for m in metrics]
+        cells += [format_mean_ci(row[f"{m}_mean"], row[f"{m}_ci"], percent=is_fraction_metric(m))
+                  + (f" {marks[(str(row[labels[0]]), m)]}" if (str(row[labels[0]]), m) in marks else "")
+                  for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from calib.search.execution import (
     stored_summaries,
 )
 from calib.search.progress import progress_callback
+from calib.search.replicates import Replicates
 from calib.search.resources import wait_for_resources
 from calib.search.runtime import check_address, init_ray
 from calib.search.space import SearchSpace
@@ -40,21 +42,21 @@ __all__ = ["DEFAULT_TPE_WINDOW", "SAMPLERS", "SCHEDULERS", "SCHEDULER_METRICS", 
 
 
 def _search_config(base: dict[str, Any], sampled: dict[str, Any]) -> dict[str, Any]:
-    config = base
-    for key, value in sampled.items():
-        config = set_dotted(config, key, value)
-    return config
+    """``base`` with the sampled parameters set (one replicate: :meth:`Replicates.config`)."""
+    return Replicates((base,)).config(sampled)
 
 
-def _search_configs(base: dict[str, Any], tune_config: dict[str, Any]) -> list[dict[str, Any]]:
-    return [_search_config(base, member["params"]) for member in tune_config["population"]]
+def _search_configs(replicates: Replicates, tune_config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trial configs of a Tune trial's population: replicate ``replicate`` of Optuna trial ``number``."""
+    return [replicates.config(m["params"], m.get("replicate", 0), m.get("number"))
+            for m in tune_config["population"]]
 
 
-def _search_trainable(tune_config: dict[str, Any], *, base: dict[str, Any], store: str,
+def _search_trainable(tune_config: dict[str, Any], *, replicates: Replicates, store: str,
                       options: ExecutionOptions, report_epochs: bool) -> None:
     from ray import tune
 
-    tune.report(run_configs(_search_configs(base, tune_config), store, options, report_epochs))
+    tune.report(run_configs(_search_configs(replicates, tune_config), store, options, report_epochs))
 
 
 DEFAULT_TPE_WINDOW = 10_000
@@ -154,9 +156,10 @@ def study_history(study: Any) -> list[str]:
 
 
 def _open_study(store: str, study: str, objectives: Sequence[str], modes: Sequence[str], sampler: Any,
-                journal: Any = None) -> Any:
+                journal: Any = None, replicates: Replicates | None = None) -> Any:
     """The search's Optuna study in the store's journal (:mod:`calib.search.journal`; ``journal``: its
-    storage, already opened), created or loaded."""
+    storage, already opened), created or loaded; a ``ConfigError`` when its objectives, or the replicates and
+    aggregate of a replicated search, are not those it was searched with."""
     import optuna
 
     from calib.search.journal import journal_location, optuna_storage
@@ -172,7 +175,25 @@ def _open_study(store: str, study: str, objectives: Sequence[str], modes: Sequen
             f"got --objective {list(objectives)}. Use the same objectives, or another --study.")
     if stored is None:
         opened.set_user_attr("objectives", list(objectives))
+    if replicates is not None:
+        _check_replicates(opened, replicates, journal_location(store, study))
     return opened
+
+
+def _check_replicates(opened: Any, replicates: Replicates, location: str) -> None:
+    """Record the replicates ([dataset, arch, seed] each) and aggregate of a study, or refuse other ones: Optuna's
+    values would mix aggregates over different replicates."""
+    described = {"replicates": replicates.described(), "aggregate": replicates.how if len(replicates) > 1 else None}
+    stored = {key: opened.user_attrs.get(key) for key in described}
+    if "replicates" not in opened.user_attrs:
+        for key, value in described.items():
+            opened.set_user_attr(key, value)
+    elif stored != json.loads(json.dumps(described)):
+        raise ConfigError(
+            f"Study {opened.study_name!r} was searched on the replicates (dataset, arch, seed) {stored['replicates']}"
+            f" with --aggregate {stored['aggregate'] or 'none'} (its Optuna journal {location}); this run has "
+            f"{described['replicates']} with {described['aggregate'] or 'none'}. Use the same --replicates, "
+            f"--seeds, --datasets, --archs and --aggregate, or another --study.")
 
 
 def _check_objectives(objectives: Sequence[str], tpe_window: int) -> list[str]:
@@ -192,14 +213,19 @@ def _check_objectives(objectives: Sequence[str], tpe_window: int) -> list[str]:
     return ["max" if higher_is_better(o.removeprefix("val_")) else "min" for o in objectives]
 
 
-def _probe_and_manifest(base: dict[str, Any], space: SearchSpace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The base config with every parameter at its first value (validated here, before Ray starts), and the
-    search's manifest: the space, and the keys the space does not set."""
-    probe = dict(base)
-    for key, dist in space.parameters.items():
-        first = dist.spec.get("low", (dist.spec.get("values") or dist.spec.get("choices") or [None])[0])
-        probe = set_dotted(probe, key, first)
-    manifest = manifest_of([parse_trial_config(probe)],
+def _probe_and_manifest(bases: Sequence[dict[str, Any]], space: SearchSpace
+                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The first base config with every parameter at its first value (each replicate's validated here, before
+    Ray starts), and the search's manifest: the space, and the keys the space does not set."""
+    probes = []
+    for base in bases:
+        probe = dict(base)
+        for key, dist in space.parameters.items():
+            first = dist.spec.get("low", (dist.spec.get("values") or dist.spec.get("choices") or [None])[0])
+            probe = set_dotted(probe, key, first)
+        probes.append(probe)
+    probe = probes[0]
+    manifest = manifest_of([parse_trial_config(p) for p in probes],
                            space={"parameters": {k: d.spec for k, d in space.parameters.items()},
                                   "base": space.base})
     manifest["constant"] = {k: v for k, v in manifest["constant"].items() if k not in space.parameters}
@@ -226,17 +252,33 @@ def _scheduling(scheduler: SchedulerSettings, stage1_keys: Sequence[str], object
     return scheduler, options
 
 
+@dataclass
+class _Synced:
+    """A search's journal and Optuna study synced with the store (:func:`_resumed_study`)."""
+
+    journal: Any
+    study: Any
+    distributions: dict[str, Any]
+    told: int
+    finished: int
+    """Optuna trials the study holds as run: finished rows, or (replicated) complete groups of replicates."""
+    known: set[str]
+    """Their store ids (a replicated search's: each trial's first replicate's)."""
+    stored_values: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    resumed: list[tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=list)
+
+
 def _resumed_study(store: str, study: str, space: SearchSpace, objectives: Sequence[str], modes: Sequence[str],
-                   sampler: str, seed: int, tpe_window: int) -> tuple[Any, Any, Any, dict[str, Any], int]:
-    """The search's journal and Optuna study, synced with the store: the journal, the study, the stored
-    finished trials (``ok`` and ``pruned``), the space's Optuna distributions, and how many trials were
-    told to the sampler now."""
+                   sampler: str, seed: int, tpe_window: int, replicates: Replicates) -> _Synced:
+    """The search's journal and Optuna study, synced with the store: the stored finished trials (``ok`` and
+    ``pruned``) are told to the sampler; a replicated search also resumes the trials a killed run left
+    running (:func:`calib.search.searcher.sync_replicated_with_store`)."""
     from calib.search.journal import optuna_storage
-    from calib.search.searcher import sync_with_store
+    from calib.search.searcher import _stored_values, sync_replicated_with_store, sync_with_store
     from calib.store import read_trials
 
     journal = optuna_storage(store, study)
-    optuna_study = _open_study(store, study, objectives, modes, None, journal)
+    optuna_study = _open_study(store, study, objectives, modes, None, journal, replicates)
     # A resumed search must not replay the first run's random draws: its sampler seed also depends on
     # the trials the study already holds (deterministic for a given history).
     optuna_study.sampler = _sampler(sampler, space, resumed_seed(seed, study_history(optuna_study)), tpe_window)
@@ -244,9 +286,16 @@ def _resumed_study(store: str, study: str, space: SearchSpace, objectives: Seque
                            columns=["trial_id", "status", "config_json", "pruned_epoch", *objectives])
     distributions = space.optuna_space()
     with journal.batched():  # one journal append for all the trials told
-        told = sync_with_store(optuna_study, finished, distributions, objectives)
+        if len(replicates) == 1:
+            told = sync_with_store(optuna_study, finished, distributions, objectives)
+            synced = _Synced(journal, optuna_study, distributions, told, len(finished), set(finished["trial_id"]))
+        else:
+            told, resumed, known = sync_replicated_with_store(optuna_study, finished, distributions, objectives,
+                                                              modes, replicates)
+            synced = _Synced(journal, optuna_study, distributions, told, len(known), known,
+                             _stored_values(finished, objectives), resumed)
     journal.snapshot_if_due()  # the next run replays only what this one adds
-    return journal, optuna_study, finished, distributions, told
+    return synced
 
 
 def _remaining(num_trials: int, stored: int, space: SearchSpace, notes: list[str]) -> int:
@@ -268,7 +317,7 @@ def _ok_trial_ids(store: str, study: str) -> list[str]:
     return rows.sort_values("finished_at")["trial_id"].tolist()
 
 
-def _search_tuner(base: dict[str, Any], store: str, study: str, options: ExecutionOptions, searcher: Any,
+def _search_tuner(replicates: Replicates, store: str, study: str, options: ExecutionOptions, searcher: Any,
                   scheduler: Any, num_samples: int, display: ProgressDisplay | None, report_epochs: bool) -> Any:
     """The Ray Tune run of the search: each Tune trial runs its population of configs with the resources of a
     Stage-I trainer, or of a cached trial when every config's Stage I is stored."""
@@ -278,11 +327,11 @@ def _search_tuner(base: dict[str, Any], store: str, study: str, options: Executi
     max_concurrent = options.max_concurrent or max(1, int((os.cpu_count() or 1) // max(options.cpus_per_trial, 1)))
 
     def resources(tune_config: dict[str, Any]) -> Any:
-        configs = [parse_trial_config(c) for c in _search_configs(base, tune_config)]
+        configs = [parse_trial_config(c) for c in _search_configs(replicates, tune_config)]
         return placement(options.resources("cached" if all(stage1_exists(c) for c in configs) else "stage1"))
 
     trainable = tune.with_resources(
-        tune.with_parameters(_search_trainable, base=base, store=store, options=options,
+        tune.with_parameters(_search_trainable, replicates=replicates, store=store, options=options,
                              report_epochs=report_epochs), resources)
     return tune.Tuner(
         trainable,
@@ -291,7 +340,7 @@ def _search_tuner(base: dict[str, Any], store: str, study: str, options: Executi
             num_samples=num_samples, reuse_actors=True, trial_dirname_creator=trial_dirname,
         ),
         run_config=run_config(store, study, options, [progress_callback(
-            display, lambda c: _search_configs(base, c), store, study, options.max_failures)]),
+            display, lambda c: _search_configs(replicates, c), store, study, options.max_failures)]),
     )
 
 
@@ -308,6 +357,7 @@ def run_search(
     options: ExecutionOptions | None = None,
     scheduler: SchedulerSettings | None = None,
     tpe_window: int = DEFAULT_TPE_WINDOW,
+    replicates: Replicates | None = None,
 ) -> StudyRun | CheckedOnly:
     """Search ``space`` with Optuna: run the trials the study lacks to hold ``num_trials`` finished ones
     (a trial that fails leaves the study short; a re-run tries again).
@@ -321,6 +371,10 @@ def run_search(
     (stored as ``pruned``); a space that leaves Stage I alone gets none and runs its configs
     ``options.configs_per_trial`` per Tune trial (populations). With ``options.check_only``: the
     :class:`CheckedOnly` that says how many would run, nothing started.
+
+    ``replicates``: each Optuna trial runs its config on every replicate base config (seeds × setups, the
+    first being ``base``), each a row of the store with the trial's number (``search_trial``), and Optuna sees
+    their aggregate (:mod:`calib.search.replicates`); populations mix the replicates of several trials.
     """
     import optuna
 
@@ -332,7 +386,9 @@ def run_search(
     modes = _check_objectives(objectives, tpe_window)
     store = storage.normalize(store)
     start = time.perf_counter()
-    probe, manifest = _probe_and_manifest(base, space)
+    replicates = replicates or Replicates((base,))
+    replicates.check_space(list(space.parameters))
+    probe, manifest = _probe_and_manifest(replicates.bases, space)
     check_address(options.address)
     if options.log_to and options.tracking is None and not options.check_only:
         from calib.tracking import start_study
@@ -343,13 +399,17 @@ def run_search(
     stage1_keys = stage1_parameters(base, space)
     notes: list[str] = []
     scheduler, options = _scheduling(scheduler or SchedulerSettings(), stage1_keys, objectives, options, notes)
+    if scheduler.name != "none" and len(replicates) > 1:
+        raise ConfigError(f"--scheduler {scheduler.name} stops single trials: it needs --replicates 1 and one setup, "
+                          f"got {len(replicates)} replicates.")
     configs_per_trial = options.configs_per_trial or (1 if stage1_keys else DEFAULT_CONFIGS_PER_TRIAL)
-    journal, optuna_study, finished, distributions, told = _resumed_study(store, study, space, objectives, modes,
-                                                                          sampler, seed, tpe_window)
-    remaining = _remaining(num_trials, len(finished), space, notes)
+    synced = _resumed_study(store, study, space, objectives, modes, sampler, seed, tpe_window, replicates)
+    remaining = _remaining(num_trials, synced.finished, space, notes)
     if options.verbose:
-        print(f"[{study}] {num_trials} trials: {len(finished)} already in the store"
-              + (f" ({told} told to the sampler now)" if told else "")
+        print(f"[{study}] {num_trials} trials: {synced.finished} already in the store"
+              + (f" ({synced.told} told to the sampler now)" if synced.told else "")
+              + (f" ({len(synced.resumed)} of them resumed)" if synced.resumed else "")
+              + (f" · {len(replicates)} replicates each" if len(replicates) > 1 else "")
               + f", {remaining} to run" + (f", {configs_per_trial} per Ray trial" if configs_per_trial > 1 else "")
               + (f" · scheduler {scheduler.name}" if scheduler.name != "none" else ""), flush=True)
         for note in notes:
@@ -358,23 +418,27 @@ def run_search(
         return CheckedOnly(study, remaining)
     if remaining == 0:
         compact_study_store(store, study, verbose=options.verbose)
-        return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=len(finished),
+        return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=synced.finished,
                         seconds=time.perf_counter() - start)
     searcher = PopulationSearcher(
-        optuna_study, distributions, objectives=objectives, modes=modes, budget=remaining,
-        configs_per_trial=configs_per_trial, calib_id_of=lambda params: trial_id(_search_config(base, params)),
-        stored=set(finished["trial_id"]), stored_results=lambda ids: stored_summaries(store, study, ids))
+        synced.study, synced.distributions, objectives=objectives, modes=modes, budget=remaining,
+        configs_per_trial=configs_per_trial, calib_id_of=lambda params: trial_id(replicates.config(params)),
+        stored=synced.known,
+        stored_results=lambda ids: stored_summaries(store, study, ids),
+        replicate_ids=replicates.ids, aggregate=replicates.how, stored_values=synced.stored_values,
+        resumed=synced.resumed)
     init_ray(options.address)
     if options.address is not None:  # a cluster: some node must fit each trial (or join within the wait)
         wait_for_resources(options)
     record_manifest(store, study, manifest)
-    display = ProgressDisplay(study, remaining, objectives[0]) if options.verbose else None
-    tuner = _search_tuner(base, store, study, options, searcher,
+    display = ProgressDisplay(study, remaining * len(replicates), objectives[0]) if options.verbose else None
+    tuner = _search_tuner(replicates, store, study, options, searcher,
                           scheduler.make(objectives[0], modes[0], parse_trial_config(probe).stage1.epochs),
-                          -(-remaining // configs_per_trial), display, report_epochs=scheduler.name != "none")
+                          -(-remaining * len(replicates) // configs_per_trial), display,
+                          report_epochs=scheduler.name != "none")
     with stoppable(study, remaining, display) as stop:
         tuner.fit()
-    journal.snapshot_if_due()
+    synced.journal.snapshot_if_due()
     compact_study_store(store, study, verbose=options.verbose)
     done = set(read_trials(store, study=study, columns=["trial_id"],
                            filters=pads.field("status").isin(["ok", "pruned"]))["trial_id"])
@@ -382,5 +446,5 @@ def run_search(
         asked_done = sum(1 for i in searcher.asked_ids if i in done)
         raise StudyInterrupted(interrupted_message(study, stop["signal"], asked_done, remaining))
     failed = sum(1 for i in searcher.asked_ids if i not in done)
-    return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=len(finished), failed=failed,
+    return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=synced.finished, failed=failed,
                     seconds=time.perf_counter() - start)

@@ -81,6 +81,7 @@ def trial_row(result: TrialResult, *, node_id: str | None = None) -> dict[str, A
         "stage1_device": result.stage1_device, "stage1_resumed_from_epoch": result.stage1_resumed_from_epoch,
         "failed_stage": result.failed_stage, "failed_epoch": result.failed_epoch,
         "pruned_epoch": result.pruned_epoch, "population_size": result.population_size,
+        "search_trial": cfg.search_trial,
         "cifar100_test_norm": cfg.cifar100_test_norm,
         "source_kind": cfg.source.kind, "source_path": cfg.source.path, "source_sha256": cfg.source.sha256,
         "source_head": cfg.source.head, "source_labels_path": cfg.source.labels_path,

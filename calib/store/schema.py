@@ -117,6 +117,9 @@ RUN = [
     ("pruned_epoch", pa.int64(),
      "the last 0-based Stage-I epoch a pruned trial completed; its val_ece / val_accuracy are the Stage-I "
      "model's there (null unless pruned)"),
+    ("search_trial", pa.int64(),
+     "the number of the Optuna trial of a search that ran this trial: a search with --replicates K stores K rows "
+     "(K seeds × its setups) per Optuna trial, each with its number (null outside a search)"),
     ("population_size", pa.int64(),
      "how many configs trained their Stage II together with this one in one process (1: alone)"),
     ("stage1_resumed_from_epoch", pa.int64(),

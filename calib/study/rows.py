@@ -14,11 +14,13 @@ from typing import Any
 
 import pandas as pd
 
+from calib._config import ConfigError
 from calib._registry import Registry
 from calib.methods.vanilla import FORMER_UNCALIBRATED_LABELS, UNCALIBRATED_LABEL
 from calib.presets import base_config
 from calib.registries import LOSSES, METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
+from calib.report.significance_tables import MARKS, cell_markers
 from calib.report.tables import PREDICTION_CHANGE_COLUMNS, with_current_labels
 from calib.search import CheckedOnly, StudyRun, run_grid
 from calib.store import read_finished
@@ -27,9 +29,8 @@ from calib.study.resources import execution_options, settings_line
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 __all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "MIXING_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "PROCEDURE_ROWS",
-           "STAGE1_ROWS",
-           "TABLE_MIXUP_ALPHA", "RegistryRows", "Row", "loss_row", "method_row", "mit_row", "mixup_row",
-           "print_row_tables", "row_label", "run_rows"]
+           "STAGE1_ROWS", "TABLE_MIXUP_ALPHA", "RegistryRows", "Row", "loss_row", "method_row", "mit_row", "mixup_row",
+           "print_row_tables", "row_label", "run_rows", "with_file_rows"]
 
 @dataclass(frozen=True)
 class Row:
@@ -148,9 +149,9 @@ def row_label(text: str) -> str:
 
 PROCEDURE_ROWS: dict[str, Row] = {"PLP": Row(stage1={"plp_gamma": 1.0}),
                                   "BalCAL": Row(stage1={"balcal_delta": 0.95})}
-"""Stage-I training procedures that change the classifier themselves, beyond a loss (docs/methods.md §4.10), each with its official defaults: PLP's layer
-peeling with γ = 1 (``dengbaowang/PLP`` README) and BalCAL's ETF classifier with δ = 0.95 (BALCAL-R
-``train_BalCAL.sh``)."""
+"""Stage-I training procedures that change the classifier themselves, beyond a loss (docs/methods.md §4.10), each
+with its official defaults: PLP's layer peeling with γ = 1 (``dengbaowang/PLP`` README) and BalCAL's ETF classifier
+with δ = 0.95 (BALCAL-R ``train_BalCAL.sh``)."""
 
 POSTHOC_METHODS: Mapping[str, str] = RegistryRows(_posthoc_methods, "post-hoc methods")
 """Every post-hoc method by its label (its spec's ``label``, docs/methods.md §5), in the order of the tables (its
@@ -174,6 +175,20 @@ GIVEN_STAGE1_ROWS: Mapping[str, Row] = RegistryRows(_given_stage1_rows, "rows on
 method and every labelled Stage-II method."""
 
 
+def with_file_rows(args: argparse.Namespace, rows: Mapping[str, Row]) -> dict[str, Row]:
+    """``rows`` and the ``--row`` files' rows after them (:mod:`calib.study.row_file`); a ``ConfigError`` for a
+    label a row already has."""
+    from calib.study.row_file import file_rows  # it builds on this module's Row
+
+    out = dict(rows)
+    for label, row in file_rows(args):
+        if label in out:
+            raise ConfigError(f"--row: the label {label!r} is already a row of this table; give the file another "
+                              f"one: --row FILE LABEL.")
+        out[label] = row
+    return out
+
+
 def run_rows(
     args: argparse.Namespace,
     rows: Mapping[str, Row],
@@ -186,7 +201,10 @@ def run_rows(
     trial of that dataset (``ood_datasets``, ``corruptions``); it runs before any trial starts, so it
     is also where a study checks or prepares its evaluation data. ``table``: the study's whole row
     table when ``rows`` is a user's selection of it (the study's manifest is computed from the table,
-    so runs of different selections extend one study). ``--check-only``: the run's :class:`CheckedOnly`."""
+    so runs of different selections extend one study). The ``--row`` files' rows (:func:`with_file_rows`) join
+    both. ``--check-only``: the run's :class:`CheckedOnly`."""
+    rows = with_file_rows(args, rows)
+    table = with_file_rows(args, table) if table is not None else None
     preset = preset_of(args)
     paths = study_paths(args)
     setups = study_setups(args, preset)
@@ -229,8 +247,12 @@ def run_rows(
 
 
 def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, study: str,
-                     by: tuple[str, ...] = ("row",)) -> None:
+                     by: tuple[str, ...] = ("row",), control: str | None = None, alpha: float = 0.05) -> None:
     """One Markdown table per (dataset, architecture): mean ± 95% CI over seeds of ``metrics`` (in percent).
+
+    ``control``: a row label; each cell significantly better / worse than its over the seeds gets ▲ / ▼
+    (:func:`calib.report.significance_tables.cell_markers`: paired t-test on seed, Holm over the rows), with
+    the legend under the table.
 
     Rows with no finished trial are named in one line under the table, so a partial run shows what it has. ΔAcc and
     "changed" (:data:`~calib.report.tables.PREDICTION_CHANGE_COLUMNS`), where ``metrics`` has them, compare each
@@ -242,7 +264,13 @@ def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, study:
         with report_step(study, f"table for {dataset} · {arch}"):
             print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds "
                   f"(percent; NLL in nats and Brier as they are{change})\n")
-            print(to_markdown(summarize(group, list(by), list(metrics)), list(by), metrics))
+            marks, legend = {}, []
+            if control is not None and (group["label"] == control).any():
+                verdicts, legend = cell_markers(group, metrics, control, alpha=alpha)
+                marks = {key: MARKS[verdict] for key, verdict in verdicts.items()}
+            print(to_markdown(summarize(group, list(by), list(metrics)), list(by), metrics, marks=marks))
+            for line in legend:
+                print(f"\n{line}")
             if note := mixed_trainings(group):
                 print(f"\n{note}")
             if "row" in by and isinstance(group["row"].dtype, pd.CategoricalDtype):

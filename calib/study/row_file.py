@@ -1,0 +1,146 @@
+"""A config as a table row in a file: what a search writes of its choice, and what ``--row FILE [LABEL]`` reads.
+
+The file (YAML) holds ``label``, ``method``, ``loss`` and ``stage1`` (the row's fields: a method and loss by
+name with the fields the search set, the Stage-I changes), and ``search`` (where it came from, not read).
+A table study runs it as one of its rows, on its own preset, setups and seeds, like its default rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from calib._config import ConfigError
+from calib.config import parse_trial_config
+from calib.presets import PRESETS, base_config
+from calib.registries import LOSSES, METHODS
+from calib.study.rows import METHOD_ROWS, Row
+
+__all__ = ["ROW_FILE_KEYS", "add_row_args", "default_row", "file_rows", "read_row_file", "row_control", "row_of_config",
+           "write_row_file"]
+
+ROW_FILE_KEYS = ("label", "method", "loss", "stage1", "search")
+SECTIONS = ("method", "loss", "stage1")
+
+
+def row_of_config(config: Mapping[str, Any], keys: Sequence[str]) -> Row:
+    """The row of a trial config whose ``keys`` (dotted, or a whole section) a search set: the method and loss
+    by name with those of their fields, and those Stage-I fields; everything else is the table study's."""
+    sections: dict[str, dict[str, Any]] = {"method": {"name": config["method"]["name"]},
+                                           "loss": {"name": config["loss"]["name"]}, "stage1": {}}
+    for key in keys:
+        section, _, name = key.partition(".")
+        if section not in sections:
+            continue
+        if not name:  # the space's base replaced the whole section
+            sections[section].update({k: v for k, v in config[section].items()})
+        else:
+            sections[section][name] = config[section][name]
+    return Row(loss=sections["loss"], method=sections["method"], stage1=sections["stage1"])
+
+
+def default_row(row: Row, rows: Mapping[str, Row] = METHOD_ROWS) -> tuple[str, Row]:
+    """The table's row of ``row``'s method and loss at their defaults (its label and row), or, where the table
+    has none, the method and loss by name labelled ``"<method> (defaults)"``."""
+    for label, candidate in rows.items():
+        if (candidate.method.get("name") == row.method["name"] and candidate.loss.get("name") == row.loss["name"]
+                and len(candidate.method) == 1 and len(candidate.loss) == 1 and not candidate.stage1):
+            return label, candidate
+    plain = Row(loss={"name": row.loss["name"]}, method={"name": row.method["name"]})
+    return f"{METHODS.get(row.method['name']).label or row.method['name']} (defaults)", plain
+
+
+def write_row_file(path: Path, label: str, row: Row, search: Mapping[str, Any]) -> Path:
+    """Write ``row`` as a row file at ``path`` (folders made) and return it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"label": label, "method": dict(row.method), "loss": dict(row.loss), "stage1": dict(row.stage1),
+            "search": dict(search)}
+    header = ("# A searched config as a table row (docs/studies/search.md#from-a-search-to-a-table):\n"
+              f"#   python studies/compare_methods.py --row {path} [LABEL]\n")
+    path.write_text(header + yaml.safe_dump(body, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def _check_fields(path: str, row: Row) -> None:
+    """A ``ConfigError`` naming the file when the row's fields are not its method's, loss's or Stage I's."""
+    preset = PRESETS.get("quick")
+    config = base_config(preset, study="row_file", dataset=preset.datasets[0], seed=0, method=dict(row.method),
+                         loss=dict(row.loss), data_root="/", artifact_root="/")
+    config["stage1"].update(row.stage1)
+    try:
+        parse_trial_config(config)
+    except ConfigError as err:
+        raise ConfigError(f"--row {path}: {err}") from None
+
+
+def read_row_file(path: str, label: str | None = None) -> tuple[str, Row]:
+    """The (label, row) of a row file (``label``: instead of the file's); a ``ConfigError`` naming the file and
+    what is wrong with it."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"--row {path}: cannot read it as YAML ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else err}).") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--row {path}: a row file is a YAML mapping with {', '.join(ROW_FILE_KEYS)}; got "
+                          f"{type(data).__name__}.")
+    unknown = sorted(set(data) - set(ROW_FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"--row {path}: unknown key(s) {', '.join(map(str, unknown))}; a row file has "
+                          f"{', '.join(ROW_FILE_KEYS)}.")
+    for section in SECTIONS:
+        if not isinstance(data.get(section, {}), dict):
+            raise ConfigError(f"--row {path}: `{section}` must be a mapping of its fields, got {data[section]!r}.")
+    method, loss = dict(data.get("method") or {}), dict(data.get("loss") or {"name": "cross_entropy"})
+    if "name" not in method:
+        raise ConfigError(f"--row {path}: `method` needs a `name` (one of {', '.join(METHODS.names())}).")
+    METHODS.get(method["name"])
+    LOSSES.get(loss.setdefault("name", "cross_entropy"))
+    row = Row(loss=loss, method=method, stage1=dict(data.get("stage1") or {}))
+    _check_fields(path, row)
+    label = label if label is not None else data.get("label")
+    if not isinstance(label, str) or not label.strip():
+        raise ConfigError(f"--row {path}: the file has no `label`: give one, --row {path} LABEL.")
+    return label, row
+
+
+class _RowAction(argparse.Action):
+    """``--row FILE [LABEL]``: a file and an optional label (read by :func:`file_rows` when the study starts)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if not 1 <= len(values) <= 2:
+            parser.error(f"--row takes a file and an optional label, got {len(values)} values: {' '.join(values)}")
+        getattr(namespace, self.dest).append(tuple(values))
+
+
+def add_row_args(parser: argparse.ArgumentParser) -> None:
+    """``--row FILE [LABEL]`` (repeatable): a row file (a search's choice) as one more row of the table."""
+    parser.add_argument("--row", nargs="+", action=_RowAction, default=[], metavar="FILE [LABEL]",
+                        help="also run this row file as a row of the table (a search's chosen config: "
+                             "studies/search.py writes it), labelled LABEL or the file's label; repeatable")
+
+
+def file_rows(args: argparse.Namespace) -> list[tuple[str, Row]]:
+    """The (label, row) of each ``--row`` file, read and checked (a ``ConfigError`` naming the bad file)."""
+    out = []
+    for entry in getattr(args, "row", None) or []:
+        try:
+            out.append(read_row_file(*entry))
+        except KeyError as err:  # an unknown method or loss name: its message lists the valid ones
+            raise ConfigError(f"--row {entry[0]}: {str(err).strip(chr(34) + chr(39))}") from None
+    return out
+
+
+def row_control(args: argparse.Namespace, rows: Mapping[str, Row]) -> str | None:
+    """The row the ``--row`` rows are marked against (▲/▼): the default row of the first file's method and
+    loss, when it is among ``rows``; None without ``--row``."""
+    files = file_rows(args)
+    if not files:
+        return None
+    label, _ = default_row(files[0][1], rows)
+    return label if label in rows else None
