@@ -33,6 +33,7 @@ from calib.posthoc._base import (
     DegenerateFitWarning,
     PostHocCalibrator,
     absent_classes,
+    check_logits,
     check_logits_labels,
     describe_classes,
 )
@@ -96,11 +97,8 @@ class ClasswiseTemperatureScaling(PostHocCalibrator):
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """z_k / T_k."""
         self.check_fitted()
-        num_classes = self.temperatures.shape[0]
-        if logits.ndim != 2 or logits.shape[1] != num_classes:
-            raise ValueError(f"ClasswiseTemperatureScaling was fitted on C={num_classes} classes; `logits` must "
-                             f"have shape (N, {num_classes}), got {tuple(logits.shape)}.")
-        return (logits.to(torch.float64) / self.temperatures.to(logits.device)).to(logits.dtype)
+        z = check_logits(logits, fitted_classes=self.temperatures.shape[0])
+        return (z / self.temperatures.to(logits.device)).to(logits.dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,8 +114,7 @@ class ClasswiseTemperatureScalingConfig(PostHocConfig):
 
 
 register_posthoc_method(
-    "classwise_ts", ClasswiseTemperatureScalingConfig,
-    lambda params, seed: ClasswiseTemperatureScaling(),
+    "classwise_ts", ClasswiseTemperatureScalingConfig, ClasswiseTemperatureScaling,
     "class-wise temperature scaling (one temperature per class, NLL) fitted on the validation logits",
     label="CTS", order=3,
 )

@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from calib._config import ConfigError, _coerce, field_types, from_dict, load_yaml
+from calib._config import ConfigError, _coerce, field_types, from_dict, load_yaml, named_section
 from calib._registry import UnknownNameError
 
 __all__ = ["DEFAULT_METHOD", "Distribution", "SearchSpace", "load_search_space", "parse_search_space"]
@@ -148,13 +148,7 @@ def _check_number(source: str, key: str, name: str, value: Any, *, integer: bool
 
 
 def _section_of(config: dict[str, Any], section: str, registry: Any) -> tuple[type, dict[str, Any]]:
-    data = config.get(section)
-    if isinstance(data, str):
-        data = {"name": data}
-    if not isinstance(data, dict) or "name" not in data:
-        raise ConfigError(f"`{section}` must be a mapping with a `name` key, got {section}={data!r}.")
-    params = dict(data)
-    name = params.pop("name")
+    name, params = named_section(config.get(section), section)
     return registry.get(name).config, params
 
 
