@@ -75,8 +75,10 @@ def upload(local: Path, location: str) -> None:
 
 
 def download(location: str, local: Path) -> None:
-    """Copy the remote file ``location`` to ``local``, through a temporary name in the same directory."""
-    fs, path = filesystem(location)
+    """Copy the remote file ``location`` to ``local``, through a temporary name in the same directory.
+
+    The caller has decided that ``location`` is remote (:func:`is_remote`): it is not asked again here."""
+    fs, path = pafs.FileSystem.from_uri(location)
     local.parent.mkdir(parents=True, exist_ok=True)
     tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex}.tmp")
     try:

@@ -10,6 +10,7 @@ import pandas as pd
 from scipy import stats
 
 from calib.metrics import METRICS, higher_is_better
+from calib.registries import METHODS
 
 __all__ = ["PREDICTION_CHANGE_COLUMNS", "column_higher_is_better", "comparison_values", "format_mean_ci",
            "is_fraction_metric", "latex_escape", "mean_ci", "mixed_trainings", "summarize", "to_markdown",
@@ -115,12 +116,18 @@ _EQUAL_MASS_HB = re.compile(r"(^|\+)HB(?= · |$)")
 
 
 def with_current_labels(trials: pd.DataFrame) -> pd.DataFrame:
-    """``trials`` with their labels as the tables name the rows now: an equal-mass histogram binning trial
-    (``histogram_binning``) stored as "HB", "CE+HB" or "HB · n=…" before HB came to mean equal width is HB-EM."""
-    if trials.empty or "method" not in trials or "label" not in trials:
+    """``trials`` with their methods and labels as calib names them now: a method stored under its former name
+    reads as its name (``histogram_binning`` is ``histogram_binning_equal_mass``: ``METHODS.canonical``), and an
+    equal-mass histogram binning trial stored as "HB", "CE+HB" or "HB · n=…" before HB came to mean equal width
+    is HB-EM."""
+    if trials.empty or "method" not in trials:
+        return trials
+    methods = trials["method"].map(lambda name: METHODS.canonical(name) if isinstance(name, str) else name)
+    trials = trials.assign(method=methods) if not methods.equals(trials["method"]) else trials
+    if "label" not in trials:
         return trials
     labels = trials["label"].astype(object)
-    legacy = (trials["method"] == "histogram_binning") & labels.map(
+    legacy = (methods == "histogram_binning_equal_mass") & labels.map(
         lambda label: isinstance(label, str) and bool(_EQUAL_MASS_HB.search(label)))
     if not legacy.any():
         return trials

@@ -110,7 +110,8 @@ class TestVectorScaling:
     def test_bad_parameters(self):
         with pytest.raises(ValueError, match=r"intercept_weight=-1"):
             VectorScaling(intercept_weight=-1)
-        with pytest.raises(ConfigError, match=r"`intercept_weight` must be a finite number >= 0, got intercept_weight=-0.5"):
+        with pytest.raises(ConfigError,
+                           match=r"`intercept_weight` must be a finite number >= 0, got intercept_weight=-0.5"):
             from_dict(VectorScalingConfig, {"intercept_weight": -0.5})
         assert from_dict(VectorScalingConfig, {}).intercept_weight == 0.0
         with pytest.raises(RuntimeError, match="not fitted"):
