@@ -256,6 +256,7 @@ def load_yaml(path: str | os.PathLike, what: str) -> Any:
     ``what`` names the kind of file in messages ("Search space", "Ladder"); a YAML syntax error becomes
     one line: the file, where the parser stopped and what it expected.
     """
+    # lazy: pyyaml on first use (every module imports this one; few read YAML)
     import yaml
 
     try:

@@ -15,6 +15,7 @@ spaces address with dotted keys such as ``method.accuracy_weight`` or ``stage1.m
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
@@ -238,8 +239,6 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     """Validate a plain trial-config dict; any bad key or value raises ``ConfigError``/``KeyError``."""
     if isinstance(data, TrialConfig):
         return data
-    import difflib
-
     if not isinstance(data, dict):
         raise ConfigError(f"A trial config must be a mapping of trial config keys, got {data!r}.")
     unknown = sorted(set(data) - _TOP_LEVEL, key=str)
