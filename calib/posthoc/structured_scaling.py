@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import abc
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,15 +60,13 @@ from torch.nn import functional as F
 from calib._config import check_values, checked_field, number
 from calib.posthoc._base import (
     POSTHOC,
-    DegenerateFitWarning,
     PostHocCalibrator,
     absent_classes,
-    check_logits,
     check_logits_labels,
     describe_classes,
 )
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
-from calib.posthoc.temperature_scaling import TemperatureScaling
+from calib.posthoc.temperature_scaling import fit_first_temperature
 from calib.posthoc.vector_scaling import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs
 
 __all__ = [
@@ -181,9 +178,7 @@ class _StructuredScaling(PostHocCalibrator):
         """Fit T, then the deviations, on logits z (N, K >= 2) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
         num_samples, num_classes = z.shape
-        with warnings.catch_warnings():  # a degenerate temperature is reported in this fit's own reasons
-            warnings.simplefilter("ignore", DegenerateFitWarning)
-            preprocessing = TemperatureScaling().fit(z, y)
+        preprocessing = fit_first_temperature(z, y)  # a degenerate temperature is among this fit's own reasons
         self.temperature, self.mixture_weight = preprocessing.temperature.item(), 1.0 / (num_samples + 1)
         x = smoothed_log_probabilities(z, self.temperature, self.mixture_weight)
         self.coefficients = penalty_coefficients(num_classes, num_samples, **self.strengths)
@@ -230,8 +225,7 @@ class _StructuredScaling(PostHocCalibrator):
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """The calibrated logits of the smoothed, tempered log-probabilities x."""
-        self.check_fitted()
-        z = check_logits(logits, fitted_classes=self.bias.shape[0])
+        z = self.fitted_logits(logits, self.bias.shape[0])
         x = smoothed_log_probabilities(z, self.temperature, self.mixture_weight)
         return self.apply_map(x, self.weight_deviation.to(x.device), self.bias.to(x.device)).to(logits.dtype)
 

@@ -36,7 +36,7 @@ from torch.nn import functional as F
 from calib._config import ConfigError, check_values, integer, number
 from calib.metrics import expected_calibration_error, negative_log_likelihood, softmax64
 from calib.posthoc import _lbfgs
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits_labels
+from calib.posthoc._base import POSTHOC, DegenerateFitWarning, PostHocCalibrator, check_logits_labels
 from calib.posthoc._lbfgs import GRAD_TOLERANCE, fit_lbfgs
 from calib.posthoc._method import CALIBRATION_FIELDS, PostHocConfig, register_posthoc_method
 
@@ -45,6 +45,7 @@ __all__ = [
     "TEMPERATURE_RANGE",
     "TemperatureScaling",
     "TemperatureScalingConfig",
+    "fit_first_temperature",
 ]
 
 TEMPERATURE_GRID = tuple(k / 10 for k in range(1, 101))
@@ -298,6 +299,14 @@ class TemperatureScaling(PostHocCalibrator):
         """z / T."""
         self.check_fitted()
         return logits / self.temperature.to(logits.dtype)
+
+
+def fit_first_temperature(z: torch.Tensor, y: torch.Tensor) -> TemperatureScaling:
+    """TS fitted as another calibrator's first step (CTS's start, SMS/SVS's preprocessing): a degenerate fit does not
+    warn, the caller reports it among its own reasons (from ``degenerate_reason``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateFitWarning)
+        return TemperatureScaling().fit(z, y)
 
 
 register_posthoc_method(

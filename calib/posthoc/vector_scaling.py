@@ -35,14 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from calib._config import check_values, checked_field, number, or_null
-from calib.posthoc._base import (
-    POSTHOC,
-    PostHocCalibrator,
-    absent_classes,
-    check_logits,
-    check_logits_labels,
-    describe_classes,
-)
+from calib.posthoc._base import POSTHOC, PostHocCalibrator, absent_classes, check_logits_labels, describe_classes
 from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs, penalty_scale
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
 from calib.posthoc.odir_cv import CV_FOLDS, ODIRSelection, fit_odir, select_odir_weights
@@ -164,8 +157,7 @@ class VectorScaling(PostHocCalibrator):
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """w ⊙ z + b."""
-        self.check_fitted()
-        z = check_logits(logits, fitted_classes=self.weight.shape[0])
+        z = self.fitted_logits(logits, self.weight.shape[0])
         return (z * self.weight.to(z.device) + self.bias.to(z.device)).to(logits.dtype)
 
 
@@ -272,8 +264,7 @@ class MatrixScaling(PostHocCalibrator):
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """W x + b."""
-        self.check_fitted()
-        x = self.features(check_logits(logits, fitted_classes=self.bias.shape[0]))
+        x = self.features(self.fitted_logits(logits, self.bias.shape[0]))
         return (x @ self.weight.to(x.device).T + self.bias.to(x.device)).to(logits.dtype)
 
 
