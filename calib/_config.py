@@ -4,6 +4,11 @@ Every config in calib is a ``@dataclass(frozen=True, kw_only=True)`` whose ``__p
 ranges. :func:`from_dict` adds what dataclasses do not do: it rejects unknown keys (listing the
 valid ones), checks each value against the field's type (``Literal`` choices included) and
 converts lists to tuples, so a typo in a search-space file or on the command line fails loudly.
+
+A field declares its own check: :func:`checked_field` attaches a :class:`Rule` (:func:`integer`, :func:`number`,
+:func:`or_null`), a ``Literal`` type is its own rule (one of its choices), and :func:`check_fields` runs every
+field's rule, so a hyperparameter's default and check are written once, on the config; a calibrator checks its
+constructor's arguments against the same rules (:func:`check_values`), with the same message.
 """
 
 from __future__ import annotations
@@ -12,12 +17,29 @@ import dataclasses
 import difflib
 import functools
 import math
+import numbers
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["ConfigError", "check", "field_types", "from_dict", "load_yaml"]
+__all__ = [
+    "ConfigError",
+    "Rule",
+    "check",
+    "check_fields",
+    "check_values",
+    "checked_field",
+    "field_rules",
+    "field_types",
+    "from_dict",
+    "integer",
+    "load_yaml",
+    "named_section",
+    "number",
+    "one_of",
+    "or_null",
+]
 
 C = TypeVar("C")
 
@@ -30,6 +52,91 @@ def check(condition: bool, key: str, value: Any, rule: str, hint: str = "") -> N
     """Raise :class:`ConfigError` ``"`key` must <rule>, got key=value. <hint>"`` unless ``condition``."""
     if not condition:
         raise ConfigError(f"`{key}` must {rule}, got {key}={value!r}." + (f" {hint}" if hint else ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What a field's value must be: ``holds(value)`` tests it, ``what`` completes the message
+    "`key` must be <what>, got key=value."."""
+
+    what: str
+    holds: Callable[[Any], bool]
+
+    def check(self, key: str, value: Any) -> None:
+        """Raise :class:`ConfigError` naming ``key`` and ``value`` unless the rule holds."""
+        check(self.holds(value), key, value, f"be {self.what}")
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def integer(*, at_least: int) -> Rule:
+    """An integer >= ``at_least``.
+
+    >>> integer(at_least=1).holds(3), integer(at_least=1).holds(0), integer(at_least=1).holds(2.0)
+    (True, False, False)
+    """
+    return Rule(f"an integer >= {at_least}", lambda value: _is_integer(value) and value >= at_least)
+
+
+def number(*, at_least: float | None = None, above: float | None = None) -> Rule:
+    """A finite real number, >= ``at_least`` or > ``above`` when given.
+
+    >>> number(above=0).what, number(above=0).holds(0.0), number(at_least=0).holds(0), number().holds(math.inf)
+    ('a finite number > 0', False, True, False)
+    """
+    if above is not None:
+        return Rule(f"a finite number > {above:g}", lambda value: _is_number(value) and value > above)
+    if at_least is not None:
+        return Rule(f"a finite number >= {at_least:g}", lambda value: _is_number(value) and value >= at_least)
+    return Rule("a finite number", _is_number)
+
+
+def one_of(choices: tuple[Any, ...]) -> Rule:
+    """One of ``choices``; the message lists them (a ``Literal`` field's rule)."""
+    return Rule(f"one of {', '.join(repr(c) for c in choices)}", lambda value: value in choices)
+
+
+def or_null(rule: Rule, meaning: str) -> Rule:
+    """None (which means ``meaning``) or a value ``rule`` accepts."""
+    return Rule(f"null ({meaning}) or {rule.what}", lambda value: value is None or rule.holds(value))
+
+
+def checked_field(default: Any, rule: Rule) -> Any:
+    """A dataclass field with its default and its :class:`Rule` (checked by :func:`check_fields`)."""
+    return dataclasses.field(default=default, metadata={"rule": rule})
+
+
+@functools.cache
+def field_rules(cls: type) -> dict[str, Rule]:
+    """The rule of each checked field of dataclass ``cls``: a :func:`checked_field`'s, or a ``Literal``'s choices."""
+    rules = {}
+    types_ = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        if "rule" in f.metadata:
+            rules[f.name] = f.metadata["rule"]
+        elif get_origin(types_.get(f.name)) is Literal:
+            rules[f.name] = one_of(get_args(types_[f.name]))
+    return rules
+
+
+def check_values(cls: type, values: Mapping[str, Any]) -> None:
+    """Check ``values`` by the rules of the fields of ``cls`` they are named after (:class:`ConfigError`); others
+    are not checked. A calibrator checks its constructor's arguments so: ``check_values(Config, locals())``."""
+    rules = field_rules(cls)
+    for key, value in values.items():
+        if key in rules:
+            rules[key].check(key, value)
+
+
+def check_fields(config: Any) -> None:
+    """Check every field of the dataclass instance ``config`` by its rule (a config's ``__post_init__``)."""
+    check_values(type(config), {name: getattr(config, name) for name in field_rules(type(config))})
 
 
 def field_types(cls: type) -> dict[str, Any]:
@@ -49,11 +156,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:
         return value
     if origin is Literal:
-        choices = get_args(tp)
-        if value not in choices:
-            raise ConfigError(
-                f"`{key}` must be one of {', '.join(repr(c) for c in choices)}, got {key}={value!r}."
-            )
+        one_of(get_args(tp)).check(key, value)
         return value
     if origin in (Union, types.UnionType):
         args = get_args(tp)
@@ -104,6 +207,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+def named_section(data: Any, key: str) -> tuple[Any, dict[str, Any]]:
+    """(name, the other keys) of a config section given as a name or a mapping with a ``name`` key
+    (``method: ts`` or ``method: {name: ts, objective: nll}``); anything else is a :class:`ConfigError`.
+
+    >>> named_section("ts", "method"), named_section({"name": "ts", "lr": 1}, "method")
+    (('ts', {}), ('ts', {'lr': 1}))
+    """
+    if isinstance(data, str):
+        return data, {}
+    if not isinstance(data, Mapping) or "name" not in data:
+        raise ConfigError(f"`{key}` must be a mapping with a `name` key, got {key}={data!r}.")
+    params = dict(data)
+    return params.pop("name"), params
+
+
 def from_dict(cls: type[C], data: Mapping[str, Any], *, prefix: str = "") -> C:
     """Build ``cls`` from ``data``; unknown keys, wrong types and bad ranges raise :class:`ConfigError`."""
     if not isinstance(data, Mapping):
@@ -138,6 +256,7 @@ def load_yaml(path: str | os.PathLike, what: str) -> Any:
     ``what`` names the kind of file in messages ("Search space", "Ladder"); a YAML syntax error becomes
     one line: the file, where the parser stopped and what it expected.
     """
+    # lazy: pyyaml on first use (every module imports this one; few read YAML)
     import yaml
 
     try:

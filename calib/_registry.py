@@ -52,6 +52,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str, *, populate: Callable[[], None] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._aliases: dict[str, str] = {}
         self._origins: dict[str, Any] = {}
         self._populate = populate
         self.version = 0
@@ -66,7 +67,7 @@ class Registry(Generic[T]):
         """Decorator registering ``obj`` under ``name``; a duplicate name is a ``ValueError``."""
 
         def decorator(obj: T) -> T:
-            if name in self._entries:
+            if name in self._entries or name in self._aliases:
                 by = self._origins.get(name)
                 raise ValueError(f"{self.kind} {name!r} is already registered" + (f" (by {by})" if by else ""))
             self._entries[name] = obj
@@ -77,13 +78,27 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def alias(self, former: str, name: str) -> None:
+        """Accept ``former`` (a renamed entry's old name) wherever ``name`` is read: :meth:`get`, :meth:`create`,
+        ``in``, :meth:`canonical`; :meth:`names` and :meth:`items` list ``name`` only."""
+        if former in self._entries or former in self._aliases:
+            raise ValueError(f"{self.kind} {former!r} is already registered")
+        self._aliases[former] = name
+
+    def canonical(self, name: str) -> str:
+        """``name``, or the name a :meth:`alias` maps it to."""
+        self._read()
+        return self._aliases.get(name, name)
+
     def origin(self, name: str) -> Any:
         """The plugin that registered ``name``; None for calib's own components."""
         self._read()
         return self._origins.get(name)
 
     def get(self, name: str) -> T:
-        """The entry registered under ``name``; an unknown name lists close matches and all names."""
+        """The entry registered under ``name`` (or an alias of it); an unknown name lists close matches and all
+        names."""
+        name = self.canonical(name)
         if name not in self._read():
             close = difflib.get_close_matches(str(name), self._entries, n=3)
             hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -105,7 +120,7 @@ class Registry(Generic[T]):
         return sorted(n for n in self._read() if fnmatch.fnmatchcase(n, pattern))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._read()
+        return name in self._read() or name in self._aliases
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -9,6 +9,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+import calib
+
 __all__ = ["run_environment"]
 
 
@@ -27,9 +29,8 @@ def _git_commit() -> str | None:
 def run_environment() -> dict[str, str | None]:
     """calib/torch/Python versions, the git commit of the calib checkout, the host name, and the
     ``CUDA_VISIBLE_DEVICES`` this process saw (Ray sets it to the GPUs it assigned to the trial)."""
+    # lazy: torch takes seconds to import; this foundation module stays without it
     import torch
-
-    import calib
 
     return {
         "calib_version": calib.__version__,

@@ -15,6 +15,7 @@ spaces address with dotted keys such as ``method.accuracy_weight`` or ``stage1.m
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from calib import storage
-from calib._config import ConfigError, check, from_dict
+from calib._config import ConfigError, check, from_dict, named_section
 from calib._registry import Registry
 from calib.datasets import dataset_options
 from calib.datasets.corruptions import C_DIRECTORY, CORRUPTIONS
@@ -250,22 +251,15 @@ def _plain(value: Any) -> Any:
 def _component(registry: Registry, data: Any, key: str) -> Component:
     if isinstance(data, Component):
         return data
-    if isinstance(data, str):
-        data = {"name": data}
-    if not isinstance(data, dict) or "name" not in data:
-        raise ConfigError(f"`{key}` must be a mapping with a `name` key, got {key}={data!r}.")
-    params = dict(data)
-    name = params.pop("name")
-    spec = registry.get(name)
-    return Component(name, from_dict(spec.config, params, prefix=f"{key}."))
+    name, params = named_section(data, key)
+    name = registry.canonical(name)  # a renamed component's former name reads as its name
+    return Component(name, from_dict(registry.get(name).config, params, prefix=f"{key}."))
 
 
 def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     """Validate a plain trial-config dict; any bad key or value raises ``ConfigError``/``KeyError``."""
     if isinstance(data, TrialConfig):
         return data
-    import difflib
-
     if not isinstance(data, dict):
         raise ConfigError(f"A trial config must be a mapping of trial config keys, got {data!r}.")
     unknown = sorted(set(data) - _TOP_LEVEL, key=str)
@@ -412,7 +406,13 @@ def trial_identity(cfg: TrialConfig) -> dict[str, Any]:
         del identity["dataset_options"]
     return {**identity, "stage1": _trained(identity["stage1"]),
             "loss": _without_added(identity["loss"], "loss", identity["loss"]["name"]),
-            "method": _without_added(method, "method", method["name"])}
+            "method": {**_without_added(method, "method", method["name"]), "name": _identity_name(method["name"])}}
+
+
+def _identity_name(method: str) -> str:
+    """The name a method's trial ids hash: its ``former_name`` when it was renamed after its results were stored
+    (:class:`~calib.methods.MethodSpec`), so those trials keep their ids; else its name."""
+    return (METHODS.get(method).former_name if method in METHODS else None) or method
 
 
 def config_hash(identity: dict[str, Any]) -> str:

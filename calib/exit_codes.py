@@ -7,9 +7,11 @@ A code means the same wherever it appears; tests/core/test_exit_codes.py checks 
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Mapping
 from enum import IntEnum
 
-__all__ = ["COMPACT_EXIT_CODES", "STUDY_EXIT_CODES", "ExitCode"]
+__all__ = ["COMPACT_EXIT_CODES", "STUDY_EXIT_CODES", "ExitCode", "exit_codes_epilog"]
 
 
 class ExitCode(IntEnum):
@@ -45,3 +47,18 @@ COMPACT_EXIT_CODES: dict[ExitCode, str] = {
     ExitCode.COMPACTION_SKIPPED: "a study skipped",
 }
 """What ``python -m calib.store compact``'s exit code says (its ``--help`` and docs/how-to/result-store.md)."""
+
+
+def exit_codes_epilog(codes: Mapping[ExitCode, str], details: Mapping[ExitCode, str] | None = None) -> str:
+    """The ``exit codes:`` block of a command's ``--help``: each code of ``codes`` with what it says there, then
+    its ``details`` after a colon, wrapped under the text.
+
+    >>> print(exit_codes_epilog({ExitCode.OK: "done"}, {ExitCode.OK: "nothing left"}))
+    exit codes:
+      0  done: nothing left
+    """
+    lines = ["exit codes:"]
+    for code, what in codes.items():
+        text = f"{what}: {details[code]}" if details and code in details else what
+        lines += textwrap.wrap(text, width=110, initial_indent=f"  {code:d}  ", subsequent_indent="     ")
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from calib._config import field_types
 from calib._registry import Registry
 
 __all__ = ["PRESETS", "Preset", "base_config", "with_preset_stage2"]
@@ -166,7 +167,7 @@ def base_config(
 def with_preset_stage2(preset: Preset, config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with the preset's Stage-II settings filled into its method section, for the fields
     the method has (two-stage methods); values the method section sets itself win."""
-    from calib._config import field_types
+    # lazy: calib.methods imports torch; a preset is read without it (a study's --help)
     from calib.methods import METHODS
 
     method = config["method"]

@@ -23,6 +23,7 @@ __all__ = ["DATASETS", "LOSSES", "METHODS", "MODELS", "OOD_SETS", "POSTHOC"]
 
 
 def _populate() -> None:
+    # lazy: registries stays a leaf; loading the components imports every component package
     from calib.plugins import load_components
 
     load_components()

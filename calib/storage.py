@@ -20,6 +20,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from calib._config import ConfigError
+
 __all__ = [
     "check_writable", "create_exclusive", "delete", "delete_if", "delete_many", "download", "exists", "filesystem",
     "is_remote", "join", "list_files", "list_names", "move", "normalize", "read_bytes", "read_versioned", "replace_if",
@@ -75,8 +77,10 @@ def upload(local: Path, location: str) -> None:
 
 
 def download(location: str, local: Path) -> None:
-    """Copy the remote file ``location`` to ``local``, through a temporary name in the same directory."""
-    fs, path = filesystem(location)
+    """Copy the remote file ``location`` to ``local``, through a temporary name in the same directory.
+
+    The caller has decided that ``location`` is remote (:func:`is_remote`): it is not asked again here."""
+    fs, path = pafs.FileSystem.from_uri(location)
     local.parent.mkdir(parents=True, exist_ok=True)
     tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex}.tmp")
     try:
@@ -93,8 +97,6 @@ def check_writable(location: str) -> None:
     Locally a probe file is written (creating missing directories) and removed with the directories it
     created; remotely a probe object is put and deleted.
     """
-    from calib._config import ConfigError
-
     probe_name = f".calib-write-probe-{uuid.uuid4().hex}"
     try:
         if is_remote(location):
@@ -217,10 +219,9 @@ def _s3_client() -> Any:
     """A boto3 S3 client (region, credentials and ``AWS_ENDPOINT_URL`` from the usual AWS environment),
     one per endpoint and credentials seen in this process."""
     try:
+        # optional dependency (the `cluster` extra): only an s3:// location needs it
         import boto3
     except ImportError:
-        from calib._config import ConfigError
-
         raise ConfigError("An s3:// artifact root needs boto3 for its atomic writes: pip install boto3 "
                           "(or calib[cluster]).") from None
     key = tuple(os.environ.get(name) for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_DEFAULT_REGION"))
@@ -234,8 +235,6 @@ _S3_CLIENTS: dict[tuple, Any] = {}
 
 def _s3_key(location: str) -> tuple[str, str]:
     if not location.startswith("s3://"):
-        from calib._config import ConfigError
-
         raise ConfigError(f"Atomic writes (Stage-I claims and publishing) need a local or shared directory or an "
                           f"s3:// URI, got {location!r}.")
     bucket, _, key = location.removeprefix("s3://").partition("/")
@@ -250,6 +249,7 @@ def _s3_refused(err: Exception) -> bool:
 
 def _s3_conditional(location: str, request: Callable[[Any, str, str], Any]) -> Any:
     """``request(client, bucket, key)``'s answer, or None when S3 refuses its condition."""
+    # optional dependency (the `cluster` extra): only an s3:// location needs it
     import botocore.exceptions
 
     bucket, key = _s3_key(location)
@@ -317,6 +317,7 @@ def create_exclusive(location: str, data: bytes) -> str | None:
 def read_versioned(location: str) -> tuple[bytes, str] | None:
     """The contents of ``location`` and their version token, or None if there is no file."""
     if is_remote(location):
+        # optional dependency (the `cluster` extra): only an s3:// location needs it
         import botocore.exceptions
 
         bucket, key = _s3_key(location)

@@ -10,7 +10,7 @@ calibration-set size. ``studies/report.py`` regenerates the table and the figure
 
 Sizes above the validation split are an error when given with ``--sizes``; the default sizes that do
 not fit a dataset (the digits' split has 269 images) are left out with one line. ``--param`` sets a
-method's parameter, e.g. ``--param histogram_binning.num_bins=10``.
+method's parameter, e.g. ``--param histogram_binning_equal_mass.num_bins=10``.
 
 ``--predictions FILE [FILE ...]`` calibrates a model's predictions instead of a Stage I: one file of held-out
 predictions and labels per setup (netcal's ``.npz`` records, ``logits``/``probs`` + ``labels``, a ``.npy`` pair
@@ -42,6 +42,7 @@ from calib.datasets import DATASETS
 from calib.datasets.synthetic_logits import write_synthetic_logits
 from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.presets import Preset, base_config
+from calib.registries import METHODS
 from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary, plot_calibration_sizes
 from calib.search import CheckedOnly, run_grid
@@ -77,6 +78,7 @@ def method_params(assignments: list[str], names: list[str]) -> dict[str, dict[st
     for assignment in assignments:
         key, sep, value = assignment.partition("=")
         name, dot, field = key.partition(".")
+        name = METHODS.canonical(name)  # a renamed method's former name (histogram_binning) still reads
         if not (sep and dot and field):
             raise ConfigError(f"`--param` must be METHOD.FIELD=VALUE, got {assignment!r}.")
         if name not in names:
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS,
                         help=f"uniform draws of each size below 'all' (default: {DEFAULT_DRAWS})")
     parser.add_argument("--param", action="append", default=[], metavar="METHOD.FIELD=VALUE",
-                        help="a method parameter, e.g. histogram_binning.num_bins=10 (repeatable)")
+                        help="a method parameter, e.g. histogram_binning_equal_mass.num_bins=10 (repeatable)")
     parser.add_argument("--synthetic-classes", type=int, default=None, metavar="K",
                         help="calibrate over-confident synthetic logits of K classes (5,000 validation and 10,000 "
                              "test samples) instead of a trained model; 100 is the paper preset's regime")

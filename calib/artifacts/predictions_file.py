@@ -106,6 +106,7 @@ def calibration_test_split(labels: np.ndarray, split: int, calibration_fraction:
                            ) -> tuple[np.ndarray, np.ndarray]:
     """Split ``split`` (>= 0, its seed) of the samples: (calibration indices, test indices), each sorted, stratified
     by ``labels``. A class with a single sample cannot be stratified: ``PredictionsFileError``."""
+    # lazy: scikit-learn takes a second or more to import
     from sklearn.model_selection import train_test_split
 
     counts = np.bincount(labels)
@@ -158,6 +159,7 @@ class _Reader:
         return values, labels, f"keys {value_keys[0]}, {label_keys[0]}", _VALUE_NAMES[value_keys[0]]
 
     def parquet(self, path: Path) -> tuple[Any, Any, str, str | None]:
+        # lazy: pyarrow only for a Parquet predictions file
         import pyarrow.parquet as pq
 
         try:
@@ -183,6 +185,7 @@ class _Reader:
                                  f"({', '.join(map(str, sorted(lengths)[:5]))}); expected K per row")
             values = np.array(cells, dtype=np.float64)
             return values, labels, f"columns {lists[0]}, {label_columns[0]}", _VALUE_NAMES[lists[0]]
+        # lazy: pyarrow only for a Parquet predictions file
         import pyarrow as pa
 
         bad = [c for c in rest if not (pa.types.is_floating(table.schema.field(c).type)
@@ -265,6 +268,7 @@ class _Reader:
 
 
 def _is_list(arrow_type: Any) -> bool:
+    # lazy: pyarrow only for a Parquet predictions file
     import pyarrow as pa
 
     return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(

@@ -29,6 +29,7 @@ from calib.artifacts.predictions_file import (
     split_pair,
 )
 from calib.config import TrialConfig
+from calib.datasets import load_dataset
 from calib.models import CalibModel, create_model
 from calib.models.checkpoints import CheckpointError, load_checkpoint_into, read_checkpoint
 from calib.models.external import HeadNotFoundError
@@ -171,8 +172,6 @@ def check_source(cfg: TrialConfig) -> str:
     """Before any trial: the source file loads and fits the config (a checkpoint's head has the dataset's
     classes and is found in the architecture); a ``ConfigError`` names what does not. Returns a short
     description for the study's settings line."""
-    from calib.datasets import load_dataset
-
     try:
         if cfg.source.kind == "predictions":
             predictions, calibration, test = predictions_split(cfg)

@@ -84,6 +84,7 @@ def cifar_train_transform(
     mean: tuple[float, float, float] = CIFAR_MEAN, std: tuple[float, float, float] = CIFAR_STD
 ) -> transforms.Compose:
     """Training augmentation: random 32×32 crop of the 4-pixel zero-padded image, horizontal flip."""
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision import transforms
 
     return transforms.Compose(
@@ -100,6 +101,7 @@ def cifar_eval_transform(
     mean: tuple[float, float, float] = CIFAR_MEAN, std: tuple[float, float, float] = CIFAR_STD
 ) -> transforms.Compose:
     """Evaluation transform: ToTensor (pixels / 255) then per-channel (x − mean) / std."""
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision import transforms
 
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
@@ -235,6 +237,7 @@ def load_cifar10(root: str, download: bool = False, *, val_size: int = VAL_SIZE)
     """
     if not download:
         require_cifar10(root)
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision.datasets import CIFAR10
 
     return _load_cifar(CIFAR10, root, download, val_size, 10)
@@ -260,6 +263,7 @@ def load_cifar100(
     if not download:
         require_cifar100(root)
     test_mean, test_std = (IMAGENET_MEAN, IMAGENET_STD) if test_norm == "focal_bug" else (CIFAR_MEAN, CIFAR_STD)
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision.datasets import CIFAR100
 
     return _load_cifar(CIFAR100, root, download, val_size, 100, test_mean, test_std)

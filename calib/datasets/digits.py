@@ -97,6 +97,7 @@ def digits_split_indices(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 
     Two stratified ``train_test_split`` calls: 50% train, then the rest into 15% / 35% of the whole.
     """
+    # lazy: scikit-learn takes a second or more to import
     from sklearn.model_selection import train_test_split
 
     all_indices = np.arange(len(labels))

@@ -92,6 +92,7 @@ LABELS_MAGIC = 2049
 
 def fashion_mnist_train_transform() -> transforms.Compose:
     """Training augmentation: random 28×28 crop of the 2-pixel zero-padded image (no flip)."""
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision import transforms
 
     return transforms.Compose([
@@ -103,6 +104,7 @@ def fashion_mnist_train_transform() -> transforms.Compose:
 
 def fashion_mnist_eval_transform() -> transforms.Compose:
     """Evaluation transform: ToTensor (pixels / 255) then (x − mean) / std."""
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision import transforms
 
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize(FASHION_MNIST_MEAN, FASHION_MNIST_STD)])
@@ -175,6 +177,7 @@ class GrayImageDataset(Dataset):
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
+        # lazy: PIL only where images are decoded
         from PIL import Image
 
         image = Image.fromarray(self.images[index])  # 2-D uint8: mode "L"
@@ -244,6 +247,7 @@ def load_fashion_mnist(root: str, download: bool = False, *, val_size: int = VAL
         val_size: validation images taken from the training set (5,000 in the protocol).
     """
     if download and fashion_mnist_folder(root) is None:
+        # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
         from torchvision.datasets import FashionMNIST
 
         FashionMNIST(root, train=True, download=True)  # fetches and keeps all four .gz files

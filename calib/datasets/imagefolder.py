@@ -214,6 +214,7 @@ def require_imagefolder(root: str) -> None:
 
 def _load_image(path: str, mode: str) -> Image.Image:
     """The image at ``path`` converted to ``mode`` (as torchvision's ``pil_loader`` reads it)."""
+    # lazy: PIL only where images are decoded
     from PIL import Image
 
     with open(path, "rb") as handle:
@@ -222,6 +223,7 @@ def _load_image(path: str, mode: str) -> Image.Image:
 
 def _image_size(path: str) -> tuple[int, int]:
     """(width, height) of the image at ``path``, read from its header (no pixels decoded)."""
+    # lazy: PIL only where images are decoded
     from PIL import Image
 
     with Image.open(path) as image:
@@ -277,6 +279,7 @@ def channel_stats(
 
 def _sized(image_size: int | None, resize: int | None, size: tuple[int, int] | None) -> tuple[list, list]:
     """(evaluation, training) transforms before ToTensor: resize and crop, or nothing but the augmentation."""
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision import transforms
 
     if image_size is not None:
@@ -292,6 +295,7 @@ def _sized(image_size: int | None, resize: int | None, size: tuple[int, int] | N
 
 def _view(base: ImageFolder, loader: Callable[[str], Any], transform: transforms.Compose) -> ImageFolder:
     """``base`` (its file list, not scanned again) reading images with ``loader`` and ``transform``."""
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision.datasets.vision import StandardTransform
 
     view = copy.copy(base)
@@ -333,6 +337,7 @@ def load_imagefolder(
         std=None if std is None else tuple(float(s) for s in std),
     )
     classes = _check_layout(root)
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision import transforms
     from torchvision.datasets import ImageFolder
 
@@ -405,6 +410,7 @@ def load_imagefolder(
 
 def _load_mode(path: str) -> str:
     """The PIL mode of the image at ``path`` (from its header)."""
+    # lazy: PIL only where images are decoded
     from PIL import Image
 
     with Image.open(path) as image:

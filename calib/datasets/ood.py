@@ -77,6 +77,7 @@ def _require_svhn(root: str) -> None:
 def _load_svhn(root: str, download: bool, in_distribution: str) -> Dataset:
     if not download:
         _require_svhn(root)
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision.datasets import SVHN
 
     test = SVHN(root, split="test", transform=cifar.cifar_eval_transform(), download=download)
@@ -85,6 +86,7 @@ def _load_svhn(root: str, download: bool, in_distribution: str) -> Dataset:
 
 def _cifar_test(dataset_name: str, require: Callable[[str], None]) -> Callable[[str, bool, str], Dataset]:
     def load(root: str, download: bool, in_distribution: str) -> Dataset:
+        # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
         import torchvision.datasets
 
         if not download:
@@ -112,6 +114,7 @@ def natural_patches(noisy: bool, side: int = 8, count: int = NUM_PATCHES) -> np.
     alternating, converted to gray, average-pooled 4×4 to side×side, scaled to [0, 1] per patch so
     their contrast matches the digits'. Seeded (:data:`PATCH_SEED`): fixed images.
     """
+    # lazy: scikit-learn takes a second or more to import
     from sklearn.datasets import load_sample_images
 
     rng = np.random.default_rng(PATCH_SEED)

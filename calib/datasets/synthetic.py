@@ -192,6 +192,7 @@ class ArrayImageDataset(Dataset):
         return len(self.data)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
+        # lazy: PIL only where images are decoded
         from PIL import Image
 
         image = Image.fromarray(self.data[index])

@@ -86,6 +86,7 @@ VAL_ANNOTATIONS = os.path.join("val", "val_annotations.txt")
 
 def tiny_imagenet_train_transform() -> transforms.Compose:
     """Training augmentation: random 64×64 crop of the 4-pixel zero-padded image, horizontal flip."""
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision import transforms
 
     return transforms.Compose(
@@ -100,6 +101,7 @@ def tiny_imagenet_train_transform() -> transforms.Compose:
 
 def tiny_imagenet_eval_transform() -> transforms.Compose:
     """Evaluation transform: ToTensor (pixels / 255) then per-channel (x − mean) / std, ImageNet statistics."""
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision import transforms
 
     return transforms.Compose([transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
@@ -118,6 +120,7 @@ class ImageList(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
         from torchvision.datasets.folder import default_loader
 
         path, label = self.samples[index]
@@ -129,6 +132,7 @@ def decode_images(paths: Sequence[str], shape: tuple[int, int, int] = INPUT_SHAP
     """The images at ``paths`` decoded as :class:`ImageList` decodes them (RGB), stacked into one uint8
     (N, C, H, W) tensor of ``shape`` per image; decoded in a thread pool. An image of another size is a
     ``ValueError``."""
+    # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
     from torchvision.datasets.folder import default_loader
 
     channels, height, width = shape
@@ -275,6 +279,7 @@ def load_tiny_imagenet(root: str, download: bool = False, *, val_per_class: int 
     ``num_classes`` is the number of ids in ``wnids.txt`` (200 in the official files).
     """
     if download and not _is_complete(root):
+        # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
         from torchvision.datasets.utils import download_and_extract_archive
 
         download_and_extract_archive(ARCHIVE_URL, root, filename=f"{FOLDER}.zip", md5=ARCHIVE_MD5)

@@ -76,6 +76,8 @@ class MethodSpec:
     stored, with their defaults: at its default such a field is left out of the trial's identity, so trials
     stored before it existed keep their ids. ``check(params, config)``: the method's own checks of a whole trial
     config (its params against the rest), raising ``ConfigError``; run when the config is parsed.
+    ``former_name``: the name the method was registered under before it was renamed: its trials' identity keeps
+    it, so the trials stored under it keep their ids (``METHODS`` accepts it as an alias of the new name).
     """
 
     config: type
@@ -90,6 +92,7 @@ class MethodSpec:
     order: float = math.inf
     added_fields: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[Any, Any], None] | None = None
+    former_name: str | None = None
 
     def __post_init__(self) -> None:
         if (self.run_population is None) != (self.population_key is None):

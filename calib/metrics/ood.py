@@ -75,6 +75,7 @@ def ood_fpr_at_95_tpr(id_scores: ArrayLike, ood_scores: ArrayLike) -> float:
     0.5
     """
     scores, targets = _scores_and_targets(id_scores, ood_scores)
+    # lazy: scikit-learn takes a second or more to import
     from sklearn.metrics import roc_curve
 
     fpr, tpr, _ = roc_curve(targets, scores, drop_intermediate=False)

@@ -18,6 +18,7 @@ def _import_relplot() -> ModuleType:
     (about 1 s), which ``import calib.metrics`` must not pay. Its import adds a ``warnings`` filter
     (``relplot.kernels``); ``catch_warnings`` puts the caller's filters back."""
     with warnings.catch_warnings():
+        # lazy: relplot pulls in seaborn (seconds to import); only SmoothECE needs it
         import relplot
     if relplot.config.use_logit_scaling:
         raise RuntimeError(

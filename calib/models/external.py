@@ -56,6 +56,7 @@ def is_external(name: str) -> bool:
 
 def _import_timm() -> Any:
     try:
+        # optional dependency (the `timm` extra)
         import timm
     except ImportError as error:
         raise ImportError(
@@ -97,6 +98,7 @@ def check_arch(name: str) -> None:
         return
     source, model = _split(name)
     if source == "torchvision":
+        # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
         import torchvision
 
         valid = torchvision.models.list_models(module=torchvision.models)
@@ -274,6 +276,7 @@ def external_model(
     source, model_name = _split(name)
     repeat = 1
     if source == "torchvision":
+        # lazy: torchvision takes seconds to import; only the loader that reads its data needs it
         import torchvision
 
         if in_channels not in (1, 3):

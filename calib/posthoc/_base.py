@@ -136,6 +136,12 @@ class PostHocCalibrator(nn.Module, abc.ABC):
         if not self.is_fitted:
             raise RuntimeError(f"{type(self).__name__} is not fitted: call fit(logits, labels) first.")
 
+    def fitted_logits(self, logits: torch.Tensor, num_classes: int) -> torch.Tensor:
+        """New logits for the fitted calibrator, float64: :meth:`check_fitted`, then :func:`check_logits` with the
+        ``num_classes`` classes of the fit."""
+        self.check_fitted()
+        return check_logits(logits, fitted_classes=num_classes)
+
     @torch.no_grad()
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Calibrated probabilities, float64 on the CPU."""

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from scipy.special import gammaln
 
-from calib._config import check
+from calib._config import check_values, checked_field, number
 from calib.metrics import softmax64
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
@@ -138,6 +138,20 @@ def fit_bbq_binary(
                         values=values)
 
 
+@dataclass(frozen=True, kw_only=True)
+class BBQConfig(PostHocConfig):
+    """BBQ as a method, fitted on the cached validation logits (docs/methods.md §5).
+
+    Attributes:
+        range_factor: C of the bin range ⌊N^(1/3)/C⌋ … ⌈C·N^(1/3)⌉, >= 1 (10).
+        prior_count: prior samples per bin a = N'/B, > 0 (2).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    range_factor: float = checked_field(10.0, number(at_least=1))
+    prior_count: float = checked_field(2.0, number(above=0))
+
+
 @POSTHOC.register("bbq")
 class BBQ(PostHocCalibrator):
     """BBQ one-vs-rest: p̂_k ∝ f_k(p_k), f_k the Bayesian average of equal-frequency binnings of class k.
@@ -150,12 +164,10 @@ class BBQ(PostHocCalibrator):
     After :meth:`fit`, ``class_fits[k]`` is class k's :class:`BBQBinaryFit`.
     """
 
-    def __init__(self, range_factor: float = 10.0, prior_count: float = 2.0) -> None:
+    def __init__(self, range_factor: float = BBQConfig.range_factor,
+                 prior_count: float = BBQConfig.prior_count) -> None:
         super().__init__()
-        if not range_factor >= 1:
-            raise ValueError(f"`range_factor` must be >= 1 (it is C), got range_factor={range_factor!r}.")
-        if not prior_count > 0:
-            raise ValueError(f"`prior_count` must be > 0 (it is N'/B), got prior_count={prior_count!r}.")
+        check_values(BBQConfig, locals())
         self.range_factor, self.prior_count = float(range_factor), float(prior_count)
         self.class_fits: list[BBQBinaryFit] = []
 
@@ -177,28 +189,8 @@ class BBQ(PostHocCalibrator):
         return log_of_normalised(calibrated).to(logits.device)
 
 
-@dataclass(frozen=True, kw_only=True)
-class BBQConfig(PostHocConfig):
-    """BBQ as a method, fitted on the cached validation logits (docs/methods.md §5).
-
-    Attributes:
-        range_factor: C of the bin range ⌊N^(1/3)/C⌋ … ⌈C·N^(1/3)⌉, >= 1 (10).
-        prior_count: prior samples per bin a = N'/B, > 0 (2).
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-    """
-
-    range_factor: float = 10.0
-    prior_count: float = 2.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.range_factor >= 1, "range_factor", self.range_factor, "be a number >= 1")
-        check(self.prior_count > 0, "prior_count", self.prior_count, "be a number > 0")
-
-
 register_posthoc_method(
-    "bbq", BBQConfig,
-    lambda params, seed: BBQ(range_factor=params.range_factor, prior_count=params.prior_count),
+    "bbq", BBQConfig, BBQ,
     "BBQ: Bayesian binning into quantiles, one-vs-rest, renormalised",
     label="BBQ", order=15,
 )

@@ -242,7 +242,7 @@ class BetaCalibrationConfig(PostHocConfig):
 
 
 register_posthoc_method(
-    "beta", BetaCalibrationConfig, lambda params, seed: BetaCalibration(),
+    "beta", BetaCalibrationConfig, BetaCalibration,
     "beta calibration (Kull et al. 2017), three parameters per class, one-vs-rest, renormalised",
     label="Beta", order=19,
 )

@@ -108,7 +108,7 @@ class CenteredIsotonicRegressionConfig(PostHocConfig):
 
 
 register_posthoc_method(
-    "cir", CenteredIsotonicRegressionConfig, lambda params, seed: CenteredIsotonicRegression(),
+    "cir", CenteredIsotonicRegressionConfig, CenteredIsotonicRegression,
     "centred isotonic regression (Oron & Flournoy 2017), one-vs-rest, renormalised",
     label="CIR", order=18,
 )

@@ -21,7 +21,6 @@ TS's :data:`~calib.posthoc.temperature_scaling.TEMPERATURE_RANGE`, which is then
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -30,14 +29,13 @@ from torch.nn import functional as F
 
 from calib.posthoc._base import (
     POSTHOC,
-    DegenerateFitWarning,
     PostHocCalibrator,
     absent_classes,
     check_logits_labels,
     describe_classes,
 )
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
-from calib.posthoc.temperature_scaling import TEMPERATURE_RANGE, TemperatureScaling
+from calib.posthoc.temperature_scaling import TEMPERATURE_RANGE, fit_first_temperature
 from calib.posthoc.vector_scaling import GRAD_TOLERANCE, LBFGSResult, affine_fit_problems, fit_lbfgs
 
 __all__ = ["ClasswiseTemperatureScaling", "ClasswiseTemperatureScalingConfig"]
@@ -63,9 +61,8 @@ class ClasswiseTemperatureScaling(PostHocCalibrator):
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> ClasswiseTemperatureScaling:
         """Fit T_1 … T_C on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
-        with warnings.catch_warnings():  # a degenerate TS start shows in this fit's own checks
-            warnings.simplefilter("ignore", DegenerateFitWarning)
-            self.initial_temperature = TemperatureScaling().fit(z, y).temperature.item()
+        # a degenerate TS start shows in this fit's own checks
+        self.initial_temperature = fit_first_temperature(z, y).temperature.item()
         log_temperatures = nn.Parameter(torch.full((z.shape[1],), math.log(self.initial_temperature),
                                                    dtype=torch.float64))
 
@@ -95,12 +92,8 @@ class ClasswiseTemperatureScaling(PostHocCalibrator):
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """z_k / T_k."""
-        self.check_fitted()
-        num_classes = self.temperatures.shape[0]
-        if logits.ndim != 2 or logits.shape[1] != num_classes:
-            raise ValueError(f"ClasswiseTemperatureScaling was fitted on C={num_classes} classes; `logits` must "
-                             f"have shape (N, {num_classes}), got {tuple(logits.shape)}.")
-        return (logits.to(torch.float64) / self.temperatures.to(logits.device)).to(logits.dtype)
+        z = self.fitted_logits(logits, self.temperatures.shape[0])
+        return (z / self.temperatures.to(logits.device)).to(logits.dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,8 +109,7 @@ class ClasswiseTemperatureScalingConfig(PostHocConfig):
 
 
 register_posthoc_method(
-    "classwise_ts", ClasswiseTemperatureScalingConfig,
-    lambda params, seed: ClasswiseTemperatureScaling(),
+    "classwise_ts", ClasswiseTemperatureScalingConfig, ClasswiseTemperatureScaling,
     "class-wise temperature scaling (one temperature per class, NLL) fitted on the validation logits",
     label="CTS", order=3,
 )

@@ -76,9 +76,7 @@ class DirichletConfig(MatrixScalingConfig):
 
 
 register_posthoc_method(
-    "dirichlet", DirichletConfig,
-    lambda params, seed: DirichletCalibration(off_diagonal_weight=params.off_diagonal_weight,
-                                              intercept_weight=params.intercept_weight),
+    "dirichlet", DirichletConfig, DirichletCalibration,
     "Dirichlet calibration (matrix scaling of log p) with ODIR, fitted on the validation logits",
     label="Dir-ODIR", order=8,
 )

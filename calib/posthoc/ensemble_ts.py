@@ -32,7 +32,7 @@ import torch
 from threadpoolctl import threadpool_limits
 from torch.nn import functional as F
 
-from calib._config import check
+from calib._config import check_values
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits_labels
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
 
@@ -50,6 +50,18 @@ def ets_loss(probs: torch.Tensor, log_probs: torch.Tensor, labels: torch.Tensor,
     return -log_probs.gather(1, labels.unsqueeze(1)).mean()
 
 
+@dataclass(frozen=True, kw_only=True)
+class EnsembleTemperatureScalingConfig(PostHocConfig):
+    """Ensemble temperature scaling as a method, fitted on the cached validation logits (docs/methods.md §5).
+
+    Attributes:
+        objective: "mse" (default, the official code's) or "ce": the loss of both stages (T, then w).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    objective: Literal["mse", "ce"] = "mse"
+
+
 @POSTHOC.register("ensemble_ts")
 class EnsembleTemperatureScaling(PostHocCalibrator):
     """p = w1 softmax(z/T) + w2 softmax(z) + w3/C: T by the loss, then w on the simplex by the same loss.
@@ -60,10 +72,9 @@ class EnsembleTemperatureScaling(PostHocCalibrator):
     After :meth:`fit`: ``temperature`` (0-dim) and ``weights`` (w1, w2, w3) (float64 buffers).
     """
 
-    def __init__(self, objective: Literal["mse", "ce"] = "mse") -> None:
+    def __init__(self, objective: Literal["mse", "ce"] = EnsembleTemperatureScalingConfig.objective) -> None:
         super().__init__()
-        if objective not in ("mse", "ce"):
-            raise ValueError(f"`objective` must be one of 'mse', 'ce', got objective={objective!r}.")
+        check_values(EnsembleTemperatureScalingConfig, locals())
         self.objective = objective
         self.register_buffer("temperature", torch.tensor(1.0, dtype=torch.float64))
         self.register_buffer("weights", torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
@@ -130,25 +141,8 @@ class EnsembleTemperatureScaling(PostHocCalibrator):
         return torch.logsumexp(terms, dim=0).to(logits.dtype)
 
 
-@dataclass(frozen=True, kw_only=True)
-class EnsembleTemperatureScalingConfig(PostHocConfig):
-    """Ensemble temperature scaling as a method, fitted on the cached validation logits (docs/methods.md §5).
-
-    Attributes:
-        objective: "mse" (default, the official code's) or "ce": the loss of both stages (T, then w).
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-    """
-
-    objective: Literal["mse", "ce"] = "mse"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.objective in ("mse", "ce"), "objective", self.objective, "be one of 'mse', 'ce'")
-
-
 register_posthoc_method(
-    "ensemble_ts", EnsembleTemperatureScalingConfig,
-    lambda params, seed: EnsembleTemperatureScaling(params.objective),
+    "ensemble_ts", EnsembleTemperatureScalingConfig, EnsembleTemperatureScaling,
     "ensemble temperature scaling (Mix-n-Match: TS, uncalibrated and uniform mixed) fitted on the validation logits",
     label="ETS", order=5,
 )

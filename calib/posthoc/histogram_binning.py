@@ -6,9 +6,10 @@
 the class-1 score, p̂ = (1 − θ(p_1), θ(p_1)); K > 2: one binning per class on p_k against 1[y = k], renormalised,
 and a class without calibration samples gets q_k = 0 (netcal fits no model for it).
 
-``"histogram_binning"`` (the tables' HB-EM: Zadrozny & Elkan, ICML 2001), one-vs-rest with equal-mass bins at
-every K: for each class k the calibration scores p_ik = softmax(z_i)_k are sorted and cut into B bins of about
-N/B samples each (B = 15 by default); a cut never separates equal scores (the tie group goes to the upper bin,
+``"histogram_binning_equal_mass"`` (the tables' HB-EM: Zadrozny & Elkan, ICML 2001; ``"histogram_binning"`` before
+the rename, a name still accepted and kept in its trials' ids), one-vs-rest with equal-mass bins at every K: for each
+class k the calibration scores p_ik = softmax(z_i)_k are sorted and cut into B bins of about N/B samples each (B = 15
+by default); a cut never separates equal scores (the tie group goes to the upper bin,
 so there can be fewer, unequal bins). Bin b's value is its fraction of positives
 
     θ_kb = |{i ∈ b : y_i = k}| / |b|,
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from calib._config import check
+from calib._config import check_values, checked_field, integer
 from calib.metrics import softmax64
 from calib.metrics._binning import equal_width_bin_indices, equal_width_edges
 from calib.posthoc._base import (
@@ -46,8 +47,8 @@ from calib.posthoc._base import (
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
 
 __all__ = [
-    "HistogramBinning",
-    "HistogramBinningConfig",
+    "HistogramBinningEqualMass",
+    "HistogramBinningEqualMassConfig",
     "HistogramBinningEqualWidth",
     "HistogramBinningEqualWidthConfig",
     "equal_mass_bin_starts",
@@ -100,14 +101,37 @@ def zero_probability_note(absent: list[int], num_classes: int, method: str) -> s
             f"to 0, so they get probability 0 (floored at {PROBABILITY_FLOOR:.3g}) for every input")
 
 
-def _check_num_bins(num_bins: int) -> int:
-    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
-        raise ValueError(f"`num_bins` must be an integer >= 1, got num_bins={num_bins!r}.")
-    return num_bins
+@dataclass(frozen=True, kw_only=True)
+class _HistogramBinningConfig(PostHocConfig):
+    """What both readings take: ``num_bins``, an integer >= 1 (15)."""
+
+    num_bins: int = checked_field(15, integer(at_least=1))
 
 
-@POSTHOC.register("histogram_binning")
-class HistogramBinning(PostHocCalibrator):
+@dataclass(frozen=True, kw_only=True)
+class HistogramBinningEqualMassConfig(_HistogramBinningConfig):
+    """Equal-mass histogram binning (the tables' HB-EM) as a method, fitted on the cached validation logits
+    (docs/methods.md §5.9).
+
+    Attributes:
+        num_bins: equal-mass bins per class, >= 1 (15).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistogramBinningEqualWidthConfig(_HistogramBinningConfig):
+    """Equal-width histogram binning (the tables' HB) as a method, fitted on the cached validation logits
+    (docs/methods.md §5.9).
+
+    Attributes:
+        num_bins: equal-width bins of [0, 1], >= 1 (15, the bins of Guo et al.'s ECE; netcal's default is 10).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+
+@POSTHOC.register("histogram_binning_equal_mass")
+class HistogramBinningEqualMass(PostHocCalibrator):
     """One-vs-rest histogram binning with equal-mass bins (HB-EM): q_k = θ_k,b(p_k), the positive fraction of
     p_k's bin.
 
@@ -119,14 +143,15 @@ class HistogramBinning(PostHocCalibrator):
     (θ_kb) describe class k's step function and ``bin_counts[k]`` holds the samples per bin.
     """
 
-    def __init__(self, num_bins: int = 15) -> None:
+    def __init__(self, num_bins: int = HistogramBinningEqualMassConfig.num_bins) -> None:
         super().__init__()
-        self.num_bins = _check_num_bins(num_bins)
+        check_values(HistogramBinningEqualMassConfig, locals())
+        self.num_bins = num_bins
         self.cut_points: list[np.ndarray] = []
         self.bin_values: list[np.ndarray] = []
         self.bin_counts: list[np.ndarray] = []
 
-    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> HistogramBinning:
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> HistogramBinningEqualMass:
         """Bin each class's softmax scores on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
         probs, targets = softmax64(z), y.numpy()
@@ -155,28 +180,7 @@ class HistogramBinning(PostHocCalibrator):
         return log_of_normalised(binned).to(logits.device)
 
 
-@dataclass(frozen=True, kw_only=True)
-class HistogramBinningConfig(PostHocConfig):
-    """Histogram binning as a method, fitted on the cached validation logits (docs/methods.md §5).
-
-    Attributes:
-        num_bins: equal-mass bins per class, >= 1 (15).
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-    """
-
-    num_bins: int = 15
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.num_bins >= 1, "num_bins", self.num_bins, "be an integer >= 1")
-
-
-register_posthoc_method(
-    "histogram_binning", HistogramBinningConfig,
-    lambda params, seed: HistogramBinning(num_bins=params.num_bins),
-    "one-vs-rest histogram binning (equal-mass bins; Zadrozny & Elkan 2001), renormalised: row HB-EM",
-    label="HB-EM", order=14,
-)
+POSTHOC.alias("histogram_binning", "histogram_binning_equal_mass")
 
 
 @POSTHOC.register("histogram_binning_equal_width")
@@ -192,9 +196,10 @@ class HistogramBinningEqualWidth(PostHocCalibrator):
     without calibration samples) and ``bin_counts[i]`` its calibration samples per bin.
     """
 
-    def __init__(self, num_bins: int = 15) -> None:
+    def __init__(self, num_bins: int = HistogramBinningEqualWidthConfig.num_bins) -> None:
         super().__init__()
-        self.num_bins = _check_num_bins(num_bins)
+        check_values(HistogramBinningEqualWidthConfig, locals())
+        self.num_bins = num_bins
         self.num_classes = 0
         self.binned_classes: list[int] = []
         self.bin_values: list[np.ndarray] = []
@@ -238,20 +243,13 @@ class HistogramBinningEqualWidth(PostHocCalibrator):
         return log_of_normalised(binned).to(logits.device)
 
 
-@dataclass(frozen=True, kw_only=True)
-class HistogramBinningEqualWidthConfig(HistogramBinningConfig):
-    """Equal-width histogram binning (the tables' HB) as a method, fitted on the cached validation logits
-    (docs/methods.md §5.9).
-
-    Attributes:
-        num_bins: equal-width bins of [0, 1], >= 1 (15, the bins of Guo et al.'s ECE; netcal's default is 10).
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-    """
-
-
 register_posthoc_method(
-    "histogram_binning_equal_width", HistogramBinningEqualWidthConfig,
-    lambda params, seed: HistogramBinningEqualWidth(num_bins=params.num_bins),
+    "histogram_binning_equal_mass", HistogramBinningEqualMassConfig, HistogramBinningEqualMass,
+    "one-vs-rest histogram binning (equal-mass bins; Zadrozny & Elkan 2001), renormalised: row HB-EM",
+    label="HB-EM", order=14, former_name="histogram_binning",
+)
+register_posthoc_method(
+    "histogram_binning_equal_width", HistogramBinningEqualWidthConfig, HistogramBinningEqualWidth,
     "histogram binning with equal-width bins (Guo et al. 2017, netcal): binary at K = 2, one-vs-rest "
     "renormalised above: row HB",
     label="HB", order=13,

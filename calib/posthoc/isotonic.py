@@ -124,12 +124,12 @@ class IsotonicIRMConfig(PostHocConfig):
 
 
 register_posthoc_method(
-    "isotonic", IsotonicConfig, lambda params, seed: IsotonicOneVsRest(),
+    "isotonic", IsotonicConfig, IsotonicOneVsRest,
     "one-vs-rest isotonic regression (Zadrozny & Elkan 2002), renormalised",
     label="IR", order=11,
 )
 register_posthoc_method(
-    "isotonic_irm", IsotonicIRMConfig, lambda params, seed: IsotonicIRM(),
+    "isotonic_irm", IsotonicIRMConfig, IsotonicIRM,
     "IRM: isotonic regression pooled over classes, accuracy-preserving (Zhang et al. 2020)",
     label="IRM", order=12,
 )

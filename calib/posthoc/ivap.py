@@ -179,7 +179,7 @@ class InductiveVennAbersConfig(PostHocConfig):
 
 
 register_posthoc_method(
-    "ivap", InductiveVennAbersConfig, lambda params, seed: InductiveVennAbers(),
+    "ivap", InductiveVennAbersConfig, InductiveVennAbers,
     "inductive Venn-Abers predictors (Vovk & Petej 2014), one-vs-rest, renormalised",
     label="IVAP", order=17,
 )

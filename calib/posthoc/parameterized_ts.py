@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from calib import progress
-from calib._config import check
+from calib._config import check_values, checked_field, integer, number
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
 
@@ -38,6 +38,32 @@ __all__ = ["ParameterizedTemperatureScaling", "ParameterizedTemperatureScalingCo
 
 TEMPERATURE_CLIP = (1e-12, 1e12)
 """The official clip of |MLP output| to a temperature."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParameterizedTemperatureScalingConfig(PostHocConfig):
+    """PTS as a method, fitted on the cached validation logits (docs/methods.md §5; the paper's defaults).
+
+    Fixed, not configurable here: MSE loss, Adam β = (0.9, 0.999), ε = 1e-7, no weight decay, logits
+    clipped to ±100, T clipped to [1e-12, 1e12] (see :class:`ParameterizedTemperatureScaling`). The
+    network is initialised, and the batches ordered, from the trial seed.
+
+    Attributes:
+        top_k: sorted logits the network reads, >= 1 (10).
+        hidden_size: units per hidden layer, >= 1 (5).
+        num_hidden_layers: hidden layers, >= 0 (2).
+        lr: Adam learning rate, > 0 (5e-5).
+        steps: Adam steps, >= 1 (100,000).
+        batch_size: mini-batch size, >= 1 (1000).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    top_k: int = checked_field(10, integer(at_least=1))
+    hidden_size: int = checked_field(5, integer(at_least=1))
+    num_hidden_layers: int = checked_field(2, integer(at_least=0))
+    lr: float = checked_field(5e-5, number(above=0))
+    steps: int = checked_field(100_000, integer(at_least=1))
+    batch_size: int = checked_field(1000, integer(at_least=1))
 
 
 @POSTHOC.register("parameterized_ts")
@@ -61,25 +87,18 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
     def __init__(
         self,
         *,
-        top_k: int = 10,
-        hidden_size: int = 5,
-        num_hidden_layers: int = 2,
-        lr: float = 5e-5,
-        steps: int = 100_000,
-        batch_size: int = 1000,
+        top_k: int = ParameterizedTemperatureScalingConfig.top_k,
+        hidden_size: int = ParameterizedTemperatureScalingConfig.hidden_size,
+        num_hidden_layers: int = ParameterizedTemperatureScalingConfig.num_hidden_layers,
+        lr: float = ParameterizedTemperatureScalingConfig.lr,
+        steps: int = ParameterizedTemperatureScalingConfig.steps,
+        batch_size: int = ParameterizedTemperatureScalingConfig.batch_size,
         logit_clip: float = 100.0,
         seed: int = 0,
     ) -> None:
         super().__init__()
-        for name, value in (("top_k", top_k), ("hidden_size", hidden_size), ("steps", steps),
-                            ("batch_size", batch_size)):
-            if not value >= 1:
-                raise ValueError(f"`{name}` must be an integer >= 1, got {name}={value}.")
-        if not num_hidden_layers >= 0:
-            raise ValueError(f"`num_hidden_layers` must be an integer >= 0, got num_hidden_layers={num_hidden_layers}.")
-        for name, value in (("lr", lr), ("logit_clip", logit_clip)):
-            if not value > 0:
-                raise ValueError(f"`{name}` must be > 0, got {name}={value}.")
+        check_values(ParameterizedTemperatureScalingConfig, locals())
+        number(above=0).check("logit_clip", logit_clip)
         self.top_k, self.hidden_size, self.num_hidden_layers = top_k, hidden_size, num_hidden_layers
         self.lr, self.steps, self.batch_size, self.logit_clip, self.seed = lr, steps, batch_size, logit_clip, seed
         self.network: nn.Sequential | None = None
@@ -107,10 +126,7 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
 
     def _check_inputs(self, logits: torch.Tensor) -> None:
         self.check_fitted()
-        check_logits(logits, min_classes=2)
-        if logits.shape[1] != self.num_classes:
-            raise ValueError(f"ParameterizedTemperatureScaling was fitted on C={self.num_classes} classes; `logits` "
-                             f"must have shape (N, {self.num_classes}), got {tuple(logits.shape)}.")
+        check_logits(logits, min_classes=2, fitted_classes=self.num_classes)
 
     def temperatures(self, logits: torch.Tensor) -> torch.Tensor:
         """T(z_i) for each row of z (N, C); shape (N,), float64."""
@@ -217,46 +233,8 @@ def _mse_and_temperature_gradient(logits: np.ndarray, row_max: np.ndarray, label
     return loss, temperature_grad
 
 
-@dataclass(frozen=True, kw_only=True)
-class ParameterizedTemperatureScalingConfig(PostHocConfig):
-    """PTS as a method, fitted on the cached validation logits (docs/methods.md §5; the paper's defaults).
-
-    Fixed, not configurable here: MSE loss, Adam β = (0.9, 0.999), ε = 1e-7, no weight decay, logits
-    clipped to ±100, T clipped to [1e-12, 1e12] (see :class:`ParameterizedTemperatureScaling`). The
-    network is initialised, and the batches ordered, from the trial seed.
-
-    Attributes:
-        top_k: sorted logits the network reads, >= 1 (10).
-        hidden_size: units per hidden layer, >= 1 (5).
-        num_hidden_layers: hidden layers, >= 0 (2).
-        lr: Adam learning rate, > 0 (5e-5).
-        steps: Adam steps, >= 1 (100,000).
-        batch_size: mini-batch size, >= 1 (1000).
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-    """
-
-    top_k: int = 10
-    hidden_size: int = 5
-    num_hidden_layers: int = 2
-    lr: float = 5e-5
-    steps: int = 100_000
-    batch_size: int = 1000
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.top_k >= 1, "top_k", self.top_k, "be an integer >= 1")
-        check(self.hidden_size >= 1, "hidden_size", self.hidden_size, "be an integer >= 1")
-        check(self.num_hidden_layers >= 0, "num_hidden_layers", self.num_hidden_layers, "be an integer >= 0")
-        check(self.lr > 0, "lr", self.lr, "be > 0")
-        check(self.steps >= 1, "steps", self.steps, "be an integer >= 1")
-        check(self.batch_size >= 1, "batch_size", self.batch_size, "be an integer >= 1")
-
-
 register_posthoc_method(
-    "parameterized_ts", ParameterizedTemperatureScalingConfig,
-    lambda params, seed: ParameterizedTemperatureScaling(
-        top_k=params.top_k, hidden_size=params.hidden_size, num_hidden_layers=params.num_hidden_layers,
-        lr=params.lr, steps=params.steps, batch_size=params.batch_size, seed=seed),
+    "parameterized_ts", ParameterizedTemperatureScalingConfig, ParameterizedTemperatureScaling,
     "parameterized temperature scaling (per-sample T from an MLP of the top-k logits) fitted on the validation logits",
     label="PTS", order=4,
 )

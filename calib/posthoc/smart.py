@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from calib import progress
-from calib._config import check
+from calib._config import check_values, checked_field, integer, number
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels
 from calib.posthoc._method import CALIBRATION_FIELDS, PostHocConfig, register_posthoc_method
 
@@ -73,6 +73,33 @@ def soft_binned_ece(
     return (mass / confidences.shape[0] * penalty).sum()
 
 
+@dataclass(frozen=True, kw_only=True)
+class SMARTConfig(PostHocConfig):
+    """SMART as a method, fitted on the cached validation logits (docs/methods.md §5.2; SMART-R defaults).
+
+    The trial's validation metrics are therefore in-sample; read the test metrics. Fixed, not
+    configurable here: M = 15 bins, σ = 0.05, δ = 1e-3, min_delta = 1e-4, T ≥ 0.1 (see :class:`SMART`).
+
+    Attributes:
+        hidden_size: width of the temperature network's hidden layers, >= 1 (16).
+        num_hidden_layers: its hidden layers, >= 1 (2).
+        objective: "smooth_soft_ece" (Charbonnier SoftECE, δ = 1e-3) or "soft_ece" (|·|).
+        lr: Adam learning rate, > 0 (5e-3).
+        max_epochs: full-batch epochs at most, >= 1 (2000).
+        patience: early-stopping patience in epochs on the fit loss (min_delta 1e-4), >= 1 (200).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+
+    The network is initialised from the trial seed.
+    """
+
+    hidden_size: int = checked_field(16, integer(at_least=1))
+    num_hidden_layers: int = checked_field(2, integer(at_least=1))
+    objective: Literal["smooth_soft_ece", "soft_ece"] = "smooth_soft_ece"
+    lr: float = checked_field(5e-3, number(above=0))
+    max_epochs: int = checked_field(2000, integer(at_least=1))
+    patience: int = checked_field(200, integer(at_least=1))
+
+
 @POSTHOC.register("smart")
 class SMART(PostHocCalibrator):
     """Per-sample temperature T(g) ≥ 0.1 from the standardised logit margin g.
@@ -98,12 +125,12 @@ class SMART(PostHocCalibrator):
     def __init__(
         self,
         *,
-        hidden_size: int = 16,
-        num_hidden_layers: int = 2,
-        objective: Literal["smooth_soft_ece", "soft_ece"] = "smooth_soft_ece",
-        lr: float = 5e-3,
-        max_epochs: int = 2000,
-        patience: int = 200,
+        hidden_size: int = SMARTConfig.hidden_size,
+        num_hidden_layers: int = SMARTConfig.num_hidden_layers,
+        objective: Literal["smooth_soft_ece", "soft_ece"] = SMARTConfig.objective,
+        lr: float = SMARTConfig.lr,
+        max_epochs: int = SMARTConfig.max_epochs,
+        patience: int = SMARTConfig.patience,
         min_delta: float = 1e-4,
         num_bins: int = 15,
         bandwidth: float = 0.05,
@@ -112,18 +139,12 @@ class SMART(PostHocCalibrator):
         seed: int = 1,
     ) -> None:
         super().__init__()
-        if objective not in ("smooth_soft_ece", "soft_ece"):
-            raise ValueError(f"`objective` must be one of 'smooth_soft_ece', 'soft_ece', got objective={objective!r}.")
-        for name, value in (("hidden_size", hidden_size), ("num_hidden_layers", num_hidden_layers),
-                            ("max_epochs", max_epochs), ("patience", patience), ("num_bins", num_bins)):
-            if value < 1:
-                raise ValueError(f"`{name}` must be an integer >= 1, got {name}={value}.")
-        for name, value in (("lr", lr), ("bandwidth", bandwidth), ("charbonnier_delta", charbonnier_delta),
+        check_values(SMARTConfig, locals())
+        integer(at_least=1).check("num_bins", num_bins)
+        for name, value in (("bandwidth", bandwidth), ("charbonnier_delta", charbonnier_delta),
                             ("min_temperature", min_temperature)):
-            if not value > 0:
-                raise ValueError(f"`{name}` must be > 0, got {name}={value}.")
-        if min_delta < 0:
-            raise ValueError(f"`min_delta` must be >= 0, got min_delta={min_delta}.")
+            number(above=0).check(name, value)
+        number(at_least=0).check("min_delta", min_delta)
         self.objective, self.lr, self.max_epochs, self.patience, self.min_delta = (
             objective, lr, max_epochs, patience, min_delta)
         self.num_bins, self.bandwidth, self.charbonnier_delta = num_bins, bandwidth, charbonnier_delta
@@ -203,48 +224,8 @@ class SMART(PostHocCalibrator):
         return self
 
 
-@dataclass(frozen=True, kw_only=True)
-class SMARTConfig(PostHocConfig):
-    """SMART as a method, fitted on the cached validation logits (docs/methods.md §5.2; SMART-R defaults).
-
-    The trial's validation metrics are therefore in-sample; read the test metrics. Fixed, not
-    configurable here: M = 15 bins, σ = 0.05, δ = 1e-3, min_delta = 1e-4, T ≥ 0.1 (see :class:`SMART`).
-
-    Attributes:
-        hidden_size: width of the temperature network's hidden layers, >= 1 (16).
-        num_hidden_layers: its hidden layers, >= 1 (2).
-        objective: "smooth_soft_ece" (Charbonnier SoftECE, δ = 1e-3) or "soft_ece" (|·|).
-        lr: Adam learning rate, > 0 (5e-3).
-        max_epochs: full-batch epochs at most, >= 1 (2000).
-        patience: early-stopping patience in epochs on the fit loss (min_delta 1e-4), >= 1 (200).
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-
-    The network is initialised from the trial seed.
-    """
-
-    hidden_size: int = 16
-    num_hidden_layers: int = 2
-    objective: Literal["smooth_soft_ece", "soft_ece"] = "smooth_soft_ece"
-    lr: float = 5e-3
-    max_epochs: int = 2000
-    patience: int = 200
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.hidden_size >= 1, "hidden_size", self.hidden_size, "be an integer >= 1")
-        check(self.num_hidden_layers >= 1, "num_hidden_layers", self.num_hidden_layers, "be an integer >= 1")
-        check(self.objective in ("smooth_soft_ece", "soft_ece"), "objective", self.objective,
-              "be one of 'smooth_soft_ece', 'soft_ece'")
-        check(self.lr > 0, "lr", self.lr, "be > 0")
-        check(self.max_epochs >= 1, "max_epochs", self.max_epochs, "be an integer >= 1")
-        check(self.patience >= 1, "patience", self.patience, "be an integer >= 1")
-
-
 register_posthoc_method(
-    "smart", SMARTConfig,
-    lambda params, seed: SMART(hidden_size=params.hidden_size, num_hidden_layers=params.num_hidden_layers,
-                               objective=params.objective, lr=params.lr, max_epochs=params.max_epochs,
-                               patience=params.patience, seed=seed),
+    "smart", SMARTConfig, SMART,
     "SMART: margin-aware per-sample temperature",
     label="SMART", order=2, added_fields=CALIBRATION_FIELDS,  # added after their first results
 )

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from calib._config import check
+from calib._config import check_values, checked_field, integer
 from calib.metrics import softmax64
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits, check_logits_labels, log_probabilities
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
@@ -120,6 +120,18 @@ def natural_spline_bases(x: np.ndarray, num_knots: int) -> tuple[np.ndarray, np.
     return on_m @ curvature + on_v, slope_m @ curvature + slope_v
 
 
+@dataclass(frozen=True, kw_only=True)
+class SplineConfig(PostHocConfig):
+    """Spline calibration as a method, fitted on the cached validation logits (docs/methods.md §5).
+
+    Attributes:
+        num_knots: knots of the natural cubic spline, >= 2 (6, the official code).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    num_knots: int = checked_field(6, integer(at_least=2))
+
+
 @POSTHOC.register("spline")
 class SplineCalibration(PostHocCalibrator):
     """Top-label spline recalibration: ĉ = clip(σ'(t) + s, 0, 1), σ fitted to cumulative accuracy − score.
@@ -132,10 +144,9 @@ class SplineCalibration(PostHocCalibrator):
     clipping); a new top score is interpolated between them.
     """
 
-    def __init__(self, num_knots: int = 6) -> None:
+    def __init__(self, num_knots: int = SplineConfig.num_knots) -> None:
         super().__init__()
-        if isinstance(num_knots, bool) or not isinstance(num_knots, int) or num_knots < 2:
-            raise ValueError(f"`num_knots` must be an integer >= 2, got num_knots={num_knots!r}.")
+        check_values(SplineConfig, locals())
         self.num_knots = num_knots
         self.num_classes = 0
         self.knot_values = np.zeros(num_knots)
@@ -176,25 +187,8 @@ class SplineCalibration(PostHocCalibrator):
         return log_probabilities(top_label_distribution(probs, confidence)).to(logits.device)
 
 
-@dataclass(frozen=True, kw_only=True)
-class SplineConfig(PostHocConfig):
-    """Spline calibration as a method, fitted on the cached validation logits (docs/methods.md §5).
-
-    Attributes:
-        num_knots: knots of the natural cubic spline, >= 2 (6, the official code).
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-    """
-
-    num_knots: int = 6
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.num_knots >= 2, "num_knots", self.num_knots, "be an integer >= 2")
-
-
 register_posthoc_method(
-    "spline", SplineConfig,
-    lambda params, seed: SplineCalibration(num_knots=params.num_knots),
+    "spline", SplineConfig, SplineCalibration,
     "top-label spline recalibration (Gupta et al. 2021)",
     label="Spline", order=16,
 )

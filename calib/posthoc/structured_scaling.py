@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import abc
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,17 +57,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
+from calib._config import check_values, checked_field, number
 from calib.posthoc._base import (
     POSTHOC,
-    DegenerateFitWarning,
     PostHocCalibrator,
     absent_classes,
     check_logits_labels,
     describe_classes,
 )
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
-from calib.posthoc.temperature_scaling import TemperatureScaling
+from calib.posthoc.temperature_scaling import fit_first_temperature
 from calib.posthoc.vector_scaling import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs
 
 __all__ = [
@@ -110,16 +108,35 @@ def penalty_coefficients(num_classes: int, num_samples: int, *, intercept_streng
             off_diagonal_strength * (num_classes * (num_classes - 1)) ** class_exponent / samples)
 
 
-def _check_nonnegative(**values: float) -> None:
-    for name, value in values.items():
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ValueError(f"`{name}` must be a finite number >= 0, got {name}={value!r}.")
+@dataclass(frozen=True, kw_only=True)
+class StructuredVectorScalingConfig(PostHocConfig):
+    """SVS as a method, fitted on the cached validation logits (docs/methods.md §5.14).
+
+    The defaults are the paper's, fixed (probmetrics 1.3 ``get_calibrator("svs")``, what CalArena runs); the
+    ridge coefficients the fit used are stored in the trial's row (``fitted_intercept_penalty``,
+    ``fitted_diagonal_penalty``), with the preprocessing's T and ε (``fitted_temperature``, ``fitted_mixture_weight``).
+
+    Attributes:
+        intercept_strength: λ_b >= 0 (1) of c_b = λ_b K^ρ / n^τ.
+        diagonal_strength: λ_v >= 0 (1) of c_v = λ_v K^ρ / n^τ.
+        class_exponent: ρ (1), a finite number.
+        sample_exponent: τ (1), a finite number.
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    intercept_strength: float = checked_field(DEFAULT_STRENGTH, number(at_least=0))
+    diagonal_strength: float = checked_field(DEFAULT_STRENGTH, number(at_least=0))
+    class_exponent: float = checked_field(DEFAULT_EXPONENT, number())
+    sample_exponent: float = checked_field(DEFAULT_EXPONENT, number())
 
 
-def _check_finite(**values: float) -> None:
-    for name, value in values.items():
-        if not (isinstance(value, (int, float)) and math.isfinite(value)):
-            raise ValueError(f"`{name}` must be a finite number, got {name}={value!r}.")
+@dataclass(frozen=True, kw_only=True)
+class StructuredMatrixScalingConfig(StructuredVectorScalingConfig):
+    """SMS as a method, fitted on the cached validation logits (docs/methods.md §5.14): SVS's fields and checks, and
+    ``off_diagonal_strength`` λ_M >= 0 (1) of c_M = λ_M (K(K−1))^ρ / n^τ (stored as ``fitted_off_diagonal_penalty``).
+    """
+
+    off_diagonal_strength: float = checked_field(DEFAULT_STRENGTH, number(at_least=0))
 
 
 class _StructuredScaling(PostHocCalibrator):
@@ -133,11 +150,8 @@ class _StructuredScaling(PostHocCalibrator):
     def __init__(self, *, intercept_strength: float, diagonal_strength: float, off_diagonal_strength: float,
                  class_exponent: float, sample_exponent: float, grad_tolerance: float) -> None:
         super().__init__()
-        _check_nonnegative(intercept_strength=intercept_strength, diagonal_strength=diagonal_strength,
-                           off_diagonal_strength=off_diagonal_strength)
-        _check_finite(class_exponent=class_exponent, sample_exponent=sample_exponent)
-        if not grad_tolerance > 0:
-            raise ValueError(f"`grad_tolerance` must be > 0, got grad_tolerance={grad_tolerance}.")
+        check_values(StructuredMatrixScalingConfig, locals())
+        number(above=0).check("grad_tolerance", grad_tolerance)
         self.strengths = {"intercept_strength": intercept_strength, "diagonal_strength": diagonal_strength,
                           "off_diagonal_strength": off_diagonal_strength, "class_exponent": class_exponent,
                           "sample_exponent": sample_exponent}
@@ -164,9 +178,7 @@ class _StructuredScaling(PostHocCalibrator):
         """Fit T, then the deviations, on logits z (N, K >= 2) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
         num_samples, num_classes = z.shape
-        with warnings.catch_warnings():  # a degenerate temperature is reported in this fit's own reasons
-            warnings.simplefilter("ignore", DegenerateFitWarning)
-            preprocessing = TemperatureScaling().fit(z, y)
+        preprocessing = fit_first_temperature(z, y)  # a degenerate temperature is among this fit's own reasons
         self.temperature, self.mixture_weight = preprocessing.temperature.item(), 1.0 / (num_samples + 1)
         x = smoothed_log_probabilities(z, self.temperature, self.mixture_weight)
         self.coefficients = penalty_coefficients(num_classes, num_samples, **self.strengths)
@@ -213,12 +225,8 @@ class _StructuredScaling(PostHocCalibrator):
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """The calibrated logits of the smoothed, tempered log-probabilities x."""
-        self.check_fitted()
-        num_classes = self.bias.shape[0]
-        if logits.ndim != 2 or logits.shape[1] != num_classes:
-            raise ValueError(f"{type(self).__name__} was fitted on K={num_classes} classes; `logits` must have shape "
-                             f"(N, {num_classes}), got {tuple(logits.shape)}.")
-        x = smoothed_log_probabilities(logits.to(torch.float64), self.temperature, self.mixture_weight)
+        z = self.fitted_logits(logits, self.bias.shape[0])
+        x = smoothed_log_probabilities(z, self.temperature, self.mixture_weight)
         return self.apply_map(x, self.weight_deviation.to(x.device), self.bias.to(x.device)).to(logits.dtype)
 
 
@@ -239,8 +247,10 @@ class StructuredVectorScaling(_StructuredScaling):
 
     name = "structured vector scaling"
 
-    def __init__(self, *, intercept_strength: float = DEFAULT_STRENGTH, diagonal_strength: float = DEFAULT_STRENGTH,
-                 class_exponent: float = DEFAULT_EXPONENT, sample_exponent: float = DEFAULT_EXPONENT,
+    def __init__(self, *, intercept_strength: float = StructuredVectorScalingConfig.intercept_strength,
+                 diagonal_strength: float = StructuredVectorScalingConfig.diagonal_strength,
+                 class_exponent: float = StructuredVectorScalingConfig.class_exponent,
+                 sample_exponent: float = StructuredVectorScalingConfig.sample_exponent,
                  grad_tolerance: float = GRAD_TOLERANCE) -> None:
         super().__init__(intercept_strength=intercept_strength, diagonal_strength=diagonal_strength,
                          off_diagonal_strength=0.0, class_exponent=class_exponent, sample_exponent=sample_exponent,
@@ -279,9 +289,12 @@ class StructuredMatrixScaling(_StructuredScaling):
     name = "structured matrix scaling"
     has_off_diagonal = True
 
-    def __init__(self, *, intercept_strength: float = DEFAULT_STRENGTH, diagonal_strength: float = DEFAULT_STRENGTH,
-                 off_diagonal_strength: float = DEFAULT_STRENGTH, class_exponent: float = DEFAULT_EXPONENT,
-                 sample_exponent: float = DEFAULT_EXPONENT, grad_tolerance: float = GRAD_TOLERANCE) -> None:
+    def __init__(self, *, intercept_strength: float = StructuredMatrixScalingConfig.intercept_strength,
+                 diagonal_strength: float = StructuredMatrixScalingConfig.diagonal_strength,
+                 off_diagonal_strength: float = StructuredMatrixScalingConfig.off_diagonal_strength,
+                 class_exponent: float = StructuredMatrixScalingConfig.class_exponent,
+                 sample_exponent: float = StructuredMatrixScalingConfig.sample_exponent,
+                 grad_tolerance: float = GRAD_TOLERANCE) -> None:
         super().__init__(intercept_strength=intercept_strength, diagonal_strength=diagonal_strength,
                          off_diagonal_strength=off_diagonal_strength, class_exponent=class_exponent,
                          sample_exponent=sample_exponent, grad_tolerance=grad_tolerance)
@@ -301,67 +314,14 @@ class StructuredMatrixScaling(_StructuredScaling):
         return torch.addmm(x + bias, x, weight_deviation.T)
 
 
-@dataclass(frozen=True, kw_only=True)
-class StructuredVectorScalingConfig(PostHocConfig):
-    """SVS as a method, fitted on the cached validation logits (docs/methods.md §5.14).
-
-    The defaults are the paper's, fixed (probmetrics 1.3 ``get_calibrator("svs")``, what CalArena runs); the
-    ridge coefficients the fit used are stored in the trial's row (``fitted_intercept_penalty``,
-    ``fitted_diagonal_penalty``), with the preprocessing's T and ε (``fitted_temperature``, ``fitted_mixture_weight``).
-
-    Attributes:
-        intercept_strength: λ_b >= 0 (1) of c_b = λ_b K^ρ / n^τ.
-        diagonal_strength: λ_v >= 0 (1) of c_v = λ_v K^ρ / n^τ.
-        class_exponent: ρ (1), a finite number.
-        sample_exponent: τ (1), a finite number.
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-    """
-
-    intercept_strength: float = DEFAULT_STRENGTH
-    diagonal_strength: float = DEFAULT_STRENGTH
-    class_exponent: float = DEFAULT_EXPONENT
-    sample_exponent: float = DEFAULT_EXPONENT
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("intercept_strength", "diagonal_strength"):
-            _check_strength(name, getattr(self, name))
-        for name in ("class_exponent", "sample_exponent"):
-            check(math.isfinite(getattr(self, name)), name, getattr(self, name), "be a finite number")
-
-
-@dataclass(frozen=True, kw_only=True)
-class StructuredMatrixScalingConfig(StructuredVectorScalingConfig):
-    """SMS as a method, fitted on the cached validation logits (docs/methods.md §5.14): SVS's fields and checks, and
-    ``off_diagonal_strength`` λ_M >= 0 (1) of c_M = λ_M (K(K−1))^ρ / n^τ (stored as ``fitted_off_diagonal_penalty``).
-    """
-
-    off_diagonal_strength: float = DEFAULT_STRENGTH
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_strength("off_diagonal_strength", self.off_diagonal_strength)
-
-
-def _check_strength(name: str, value: float) -> None:
-    check(math.isfinite(value) and value >= 0, name, value, "be a finite number >= 0")
-
-
 register_posthoc_method(
-    "svs", StructuredVectorScalingConfig,
-    lambda params, seed: StructuredVectorScaling(
-        intercept_strength=params.intercept_strength, diagonal_strength=params.diagonal_strength,
-        class_exponent=params.class_exponent, sample_exponent=params.sample_exponent),
+    "svs", StructuredVectorScalingConfig, StructuredVectorScaling,
     "structured vector scaling (ridge-penalised per-class scale and intercept after TS) fitted on the validation "
     "logits",
     label="SVS", order=10,
 )
 register_posthoc_method(
-    "sms", StructuredMatrixScalingConfig,
-    lambda params, seed: StructuredMatrixScaling(
-        intercept_strength=params.intercept_strength, diagonal_strength=params.diagonal_strength,
-        off_diagonal_strength=params.off_diagonal_strength, class_exponent=params.class_exponent,
-        sample_exponent=params.sample_exponent),
+    "sms", StructuredMatrixScalingConfig, StructuredMatrixScaling,
     "structured matrix scaling (ridge-penalised affine map of the log-probabilities after TS) fitted on the "
     "validation logits",
     label="SMS", order=9,

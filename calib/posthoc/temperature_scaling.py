@@ -6,7 +6,7 @@ is unchanged. Fitting recipes:
 - ``objective="nll", optimizer="lbfgs"`` (default): minimise the NLL over log T (which keeps T > 0)
   from T = 1.5 with float64 LBFGS, lr 1 and the strong-Wolfe line search, repeating ``step`` until
   |dNLL/d log T| < 1e-6 (:data:`GRAD_TOLERANCE`): the exact NLL optimum.
-- ``line_search=False``: gpleiss's TST-R recipe, plain LBFGS (lr 0.01, max_iter 50), which stops
+- ``lbfgs_line_search=False``: gpleiss's TST-R recipe, plain LBFGS (lr 0.01, max_iter 50), which stops
   short of the optimum; where it ends at a worse NLL than at T = 1.5 (it can run away towards
   T → 0) the fit falls back to the default with a ``RuntimeWarning``.
 - ``optimizer="brent"``: the same NLL optimum by a bounded scalar (Brent) search over log T in
@@ -33,10 +33,10 @@ from scipy.optimize import minimize_scalar
 from torch import nn
 from torch.nn import functional as F
 
-from calib._config import ConfigError, check
+from calib._config import ConfigError, check_values, integer, number
 from calib.metrics import expected_calibration_error, negative_log_likelihood, softmax64
 from calib.posthoc import _lbfgs
-from calib.posthoc._base import POSTHOC, PostHocCalibrator, check_logits_labels
+from calib.posthoc._base import POSTHOC, DegenerateFitWarning, PostHocCalibrator, check_logits_labels
 from calib.posthoc._lbfgs import GRAD_TOLERANCE, fit_lbfgs
 from calib.posthoc._method import CALIBRATION_FIELDS, PostHocConfig, register_posthoc_method
 
@@ -45,6 +45,7 @@ __all__ = [
     "TEMPERATURE_RANGE",
     "TemperatureScaling",
     "TemperatureScalingConfig",
+    "fit_first_temperature",
 ]
 
 TEMPERATURE_GRID = tuple(k / 10 for k in range(1, 101))
@@ -56,8 +57,14 @@ OBJECTIVES: tuple[str, ...] = get_args(Objective)
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 
 
-def _one_of(names: tuple[str, ...]) -> str:
-    return ", ".join(repr(name) for name in names)
+def _check_combination(objective: Objective, optimizer: Optimizer, lbfgs_line_search: bool) -> None:
+    """The rules that join TS's fields (each field's own is its type's, :func:`~calib._config.check_fields`)."""
+    if objective == "ece" and optimizer != "grid":
+        raise ConfigError(f"`objective`='ece' needs `optimizer`='grid' (ECE has no useful gradient), "
+                          f"got optimizer={optimizer!r}.")
+    if optimizer != "lbfgs" and not lbfgs_line_search:
+        raise ConfigError("`lbfgs_line_search`=false applies to `optimizer`='lbfgs' only, "
+                          f"got optimizer={optimizer!r}.")
 
 
 TEMPERATURE_RANGE = (0.05, 20.0)
@@ -105,11 +112,40 @@ def _bound_beyond(z: torch.Tensor, y: torch.Tensor, temperature: float) -> float
     return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class TemperatureScalingConfig(PostHocConfig):
+    """Temperature scaling as a method: T fitted on the cached validation logits (docs/methods.md §5.1).
+
+    The trial's validation metrics are therefore in-sample; read the test metrics. The fitted T is
+    ``outcome.predict.calibrator.temperature.item()`` (the history stays empty).
+
+    Attributes:
+        objective: "nll" (default; gpleiss / TST-R) or "ece" (FOCAL-R / FeDLaS "CE+TS"; needs "grid").
+        optimizer: "lbfgs" (default), "brent" (the same NLL optimum by a bounded scalar search) or "grid"
+            (T ∈ {0.1, …, 10.0}).
+        lbfgs_line_search: true (default): float64 LBFGS on log T from T = 1.5, lr 1, strong-Wolfe
+            line search, ``step`` repeated until |dNLL/d log T| < 1e-6, so T is the NLL optimum (a
+            RuntimeError if it is not reached). false: gpleiss's plain LBFGS (lr 0.01, 50
+            iterations, one step), which stops short; if it ends at a higher NLL than at T = 1.5
+            (a runaway towards T → 0) the default fit replaces it with a RuntimeWarning
+            (``calibrator.fit_fallback``). Must stay true with "grid".
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    objective: Objective = "nll"
+    optimizer: Optimizer = "lbfgs"
+    lbfgs_line_search: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_combination(self.objective, self.optimizer, self.lbfgs_line_search)
+
+
 @POSTHOC.register("temperature_scaling")
 class TemperatureScaling(PostHocCalibrator):
     """Divide the logits by one fitted temperature T > 0.
 
-    The default (``"nll"``, ``"lbfgs"``, ``line_search=True``) minimises NLL(T) over log T from
+    The default (``"nll"``, ``"lbfgs"``, ``lbfgs_line_search=True``) minimises NLL(T) over log T from
     ``init_temperature`` with the full-batch float64 LBFGS fit the scaling family shares
     (:func:`calib.posthoc._lbfgs.fit_lbfgs`: lr 1, strong-Wolfe line search, ``max_iter`` iterations per step
     and LBFGS's own gradient tolerance 1e-10 within it,
@@ -125,7 +161,7 @@ class TemperatureScaling(PostHocCalibrator):
         init_temperature: T at the start of the LBFGS fit, > 0 (1.5, gpleiss).
         lr: LBFGS step size, > 0; None (default) is 1 with the line search and 0.01 without (gpleiss).
         max_iter: LBFGS iterations per ``step`` (50, gpleiss).
-        line_search: use LBFGS's strong-Wolfe line search and iterate to convergence (default).
+        lbfgs_line_search: use LBFGS's strong-Wolfe line search and iterate to convergence (default).
             False is gpleiss's plain LBFGS, a single ``step`` of ``max_iter`` iterations: with lr 0.01
             each iteration moves 1% of the quasi-Newton step, so it stops short of the optimum
             (T ≈ 1.7 where the NLL optimum is 2.5); False reproduces that. It can also run away
@@ -135,37 +171,32 @@ class TemperatureScaling(PostHocCalibrator):
 
     After :meth:`fit`, ``temperature`` (a 0-dim float64 buffer) holds T, ``grad_log_temperature``
     dNLL/d log T at T (any optimizer; ~0 at the NLL optimum) and ``fit_fallback`` whether the
-    ``line_search=False`` fit was replaced by the default fit.
+    ``lbfgs_line_search=False`` fit was replaced by the default fit.
     """
 
     def __init__(
         self,
-        objective: Objective = "nll",
-        optimizer: Optimizer = "lbfgs",
+        objective: Objective = TemperatureScalingConfig.objective,
+        optimizer: Optimizer = TemperatureScalingConfig.optimizer,
         *,
         init_temperature: float = 1.5,
         lr: float | None = None,
         max_iter: int = 50,
-        line_search: bool = True,
+        lbfgs_line_search: bool = TemperatureScalingConfig.lbfgs_line_search,
         num_bins: int = 15,
     ) -> None:
         super().__init__()
-        if objective not in OBJECTIVES:
-            raise ValueError(f"`objective` must be one of {_one_of(OBJECTIVES)}, got objective={objective!r}.")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"`optimizer` must be one of {_one_of(OPTIMIZERS)}, got optimizer={optimizer!r}.")
-        if objective == "ece" and optimizer != "grid":
-            raise ValueError(f"`objective`='ece' needs `optimizer`='grid' (ECE has no useful gradient), "
-                             f"got optimizer={optimizer!r}.")
-        if not init_temperature > 0:
-            raise ValueError(f"`init_temperature` must be > 0 (it is T), got init_temperature={init_temperature}.")
+        check_values(TemperatureScalingConfig, locals())
+        _check_combination(objective, optimizer, lbfgs_line_search)
+        number(above=0).check("init_temperature", init_temperature)
         if lr is None:
-            lr = 1.0 if line_search else 0.01
-        if not lr > 0 or max_iter < 1 or num_bins < 1:
-            raise ValueError(f"`lr` must be > 0 and `max_iter`, `num_bins` >= 1, got {lr=}, {max_iter=}, {num_bins=}.")
+            lr = 1.0 if lbfgs_line_search else 0.01
+        number(above=0).check("lr", lr)
+        integer(at_least=1).check("max_iter", max_iter)
+        integer(at_least=1).check("num_bins", num_bins)
         self.objective, self.optimizer = objective, optimizer
         self.init_temperature, self.lr, self.max_iter = init_temperature, lr, max_iter
-        self.line_search, self.num_bins = line_search, num_bins
+        self.lbfgs_line_search, self.num_bins = lbfgs_line_search, num_bins
         self.register_buffer("temperature", torch.tensor(init_temperature, dtype=torch.float64))
         self.grad_log_temperature = math.nan
         self.fit_fallback = False
@@ -213,7 +244,7 @@ class TemperatureScaling(PostHocCalibrator):
                 found = minimize_scalar(lambda log_t: float(F.cross_entropy(z / math.exp(log_t), y)),
                                         bounds=(low, high), method="bounded", options={"xatol": 1e-10})
             return float(found.x)
-        if self.line_search:
+        if self.lbfgs_line_search:
             return self._lbfgs(z, y, lr=self.lr, converge=True)
         log_t = self._lbfgs(z, y, lr=self.lr, converge=False)
         start_nll = _nll_and_grad(z, y, math.log(self.init_temperature))[0]
@@ -270,45 +301,16 @@ class TemperatureScaling(PostHocCalibrator):
         return logits / self.temperature.to(logits.dtype)
 
 
-@dataclass(frozen=True, kw_only=True)
-class TemperatureScalingConfig(PostHocConfig):
-    """Temperature scaling as a method: T fitted on the cached validation logits (docs/methods.md §5.1).
-
-    The trial's validation metrics are therefore in-sample; read the test metrics. The fitted T is
-    ``outcome.predict.calibrator.temperature.item()`` (the history stays empty).
-
-    Attributes:
-        objective: "nll" (default; gpleiss / TST-R) or "ece" (FOCAL-R / FeDLaS "CE+TS"; needs "grid").
-        optimizer: "lbfgs" (default), "brent" (the same NLL optimum by a bounded scalar search) or "grid"
-            (T ∈ {0.1, …, 10.0}).
-        lbfgs_line_search: true (default): float64 LBFGS on log T from T = 1.5, lr 1, strong-Wolfe
-            line search, ``step`` repeated until |dNLL/d log T| < 1e-6, so T is the NLL optimum (a
-            RuntimeError if it is not reached). false: gpleiss's plain LBFGS (lr 0.01, 50
-            iterations, one step), which stops short; if it ends at a higher NLL than at T = 1.5
-            (a runaway towards T → 0) the default fit replaces it with a RuntimeWarning
-            (``calibrator.fit_fallback``). Must stay true with "grid".
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-    """
-
-    objective: Objective = "nll"
-    optimizer: Optimizer = "lbfgs"
-    lbfgs_line_search: bool = True
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.objective in OBJECTIVES, "objective", self.objective, f"be one of {_one_of(OBJECTIVES)}")
-        check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"be one of {_one_of(OPTIMIZERS)}")
-        if self.objective == "ece" and self.optimizer != "grid":
-            raise ConfigError(f"`objective`='ece' needs `optimizer`='grid' (ECE has no useful gradient), "
-                              f"got optimizer={self.optimizer!r}.")
-        if self.optimizer != "lbfgs" and not self.lbfgs_line_search:
-            raise ConfigError("`lbfgs_line_search`=false applies to `optimizer`='lbfgs' only, "
-                              f"got optimizer={self.optimizer!r}.")
+def fit_first_temperature(z: torch.Tensor, y: torch.Tensor) -> TemperatureScaling:
+    """TS fitted as another calibrator's first step (CTS's start, SMS/SVS's preprocessing): a degenerate fit does not
+    warn, the caller reports it among its own reasons (from ``degenerate_reason``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateFitWarning)
+        return TemperatureScaling().fit(z, y)
 
 
 register_posthoc_method(
-    "temperature_scaling", TemperatureScalingConfig,
-    lambda params, seed: TemperatureScaling(params.objective, params.optimizer, line_search=params.lbfgs_line_search),
+    "temperature_scaling", TemperatureScalingConfig, TemperatureScaling,
     "temperature scaling fitted on the validation logits",
     label="TS", order=1, added_fields=CALIBRATION_FIELDS,  # added after their first results
 )

@@ -34,7 +34,7 @@ from threadpoolctl import threadpool_limits
 from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
+from calib._config import check_values, checked_field, number, or_null
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, absent_classes, check_logits_labels, describe_classes
 from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs, penalty_scale
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
@@ -70,16 +70,39 @@ def odir_penalty(weight: torch.Tensor, bias: torch.Tensor, off_diagonal_weight: 
     return penalty
 
 
-def _check_weights(**weights: float) -> None:
-    for name, value in weights.items():
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ValueError(f"`{name}` must be a finite number >= 0, got {name}={value!r}.")
+_BY_CROSS_VALIDATION = or_null(number(at_least=0), "chosen by 5-fold cross-validation")
+"""λ or μ of matrix scaling's and Dirichlet calibration's ODIR."""
 
 
-def _check_num_classes(logits: torch.Tensor, num_classes: int, name: str) -> None:
-    if logits.ndim != 2 or logits.shape[1] != num_classes:
-        raise ValueError(f"{name} was fitted on C={num_classes} classes; `logits` must have shape (N, {num_classes}), "
-                         f"got {tuple(logits.shape)}.")
+@dataclass(frozen=True, kw_only=True)
+class VectorScalingConfig(PostHocConfig):
+    """Vector scaling as a method, fitted on the cached validation logits (docs/methods.md §5).
+
+    Attributes:
+        intercept_weight: μ >= 0 of ODIR's intercept term μ/C Σ_j b_j² (0, the default: plain NLL as
+            Guo et al. and Kull et al.'s VecS).
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    intercept_weight: float = checked_field(0.0, number(at_least=0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatrixScalingConfig(PostHocConfig):
+    """Matrix scaling with ODIR as a method, fitted on the cached validation logits (docs/methods.md §5.6).
+
+    By default λ and μ are chosen as Kull et al. choose them, by 5-fold cross-validation over their grid on the
+    calibration set (:func:`~calib.posthoc.odir_cv.select_odir_weights`); the values used are stored in the
+    trial's row (``fitted_off_diagonal_weight``, ``fitted_intercept_weight``). A number fixes one.
+
+    Attributes:
+        off_diagonal_weight: λ >= 0 of λ/(C(C−1)) Σ_{i≠j} W_ij², or null (default): by cross-validation.
+        intercept_weight: μ >= 0 of μ/C Σ_j b_j², or null (default): by cross-validation.
+        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
+    """
+
+    off_diagonal_weight: float | None = checked_field(None, _BY_CROSS_VALIDATION)
+    intercept_weight: float | None = checked_field(None, _BY_CROSS_VALIDATION)
 
 
 @POSTHOC.register("vector_scaling")
@@ -96,11 +119,11 @@ class VectorScaling(PostHocCalibrator):
     (:class:`LBFGSResult`).
     """
 
-    def __init__(self, *, intercept_weight: float = 0.0, grad_tolerance: float = GRAD_TOLERANCE) -> None:
+    def __init__(self, *, intercept_weight: float = VectorScalingConfig.intercept_weight,
+                 grad_tolerance: float = GRAD_TOLERANCE) -> None:
         super().__init__()
-        _check_weights(intercept_weight=intercept_weight)
-        if not grad_tolerance > 0:
-            raise ValueError(f"`grad_tolerance` must be > 0, got grad_tolerance={grad_tolerance}.")
+        check_values(VectorScalingConfig, locals())
+        number(above=0).check("grad_tolerance", grad_tolerance)
         self.intercept_weight, self.grad_tolerance = intercept_weight, grad_tolerance
         self.register_buffer("weight", torch.ones(0, dtype=torch.float64))
         self.register_buffer("bias", torch.zeros(0, dtype=torch.float64))
@@ -134,9 +157,7 @@ class VectorScaling(PostHocCalibrator):
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """w ⊙ z + b."""
-        self.check_fitted()
-        _check_num_classes(logits, self.weight.shape[0], "VectorScaling")
-        z = logits.to(torch.float64)
+        z = self.fitted_logits(logits, self.weight.shape[0])
         return (z * self.weight.to(z.device) + self.bias.to(z.device)).to(logits.dtype)
 
 
@@ -183,16 +204,13 @@ class MatrixScaling(PostHocCalibrator):
     def __init__(
         self,
         *,
-        off_diagonal_weight: float | None = None,
-        intercept_weight: float | None = None,
+        off_diagonal_weight: float | None = MatrixScalingConfig.off_diagonal_weight,
+        intercept_weight: float | None = MatrixScalingConfig.intercept_weight,
         grad_tolerance: float = GRAD_TOLERANCE,
     ) -> None:
         super().__init__()
-        _check_weights(**{name: value for name, value in (("off_diagonal_weight", off_diagonal_weight),
-                                                          ("intercept_weight", intercept_weight))
-                          if value is not None})
-        if not grad_tolerance > 0:
-            raise ValueError(f"`grad_tolerance` must be > 0, got grad_tolerance={grad_tolerance}.")
+        check_values(MatrixScalingConfig, locals())
+        number(above=0).check("grad_tolerance", grad_tolerance)
         self.off_diagonal_weight, self.intercept_weight = off_diagonal_weight, intercept_weight
         self.grad_tolerance = grad_tolerance
         self.register_buffer("weight", torch.zeros(0, 0, dtype=torch.float64))
@@ -246,64 +264,17 @@ class MatrixScaling(PostHocCalibrator):
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """W x + b."""
-        self.check_fitted()
-        _check_num_classes(logits, self.bias.shape[0], type(self).__name__)
-        x = self.features(logits.to(torch.float64))
+        x = self.features(self.fitted_logits(logits, self.bias.shape[0]))
         return (x @ self.weight.to(x.device).T + self.bias.to(x.device)).to(logits.dtype)
 
 
-@dataclass(frozen=True, kw_only=True)
-class VectorScalingConfig(PostHocConfig):
-    """Vector scaling as a method, fitted on the cached validation logits (docs/methods.md §5).
-
-    Attributes:
-        intercept_weight: μ >= 0 of ODIR's intercept term μ/C Σ_j b_j² (0, the default: plain NLL as
-            Guo et al. and Kull et al.'s VecS).
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-    """
-
-    intercept_weight: float = 0.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.intercept_weight >= 0, "intercept_weight", self.intercept_weight, "be >= 0")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MatrixScalingConfig(PostHocConfig):
-    """Matrix scaling with ODIR as a method, fitted on the cached validation logits (docs/methods.md §5.6).
-
-    By default λ and μ are chosen as Kull et al. choose them, by 5-fold cross-validation over their grid on the
-    calibration set (:func:`~calib.posthoc.odir_cv.select_odir_weights`); the values used are stored in the
-    trial's row (``fitted_off_diagonal_weight``, ``fitted_intercept_weight``). A number fixes one.
-
-    Attributes:
-        off_diagonal_weight: λ >= 0 of λ/(C(C−1)) Σ_{i≠j} W_ij², or null (default): by cross-validation.
-        intercept_weight: μ >= 0 of μ/C Σ_j b_j², or null (default): by cross-validation.
-        calibration_size, calibration_draw: the calibration set (:class:`~calib.posthoc.PostHocConfig`).
-    """
-
-    off_diagonal_weight: float | None = None
-    intercept_weight: float | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("off_diagonal_weight", "intercept_weight"):
-            value = getattr(self, name)
-            check(value is None or (math.isfinite(value) and value >= 0), name, value,
-                  "be null (chosen by 5-fold cross-validation) or a finite number >= 0")
-
-
 register_posthoc_method(
-    "vector_scaling", VectorScalingConfig,
-    lambda params, seed: VectorScaling(intercept_weight=params.intercept_weight),
+    "vector_scaling", VectorScalingConfig, VectorScaling,
     "vector scaling (per-class scale and intercept) fitted on the validation logits",
     label="VS", order=6,
 )
 register_posthoc_method(
-    "matrix_scaling", MatrixScalingConfig,
-    lambda params, seed: MatrixScaling(off_diagonal_weight=params.off_diagonal_weight,
-                                       intercept_weight=params.intercept_weight),
+    "matrix_scaling", MatrixScalingConfig, MatrixScaling,
     "matrix scaling with ODIR (off-diagonal and intercept regularisation) fitted on the validation logits",
     label="MS-ODIR", order=7,
 )

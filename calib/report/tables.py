@@ -11,6 +11,7 @@ from scipy import stats
 
 from calib.methods.vanilla import FORMER_UNCALIBRATED_LABELS, UNCALIBRATED_LABEL
 from calib.metrics import METRICS, higher_is_better
+from calib.registries import METHODS
 
 __all__ = ["PREDICTION_CHANGE_COLUMNS", "column_higher_is_better", "comparison_values", "format_mean_ci",
            "is_fraction_metric", "latex_escape", "mean_ci", "mixed_trainings", "summarize", "to_markdown",
@@ -137,20 +138,25 @@ def _current_uncalibrated_label(label: object) -> object:
 
 
 def with_current_labels(trials: pd.DataFrame) -> pd.DataFrame:
-    """``trials`` with their labels as the tables name the rows now: the uncalibrated model's former names (on the
-    vanilla CE model, or a method on it) are ``Vanilla``; an equal-mass histogram binning trial
-    (``histogram_binning``) stored as "HB", "CE+HB" or "HB · n=…" before HB came to mean equal width is HB-EM."""
-    if trials.empty or "method" not in trials or "label" not in trials:
+    """``trials`` with their methods and labels as calib names them now: a method stored under its former name
+    reads as its name (``histogram_binning`` is ``histogram_binning_equal_mass``: ``METHODS.canonical``); the
+    uncalibrated model's former labels (on the vanilla CE model, or a method on it) are ``Vanilla``; an equal-mass
+    histogram binning trial stored as "HB", "CE+HB" or "HB · n=…" before HB came to mean equal width is HB-EM."""
+    if trials.empty or "method" not in trials:
+        return trials
+    methods = trials["method"].map(lambda name: METHODS.canonical(name) if isinstance(name, str) else name)
+    trials = trials.assign(method=methods) if not methods.equals(trials["method"]) else trials
+    if "label" not in trials:
         return trials
     labels = trials["label"].astype(object)
     mixing = [column for column in ("stage1_mixup_alpha", "stage1_mit_alpha") if column in trials]
-    ce = trials["loss"].isin(["cross_entropy", None]) if "loss" in trials else trials["method"] == "vanilla"
+    ce = trials["loss"].isin(["cross_entropy", None]) if "loss" in trials else methods == "vanilla"
     ce &= trials[mixing].isna().all(axis=1)
     renamed = labels.where(~ce, labels.map(_current_uncalibrated_label))
     if not renamed.equals(labels):
         trials = trials.assign(label=renamed)
         labels = renamed
-    legacy = (trials["method"] == "histogram_binning") & labels.map(
+    legacy = (methods == "histogram_binning_equal_mass") & labels.map(
         lambda label: isinstance(label, str) and bool(_EQUAL_MASS_HB.search(label)))
     if not legacy.any():
         return trials

@@ -7,6 +7,8 @@ import json
 import threading
 from typing import Any
 
+from calib.store.compaction import compact
+
 __all__ = ["END_OF_RUN_WAIT_SECONDS", "compact_study_store", "compaction_callback"]
 
 
@@ -18,8 +20,6 @@ def compact_study_store(store: str, study: str, *, verbose: bool, wait_seconds: 
                         ) -> None:
     """Compact ``study`` in ``store`` (:func:`calib.store.compaction.compact`); a failure is reported in one
     line and never fails the study: every row stays readable in its own file."""
-    from calib.store.compaction import compact
-
     try:
         (report,) = compact(store, [study], wait_seconds=wait_seconds)
     except Exception as err:
@@ -35,6 +35,7 @@ def compaction_callback(store: str, study: str, every: int) -> Any:
     """A Tune callback that compacts ``study`` in a background thread of the driver: when the run starts
     (what an earlier, killed run left) and every ``every`` finished trials (0: never during the run).
     One compaction at a time; Tune's loop never waits for one, except at the end of the run for the last."""
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     from ray import tune
 
     class CompactionCallback(tune.Callback):

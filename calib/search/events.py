@@ -51,6 +51,7 @@ class EventFeed:
     without blocking the caller."""
 
     def __init__(self) -> None:
+        # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
         import ray
 
         name = mailbox_name(ray.get_runtime_context().get_job_id())
@@ -61,6 +62,7 @@ class EventFeed:
     def poll(self) -> list[dict[str, Any]]:
         """What arrived since the last call, as far as the mailbox has answered (never waits, never raises);
         it is asked at most every :data:`POLL_SECONDS`. Once the mailbox is gone (Ray stopping), nothing."""
+        # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
         import ray
 
         if self._actor is None:
@@ -82,6 +84,7 @@ class EventFeed:
     def drain(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Everything still in the mailbox (the last events of a run), waiting at most ``timeout`` seconds;
         never raises."""
+        # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
         import ray
 
         if self._actor is None:
@@ -108,6 +111,7 @@ def forwarding(label: str) -> Iterator[None]:
     each with the Tune trial id (``trial``) and ``label``. Elsewhere (no Tune trial, a driver without a
     mailbox) nothing is sent: the events stay warnings, which the trial reports when it ends."""
     try:
+        # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
         import ray
         from ray import tune
 

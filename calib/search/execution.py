@@ -20,12 +20,14 @@ from typing import Any
 
 import pandas as pd
 import pyarrow.dataset as pads
+import torch
 
 from calib.artifacts import ArtifactWarning
 from calib.config import parse_trial_config
 from calib.search.events import forwarding, trials_label
-from calib.store import write_result
-from calib.trial import TrialResult, run_trial, trial_id
+from calib.store import read_trials, write_result
+from calib.tracking import log_trial
+from calib.trial import TrialResult, run_trial, run_trials, trial_id
 
 __all__ = ["DEFAULT_CONFIGS_PER_TRIAL", "STAGE1_CHECKPOINT", "STAGE1_EPOCHS", "ExecutionOptions", "execute",
            "execute_population", "placement", "run_configs", "stored_summaries"]
@@ -99,7 +101,7 @@ def _checkpointing(every: int, min_seconds: float, report_epochs: bool = False,
     and the callback that reports a new checkpoint every ``every`` epochs, at least ``min_seconds``
     after the previous one. ``report_epochs``: every epoch is also a result, with the epoch's
     validation metrics and :data:`STAGE1_EPOCHS`, for a scheduler to act on."""
-    import torch
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     from ray import tune
 
     resume = None
@@ -154,8 +156,8 @@ def summary(result: TrialResult) -> dict[str, Any]:
 
 def _worker_threads() -> str | None:
     """Give torch as many threads as the CPUs Ray assigned to this trial; the Ray node id."""
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     import ray
-    import torch
 
     context = ray.get_runtime_context() if ray.is_initialized() else None
     cpus = context.get_assigned_resources().get("CPU", 1.0) if context else 1.0
@@ -185,8 +187,6 @@ def _artifact_notes(notes: list[str]) -> Iterator[None]:
 def _store(store: str, result: TrialResult, options: ExecutionOptions, node_id: str | None, **kwargs: Any) -> None:
     """Log the trial's runs to the ``--log-to`` trackers (their ids go into the row), then write its row."""
     if options.tracking is not None:
-        from calib.tracking import log_trial
-
         result.tracker_runs = log_trial(options.tracking, result)
     write_result(store, result, node_id=node_id, keep_predictions=options.keep_predictions, **kwargs)
     result.predictions = {}  # stored: a population's other results need not hold them in memory
@@ -221,8 +221,6 @@ def execute(config: dict[str, Any], store: str, options: ExecutionOptions,
 
 def stored_summaries(store: str, study: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """:func:`summary` of the trials among ``ids`` already stored as ``ok``."""
-    from calib.store import read_trials
-
     if not ids:
         return {}
     rows = read_trials(store, study=study, filters=pads.field("trial_id").isin(list(ids))
@@ -240,8 +238,6 @@ def execute_population(configs: Sequence[dict[str, Any]], store: str, options: E
     again. A config that fails is stored as ``failed`` and retried here up to ``max_failures`` times;
     the others are unaffected. The result lists every config's summary under ``calib_results``.
     """
-    from calib.trial import run_trials
-
     node_id = _worker_threads()
     cfgs = [parse_trial_config(c) for c in configs]
     ids = [trial_id(c) for c in cfgs]
@@ -272,6 +268,7 @@ def run_configs(configs: list[dict[str, Any]], store: str, options: ExecutionOpt
 
 
 def placement(resources: dict[str, float]) -> Any:
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     from ray.tune import PlacementGroupFactory
 
     return PlacementGroupFactory([{k: v for k, v in resources.items() if v > 0}])

@@ -24,7 +24,8 @@ from calib.search.stopping import StudyInterrupted, interrupted_message, stoppab
 from calib.search.tuner import CheckedOnly, StudyRun, run_config, trial_dirname
 from calib.store import completed_trial_ids
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
-from calib.trial import trial_id
+from calib.tracking import start_study
+from calib.trial import population_groups, trial_id
 
 __all__ = ["assign_roles", "batch_roles", "run_grid"]
 
@@ -34,6 +35,7 @@ def _grid_configs(tune_config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _grid_trainable(tune_config: dict[str, Any], *, store: str, options: ExecutionOptions) -> None:
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     from ray import tune
 
     tune.report(run_configs(_grid_configs(tune_config), store, options))
@@ -64,8 +66,6 @@ def batch_roles(roles: Sequence[dict[str, Any]], configs_per_trial: int) -> list
     ones in chunks of up to ``configs_per_trial`` of one population group (configs of methods without
     populations alone), as ``{"configs": [...], "role": ..., "stage1_id": ...}`` (the configs of one
     population share their Stage I)."""
-    from calib.trial import population_groups
-
     def stage1_id(config: dict[str, Any]) -> str:
         return config_hash(stage1_identity(parse_trial_config(config)))
 
@@ -106,6 +106,7 @@ def run_grid(
     is computed from them instead of ``configs``. With ``options.check_only``: the :class:`CheckedOnly`
     that says how many would run, nothing started.
     """
+    # lazy: these import ray and optuna (seconds to import): loaded only when a study runs
     from ray import tune
 
     from calib.search.searcher import Stage1FirstSearcher
@@ -117,8 +118,6 @@ def run_grid(
     manifest = manifest_of([parse_trial_config(config) for config in table] if table else parsed)
     check_address(options.address)
     if options.log_to and options.tracking is None and not options.check_only:
-        from calib.tracking import start_study
-
         options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
     storage.check_writable(store)
     check_manifest(store, study, manifest)

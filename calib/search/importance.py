@@ -45,6 +45,7 @@ def optuna_study_from_trials(trials: pd.DataFrame, space: SearchSpace, objective
                              params: list[str] | None = None) -> Any:
     """An in-memory Optuna study holding ``trials`` (store rows) as complete trials of ``space``
     (of its parameters ``params`` only, when given)."""
+    # lazy: optuna loads only for a search
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -89,6 +90,7 @@ def _varying(rows: pd.DataFrame, space: SearchSpace) -> list[str]:
 
 
 def _fanova(rows: pd.DataFrame, space: SearchSpace, objective: str, notes: list[str]) -> dict[str, float]:
+    # lazy: optuna loads only for a search
     import optuna
 
     values = rows[objective].to_numpy(dtype=float)
@@ -118,9 +120,11 @@ def _fanova(rows: pd.DataFrame, space: SearchSpace, objective: str, notes: list[
 
 
 def _slice_plot(rows: pd.DataFrame, space: SearchSpace, objective: str, path: Path, notes: list[str]) -> bool:
+    # lazy: matplotlib takes seconds to import; only a figure needs it
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: pyplot after the Agg backend is chosen; optuna loads only for a search
     import matplotlib.pyplot as plt
     import optuna
     from optuna.visualization.matplotlib import plot_slice

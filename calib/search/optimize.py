@@ -34,7 +34,9 @@ from calib.search.runtime import check_address, init_ray
 from calib.search.space import SearchSpace
 from calib.search.stopping import StudyInterrupted, interrupted_message, stoppable
 from calib.search.tuner import CheckedOnly, StudyRun, run_config, trial_dirname
+from calib.store import read_trials
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
+from calib.tracking import start_study
 from calib.trial import trial_id
 
 __all__ = ["DEFAULT_TPE_WINDOW", "SAMPLERS", "SCHEDULERS", "SCHEDULER_METRICS", "SchedulerSettings", "resumed_seed",
@@ -54,6 +56,7 @@ def _search_configs(replicates: Replicates, tune_config: dict[str, Any]) -> list
 
 def _search_trainable(tune_config: dict[str, Any], *, replicates: Replicates, store: str,
                       options: ExecutionOptions, report_epochs: bool) -> None:
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     from ray import tune
 
     tune.report(run_configs(_search_configs(replicates, tune_config), store, options, report_epochs))
@@ -65,6 +68,7 @@ population of 16 asks on 2 cores."""
 
 
 def _sampler(name: str, space: SearchSpace, seed: int, tpe_window: int = DEFAULT_TPE_WINDOW) -> Any:
+    # lazy: these import ray and optuna (seconds to import): loaded only when a study runs
     import optuna
 
     from calib.search.tpe import WindowedTPESampler
@@ -115,6 +119,7 @@ class SchedulerSettings:
         """The Ray Tune scheduler for a search whose trials train ``epochs`` Stage-I epochs, or None.
 
         It reads ``stage1_<objective>``, which only the per-epoch Stage-I reports carry."""
+        # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
         from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
 
         if self.name == "asha":
@@ -160,6 +165,7 @@ def _open_study(store: str, study: str, objectives: Sequence[str], modes: Sequen
     """The search's Optuna study in the store's journal (:mod:`calib.search.journal`; ``journal``: its
     storage, already opened), created or loaded; a ``ConfigError`` when its objectives, or the replicates and
     aggregate of a replicated search, are not those it was searched with."""
+    # lazy: these import ray and optuna (seconds to import): loaded only when a study runs
     import optuna
 
     from calib.search.journal import journal_location, optuna_storage
@@ -273,9 +279,9 @@ def _resumed_study(store: str, study: str, space: SearchSpace, objectives: Seque
     """The search's journal and Optuna study, synced with the store: the stored finished trials (``ok`` and
     ``pruned``) are told to the sampler; a replicated search also resumes the trials a killed run left
     running (:func:`calib.search.searcher.sync_replicated_with_store`)."""
+    # lazy: these import ray and optuna (seconds to import): loaded only when a study runs
     from calib.search.journal import optuna_storage
     from calib.search.searcher import _stored_values, sync_replicated_with_store, sync_with_store
-    from calib.store import read_trials
 
     journal = optuna_storage(store, study)
     optuna_study = _open_study(store, study, objectives, modes, None, journal, replicates)
@@ -311,8 +317,6 @@ def _remaining(num_trials: int, stored: int, space: SearchSpace, notes: list[str
 
 def _ok_trial_ids(store: str, study: str) -> list[str]:
     """The ids of the study's ``ok`` trials in the order they finished."""
-    from calib.store import read_trials
-
     rows = read_trials(store, study=study, columns=["trial_id", "finished_at"], filters=pads.field("status") == "ok")
     return rows.sort_values("finished_at")["trial_id"].tolist()
 
@@ -321,6 +325,7 @@ def _search_tuner(replicates: Replicates, store: str, study: str, options: Execu
                   scheduler: Any, num_samples: int, display: ProgressDisplay | None, report_epochs: bool) -> Any:
     """The Ray Tune run of the search: each Tune trial runs its population of configs with the resources of a
     Stage-I trainer, or of a cached trial when every config's Stage I is stored."""
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
@@ -376,10 +381,10 @@ def run_search(
     first being ``base``), each a row of the store with the trial's number (``search_trial``), and Optuna sees
     their aggregate (:mod:`calib.search.replicates`); populations mix the replicates of several trials.
     """
+    # lazy: these import ray and optuna (seconds to import): loaded only when a study runs
     import optuna
 
     from calib.search.searcher import PopulationSearcher
-    from calib.store import read_trials
 
     options = options or ExecutionOptions()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -391,8 +396,6 @@ def run_search(
     probe, manifest = _probe_and_manifest(replicates.bases, space)
     check_address(options.address)
     if options.log_to and options.tracking is None and not options.check_only:
-        from calib.tracking import start_study
-
         options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
     storage.check_writable(store)
     check_manifest(store, study, manifest)

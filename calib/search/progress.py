@@ -47,6 +47,7 @@ def progress_callback(display: ProgressDisplay | None, configs_of: Callable[[dic
     trials' Stage-I waits and takeovers (:mod:`calib.search.events`), to ``display`` (None: store only);
     ``configs_of(trial.config)`` are the trial configs a Tune trial runs, whose rows in ``store`` say what
     a failed one died of."""
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     from ray import tune
 
     def failed(config: dict[str, Any], error: TrialError) -> tuple[str, str]:

@@ -61,6 +61,7 @@ def resource_wait_seconds() -> float:
 
 def alive_node_resources() -> list[dict[str, float]]:
     """The total resources of every alive node of the cluster Ray is connected to."""
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     import ray
 
     return [dict(node.get("Resources", {})) for node in ray.nodes() if node.get("Alive")]
@@ -113,6 +114,7 @@ def _flags(unmet: Mapping[str, Mapping[str, float]], nodes: Sequence[NodeResourc
 def ask_autoscaler(requests: Sequence[NodeResources]) -> None:
     """Ask the cluster's autoscaler for nodes that fit ``requests`` (one bundle each; [] withdraws the
     request). No trial is pending yet, so without this an autoscaler would see no demand."""
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     from ray.autoscaler.sdk import request_resources
 
     request_resources(bundles=[{k: v for k, v in r.items() if v > 0} for r in requests])

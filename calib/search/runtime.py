@@ -81,6 +81,7 @@ def init_ray(address: str | None = None) -> None:
     every worker of the run (Ray's runtime environment), and so does the code of the ``--plugin`` modules
     that are not installed (:func:`calib.plugins.ray_py_modules`); on this machine also its ``PYTHONPATH``.
     """
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     import ray
 
     if ray.is_initialized():

@@ -26,16 +26,14 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-from calib.config import get_dotted
+from calib.artifacts import stage1_exists
+from calib.config import get_dotted, parse_trial_config
 from calib.search.execution import STAGE1_EPOCHS
 from calib.search.replicates import Replicates, aggregate_values
 
 __all__ = ["MAX_REPEATS", "PopulationSearcher", "Stage1FirstSearcher", "sync_replicated_with_store", "sync_with_store"]
 
 def _stage1_published(trial: dict[str, Any]) -> bool:
-    from calib.artifacts import stage1_exists
-    from calib.config import parse_trial_config
-
     return stage1_exists(parse_trial_config(trial["configs"][0]))
 
 

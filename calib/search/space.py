@@ -26,14 +26,20 @@ and the allowed range). ``method.*`` keys address the method that ``base`` names
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from calib._config import ConfigError, _coerce, field_types, from_dict, load_yaml
+from calib._config import ConfigError, _coerce, field_types, from_dict, load_yaml, named_section
 from calib._registry import UnknownNameError
+from calib.config import SEED_LIMIT, Stage1Config, TrialConfig, set_dotted
+from calib.datasets import DATASETS
+from calib.losses import LOSSES
+from calib.methods import METHODS
+from calib.models import MODELS
 
 __all__ = ["DEFAULT_METHOD", "Distribution", "SearchSpace", "load_search_space", "parse_search_space"]
 
@@ -72,6 +78,7 @@ class Distribution:
         return [(f"low={s['low']!r}", s["low"]), (f"high={high!r}", high)]
 
     def to_optuna(self) -> Any:
+        # lazy: optuna loads only for a search
         import optuna.distributions as od
 
         s = self.spec
@@ -84,6 +91,7 @@ class Distribution:
         return od.CategoricalDistribution(s["choices"] if self.kind == "categorical" else s["values"])
 
     def to_tune(self) -> Any:
+        # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
         from ray import tune
 
         s = self.spec
@@ -148,13 +156,7 @@ def _check_number(source: str, key: str, name: str, value: Any, *, integer: bool
 
 
 def _section_of(config: dict[str, Any], section: str, registry: Any) -> tuple[type, dict[str, Any]]:
-    data = config.get(section)
-    if isinstance(data, str):
-        data = {"name": data}
-    if not isinstance(data, dict) or "name" not in data:
-        raise ConfigError(f"`{section}` must be a mapping with a `name` key, got {section}={data!r}.")
-    params = dict(data)
-    name = params.pop("name")
+    name, params = named_section(config.get(section), section)
     return registry.get(name).config, params
 
 
@@ -163,17 +165,9 @@ def _check_config(config: dict[str, Any]) -> None:
 
     Placement and the dataset-dependent checks of :func:`calib.config.parse_trial_config` are left to
     the study, which validates its complete trial configs before Ray starts."""
-    from calib.config import SEED_LIMIT, Stage1Config, TrialConfig
-    from calib.datasets import DATASETS
-    from calib.losses import LOSSES
-    from calib.methods import METHODS
-    from calib.models import MODELS
-
     top = field_types(TrialConfig)
     unknown = sorted(set(config) - set(top), key=str)
     if unknown:
-        import difflib
-
         close = [c for k in unknown for c in difflib.get_close_matches(str(k), top, n=1)]
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise ConfigError(f"Unknown trial config key(s) {', '.join(map(repr, unknown))}. "
@@ -198,8 +192,6 @@ def _check_config(config: dict[str, Any]) -> None:
 
 def _check_against_config(space: SearchSpace, source: str) -> None:
     """Every probe of ``space`` (:meth:`SearchSpace.probes`) over its ``base`` is a valid config."""
-    from calib.config import set_dotted
-
     config: dict[str, Any] = {"stage1": {}, "loss": {"name": "cross_entropy"}, "method": {"name": DEFAULT_METHOD}}
     try:
         for key, value in space.base.items():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -127,8 +128,7 @@ RAY_HEAD_CHECK_SECONDS = 0.5
 def _exit_when_ray_is_gone(study: str, signal_name: str, ended: threading.Event) -> None:
     """After a stop signal: end this process (exit 3, one line) once Ray's head stops answering, unless
     the run ends first (``ended``)."""
-    import socket
-
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     import ray
 
     try:

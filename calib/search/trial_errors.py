@@ -6,8 +6,11 @@ import functools
 import os
 from typing import Any
 
+import cloudpickle
 import pandas as pd
 import pyarrow.dataset as pads
+
+from calib.store import read_trials
 
 __all__ = ["TrialError", "failure_line"]
 
@@ -25,8 +28,6 @@ class TrialError:
         or it cannot be read."""
         if not self._path or not os.path.exists(self._path):
             return None
-        import cloudpickle
-
         try:
             with open(self._path, "rb") as f:
                 error = cloudpickle.load(f)
@@ -36,6 +37,7 @@ class TrialError:
 
     def worker_died(self) -> bool:
         """Whether the trial ended because its worker process died (Ray's actor error), not of its own error."""
+        # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
         from ray.exceptions import RayActorError
 
         return isinstance(self.cause, RayActorError)
@@ -50,8 +52,6 @@ class TrialError:
 def failure_line(store: str, study: str, calib_id: str, error: TrialError) -> str:
     """What a failed trial died of, in one line: its stored row's stage, epoch and first error line,
     or, when the trial could not store a row (its worker was killed), the first line of Ray's ``error``."""
-    from calib.store import read_trials
-
     rows = read_trials(store, study=study, columns=["error", "failed_stage", "failed_epoch"],
                        filters=(pads.field("trial_id") == calib_id) & (pads.field("status") == "failed"))
     if not rows.empty:

@@ -43,6 +43,7 @@ def trial_dirname(trial: Any) -> str:
 
 
 def run_config(store: str, study: str, options: ExecutionOptions, callbacks: list) -> Any:
+    # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
     from ray import tune
 
     stamp = time.strftime("%Y%m%d-%H%M%S")

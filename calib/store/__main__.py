@@ -14,22 +14,17 @@ import sys
 from calib import storage
 from calib._config import ConfigError
 from calib._help import HelpFormatter
-from calib.exit_codes import ExitCode
+from calib.exit_codes import COMPACT_EXIT_CODES, ExitCode, exit_codes_epilog
 from calib.store.compaction import compact, stored_studies
 
-SKIPPED_EXIT_CODE = ExitCode.COMPACTION_SKIPPED
-"""The exit code when a study was skipped because another process compacts it (the other studies were
-compacted): not a failure, the store is sound and that process compacts the study. 1 and 2 mean what they
-mean for studies (an error, bad input); 3 is a study stopped by SIGTERM or Ctrl-C (:mod:`calib.exit_codes`)."""
-
-EXIT_CODES = "\n".join([
-    "exit codes:",
-    f"  {ExitCode.OK:d}  every study compacted (or had nothing to compact)",
-    f"  {ExitCode.FAILED:d}  an error stopped it (a traceback); what a compaction left is read correctly, the next one "
-    "finishes it",
-    f"  {ExitCode.BAD_INPUT:d}  bad input: no store there, an unknown --study, a negative --wait",
-    f"  {SKIPPED_EXIT_CODE:d}  a study was skipped: another process held its compaction lease for all of --wait",
-    "     (the other studies were compacted)"])
+EXIT_CODES = exit_codes_epilog(COMPACT_EXIT_CODES, {
+    ExitCode.OK: "a study with nothing to compact counts as compacted",
+    ExitCode.FAILED: "a traceback; what a compaction left is read correctly, the next one finishes it",
+    ExitCode.BAD_INPUT: "no store there, an unknown --study, a negative --wait",
+    ExitCode.COMPACTION_SKIPPED: "another process held its compaction lease for all of --wait (the other studies were "
+                                 "compacted; the store is sound and that process compacts the study)",
+})
+"""The exit codes of ``compact`` (:data:`calib.exit_codes.COMPACT_EXIT_CODES`), explained in its ``--help``."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
                      help="when another process is compacting a study (a study's driver, another compact), wait up "
                           "to SECONDS for it to finish, then compact the study after it; still busy then: skip the "
-                          "study (exit code 4); 0: skip at once")
+                          f"study (exit code {ExitCode.COMPACTION_SKIPPED:d}); 0: skip at once")
     again = sub.add_parser("rescore", formatter_class=HelpFormatter,
                            help="compute a metric on the trials' kept predictions, without training",
                            description="Compute a registered metric (at any number of bins) on the kept val/test "
@@ -94,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.BAD_INPUT
     for report in reports:
         print(report.line())
-    return SKIPPED_EXIT_CODE if any(r.skipped for r in reports) else ExitCode.OK
+    return ExitCode.COMPACTION_SKIPPED if any(r.skipped for r in reports) else ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -148,6 +148,7 @@ def _diagram(result: Any, folder: Path) -> Path | None:
     details = result.details
     if not details.get("test_bin_count"):
         return None
+    # lazy: matplotlib takes seconds to import; only a figure needs it
     import pandas as pd
 
     from calib.report.figures import plot_reliability
@@ -163,6 +164,7 @@ def _diagram(result: Any, folder: Path) -> Path | None:
 
 def tracked(result: Any, folder: Path) -> TrackedTrial:
     """The tags, parameters, history, metrics and reliability diagram of a :class:`calib.trial.TrialResult`."""
+    # lazy: calib.config imports torch and the registries; the tracking backends load without it
     from calib.config import trial_identity
 
     cfg = result.config

@@ -11,6 +11,7 @@ __all__ = ["log", "start_study"]
 
 
 def _client(uri: str) -> Any:
+    # optional dependency (the `mlflow` extra)
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
@@ -18,6 +19,7 @@ def _client(uri: str) -> Any:
 
 def start_study(study: str, store: str) -> dict[str, Any]:
     """The experiment and the study's parent run (the one of an earlier run of the study, else a new one)."""
+    # optional dependency (the `mlflow` extra)
     import mlflow
 
     uri = mlflow.get_tracking_uri()
@@ -33,6 +35,7 @@ def start_study(study: str, store: str) -> dict[str, Any]:
 
 def log(study: str, options: dict[str, Any], trial: Any) -> str:
     """The trial's child run of the study's parent; returns its run id."""
+    # optional dependency (the `mlflow` extra)
     from mlflow.entities import Metric, Param
 
     client = _client(options["uri"])

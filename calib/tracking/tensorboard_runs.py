@@ -6,19 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from calib import storage
+from calib.tracking import default_tensorboard_dir
 
 __all__ = ["log", "start_study"]
 
 
 def start_study(study: str, store: str) -> dict[str, Any]:
-    from calib.tracking import default_tensorboard_dir
-
     return {"dir": storage.join(default_tensorboard_dir(store), study)}
 
 
 def log(study: str, options: dict[str, Any], trial: Any) -> str:
     """Scalars per epoch, final metrics, tags as text, hyperparameters and the reliability diagram; returns
     the run's folder (what TensorBoard lists as the run)."""
+    # optional dependency (the `tensorboard` extra)
     import matplotlib.image
     from tensorboardX import SummaryWriter
     from tensorboardX.summary import hparams

@@ -16,6 +16,7 @@ def start_study(study: str, store: str) -> dict[str, Any]:
 
 def log(study: str, options: dict[str, Any], trial: Any) -> str:
     """The trial's run: config, tags, history per step, final metrics as its summary, the diagram."""
+    # optional dependency (the `wandb` extra)
     import wandb
 
     run = wandb.init(project=options["project"], entity=options["entity"], mode=options["mode"],

@@ -137,8 +137,12 @@ def test_equal_mass_trials_stored_as_hb_are_hb_em():
     frame = pd.DataFrame({"label": ["HB · n=50", "HB · all", "CE+HB", "HB", "HB · all", "CE+HB", None],
                           "method": ["histogram_binning"] * 4 + ["histogram_binning_equal_width", "vanilla",
                                                                   "histogram_binning"]})
-    labels = with_current_labels(frame)["label"].tolist()
+    current = with_current_labels(frame)
+    labels = current["label"].tolist()
     assert labels[:6] == ["HB-EM · n=50", "HB-EM · all", "CE+HB-EM", "HB-EM", "HB · all", "CE+HB"]
+    # the method's former name reads as its name (MethodSpec.former_name)
+    assert current["method"].tolist() == ["histogram_binning_equal_mass"] * 4 + [
+        "histogram_binning_equal_width", "vanilla", "histogram_binning_equal_mass"]
     assert pd.isna(labels[6])  # no label: left for the report to label by method
     summary = calibration_size_summary(frame.iloc[:2].assign(label_rank=1, dataset="d", arch="a", seed=1,
                                                               **{column: 0.1 for column in CALIBRATION_SIZE_METRICS}),

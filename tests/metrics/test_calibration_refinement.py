@@ -21,7 +21,7 @@ from calib.metrics.calibration_refinement import (
     nll_refinement_error,
 )
 from calib.posthoc import DegenerateFitWarning
-from calib.posthoc.histogram_binning import HistogramBinning
+from calib.posthoc.histogram_binning import HistogramBinningEqualMass
 from calib.posthoc.temperature_scaling import TemperatureScaling
 
 
@@ -70,7 +70,7 @@ def test_cross_fit_is_stratified_kfold_with_temperature_scaling():
 def test_another_recalibrator_folds_and_seed():
     probs, labels = overconfident_probs(600, 4, 5)
     splits = StratifiedKFold(3, shuffle=True, random_state=7).split(np.zeros(600), labels)
-    recalibrated = restated(probs, labels, lambda: HistogramBinning(num_bins=15), splits)
+    recalibrated = restated(probs, labels, lambda: HistogramBinningEqualMass(num_bins=15), splits)
     split = calibration_refinement(probs, labels, recalibrator="histogram_binning", folds=3, seed=7)
     assert split["nll_refinement"] == pytest.approx(negative_log_likelihood(recalibrated, labels), abs=1e-12)
     assert split != calibration_refinement(probs, labels, recalibrator="histogram_binning", folds=3, seed=8)

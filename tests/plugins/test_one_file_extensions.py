@@ -21,7 +21,39 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 POSTHOC = '''
-"""Temperature scaling at a fixed T (no fit): the simplest post-hoc method, as one file."""
+"""Temperature scaling at a fixed T (no fit): the simplest post-hoc method, as one file: a config class and a
+calibrator class, no factory (the calibrator takes the config's fields by name)."""
+from dataclasses import dataclass
+
+from calib._config import check_values, checked_field, number
+from calib.posthoc._base import PostHocCalibrator, check_logits
+from calib.posthoc._method import PostHocConfig, register_posthoc_method
+
+
+@dataclass(frozen=True, kw_only=True)
+class {cls}Config(PostHocConfig):
+    temperature: float = checked_field({temperature}, number(above=0))
+
+
+class {cls}(PostHocCalibrator):
+    def __init__(self, temperature=({cls}Config.temperature)):
+        super().__init__()
+        check_values({cls}Config, locals())
+        self.temperature = temperature
+
+    def fit(self, logits, labels):
+        self._finish_fit()
+        return self
+
+    def forward(self, logits):
+        return check_logits(logits) / self.temperature
+
+
+register_posthoc_method("{name}", {cls}Config, {cls}, "temperature scaling at a fixed T", label="{label}", order=100)
+'''
+
+POSTHOC_FACTORY = '''
+"""The same, registered as before declared fields: a hand-written ``build(params, seed)`` factory (still accepted)."""
 from dataclasses import dataclass
 
 from calib.posthoc._base import PostHocCalibrator, check_logits
@@ -119,9 +151,10 @@ PLUGIN = {"posthoc": ("third_ts", "ThirdTS", "PluginT", 3.0), "loss": ("brier_pl
           "stage2": ("ridge_plugin", "RidgePlugin", "PRidge")}
 
 
-def _source(kind: str, spec: tuple) -> str:
+def _source(kind: str, spec: tuple, *, plugin: bool = False) -> str:
+    """The module of one extension; the plugin's post-hoc method keeps a hand-written factory (the older form)."""
     name, label, cls, *rest = spec
-    template = {"posthoc": POSTHOC, "loss": LOSS, "stage2": STAGE2}[kind]
+    template = {"posthoc": POSTHOC_FACTORY if plugin else POSTHOC, "loss": LOSS, "stage2": STAGE2}[kind]
     return textwrap.dedent(template).format(name=name, label=label, cls=cls,
                                             temperature=rest[0] if rest else None)
 
@@ -135,7 +168,7 @@ def extended(tmp_path_factory):
     for kind, folder in (("posthoc", "posthoc"), ("loss", "losses"), ("stage2", "methods")):
         (root / "calib" / folder / f"{OWN[kind][0]}.py").write_text(_source(kind, OWN[kind]))
     plugin = root / "my_extensions.py"
-    plugin.write_text("\n".join(_source(kind, spec) for kind, spec in PLUGIN.items()))
+    plugin.write_text("\n".join(_source(kind, spec, plugin=True) for kind, spec in PLUGIN.items()))
     env = {**os.environ, "PYTHONPATH": str(root)}
     return root, plugin, env
 

@@ -74,7 +74,7 @@ class TestClasswiseTemperatureScaling:
         with pytest.raises(RuntimeError, match="not fitted"):
             ClasswiseTemperatureScaling()(torch.zeros(2, 3))
         z, labels = make_data(60, (1.0, 1.0, 1.0))
-        with pytest.raises(ValueError, match=r"C=3 classes"):
+        with pytest.raises(ValueError, match=r"`logits` must have the 3 classes of the fit, got 2"):
             ClasswiseTemperatureScaling().fit(z, labels)(torch.zeros(2, 2))
         with pytest.raises(ValueError, match=r"got values in \[3, 3\]"):
             ClasswiseTemperatureScaling().fit(z, torch.tensor([3] * 60))

@@ -98,7 +98,7 @@ def test_classwise_ts_on_five_samples_is_flagged_and_bounded():
     ("dirichlet", {"off_diagonal_weight": 1000.0, "intercept_weight": 0.1},
      "their diagonal weight W_kk has no finite optimum"),
     ("isotonic", {}, "isotonic regression maps their scores to 0"),
-    ("histogram_binning", {}, "histogram binning maps their scores to 0"),
+    ("histogram_binning_equal_mass", {}, "histogram binning maps their scores to 0"),
     ("ivap", {}, "Venn-Abers gives such a class p0 = 0"),
     ("cir", {}, "centred isotonic regression maps their scores to 0"),
     ("beta", {}, "the likelihood has no finite optimum"),
@@ -114,7 +114,7 @@ def test_absent_classes_are_flagged_with_what_they_get(name, params, fragment):
     assert f"({len(absent)} of 20)" in calibrator.degenerate_reason
     test, _ = synthetic(500, 20, seed=6)
     log_probs, probs = calibrator(test), calibrator.probs(test)
-    if name in ("isotonic", "histogram_binning", "cir"):  # exactly 0, floored at the one floor of every method
+    if name in ("isotonic", "histogram_binning_equal_mass", "cir"):  # exactly 0, floored at the one floor of all
         mapped = log_probs.max(1).values > math.log(1 / 20) + 1e-12  # (a row every g_k maps to 0 is uniform)
         assert mapped.sum() > 400 and (log_probs[mapped][:, absent] == math.log(PROBABILITY_FLOOR)).all()
     elif name == "vector_scaling":  # b_k stopped where the mean p_k on the calibration set is below 1e-6
@@ -150,7 +150,7 @@ def test_one_probability_floor_for_every_method():
     keep = y != 4  # class 4 absent: IR and HB give it exactly 0
     test = z[:20]
     labels = torch.full((20,), 4)
-    for name in ("isotonic", "histogram_binning"):
+    for name in ("isotonic", "histogram_binning_equal_mass"):
         calibrator = fit_quietly(POSTHOC.create(name), z[keep], y[keep])
         log_probs = calibrator(test)
         zero = log_probs[:, 4] == math.log(PROBABILITY_FLOOR)  # the rows not mapped to 0 everywhere (uniform)
@@ -186,21 +186,21 @@ def test_the_store_columns_and_the_study_warning_line(tmp_path):
     splits = {name: SimpleNamespace(features=torch.empty(n, 0), logits=torch.randn(n, 3, generator=g),
                                     labels=torch.randint(0, 2, (n,), generator=g)) for name, n in (("val", 60),
                                                                                                    ("test", 30))}
-    params = METHODS.get("histogram_binning").config(calibration_size=20, calibration_draw=1)
+    params = METHODS.get("histogram_binning_equal_mass").config(calibration_size=20, calibration_draw=1)
     with pytest.warns(DegenerateFitWarning):
-        outcome = METHODS.get("histogram_binning")(params, SimpleNamespace(splits=splits), seed=0,
+        outcome = METHODS.get("histogram_binning_equal_mass")(params, SimpleNamespace(splits=splits), seed=0,
                                                    device=torch.device("cpu"))
     assert outcome.fit_details["fit_degenerate"] is True
     assert outcome.fit_details["fit_degenerate_reason"].startswith("class 2 absent from the calibration set")
     config = parse_trial_config({
         **base_config(PRESETS.get("quick"), study="s", dataset="digits-noisy", arch="small_cnn", seed=3,
-                      method={"name": "histogram_binning", "calibration_size": 20, "calibration_draw": 1},
+                      method={"name": "histogram_binning_equal_mass", "calibration_size": 20, "calibration_draw": 1},
                       data_root=str(tmp_path / "data"), artifact_root=str(tmp_path / "artifacts")),
         "label": "HB · n=20"})
     result = TrialResult(config=config, trial_id="t1", stage1_id="s1", fit_details=outcome.fit_details)
     line = degenerate_fit_line(result)
-    assert line == ("HB · n=20 (histogram_binning) on digits-noisy · small_cnn · seed 3, calibration set of 20 "
-                    "(draw 1): degenerate fit: " + outcome.fit_details["fit_degenerate_reason"])
+    assert line == ("HB · n=20 (histogram_binning_equal_mass) on digits-noisy · small_cnn · seed 3, calibration set "
+                    "of 20 (draw 1): degenerate fit: " + outcome.fit_details["fit_degenerate_reason"])
     assert summary(result)["degenerate_fit"] == line
     from calib.store.parquet import trial_row
 

@@ -105,7 +105,7 @@ class TestDirichletCalibration:
         with pytest.raises(RuntimeError, match="not fitted"):
             DirichletCalibration()(torch.zeros(2, 3))
         z, labels = make_data(60, 3)
-        with pytest.raises(ValueError, match=r"C=3 classes"):
+        with pytest.raises(ValueError, match=r"`logits` must have the 3 classes of the fit, got 5"):
             DirichletCalibration(**FIXED).fit(z, labels)(torch.zeros(2, 5))
 
     def test_registered(self):

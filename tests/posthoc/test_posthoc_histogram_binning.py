@@ -12,8 +12,8 @@ from calib._config import ConfigError, from_dict
 from calib.methods import METHODS
 from calib.posthoc import POSTHOC, DegenerateFitWarning
 from calib.posthoc.histogram_binning import (
-    HistogramBinning,
-    HistogramBinningConfig,
+    HistogramBinningEqualMass,
+    HistogramBinningEqualMassConfig,
     HistogramBinningEqualWidth,
     HistogramBinningEqualWidthConfig,
     equal_mass_bin_starts,
@@ -27,7 +27,7 @@ HAND_LABELS = [0, 1, 1, 1]
 @pytest.fixture(scope="module")
 def hand_fit():
     logits = torch.tensor(HAND_PROBS, dtype=torch.float64).log()
-    return HistogramBinning(num_bins=2).fit(logits, torch.tensor(HAND_LABELS))
+    return HistogramBinningEqualMass(num_bins=2).fit(logits, torch.tensor(HAND_LABELS))
 
 
 def test_hand_computed_bins(hand_fit):
@@ -71,7 +71,7 @@ def test_fraction_of_positives_on_random_data():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(1000, 4, generator=g, dtype=torch.float64)
     labels = torch.randint(0, 4, (1000,), generator=g)
-    calibrator = HistogramBinning(num_bins=15).fit(logits, labels)
+    calibrator = HistogramBinningEqualMass(num_bins=15).fit(logits, labels)
     probs = logits.softmax(1).numpy()
     for k in range(4):
         order = np.argsort(probs[:, k])
@@ -83,7 +83,7 @@ def test_fraction_of_positives_on_random_data():
 
 @pytest.mark.parametrize(("name", "logits", "labels"), edge_case_data())
 def test_edge_cases(name, logits, labels):
-    calibrator = HistogramBinning().fit(logits, labels)
+    calibrator = HistogramBinningEqualMass().fit(logits, labels)
     test = torch.cat([logits, 4 * torch.randn(30, logits.shape[1], dtype=torch.float64)])
     out, probs = calibrator(test), calibrator.probs(test)
     assert torch.isfinite(out).all() and out.dtype == torch.float64
@@ -99,25 +99,29 @@ def test_edge_cases(name, logits, labels):
 
 
 def test_registry_config_and_errors():
-    assert POSTHOC.get("histogram_binning") is HistogramBinning
-    assert METHODS.get("histogram_binning").config is HistogramBinningConfig
-    assert HistogramBinningConfig().num_bins == 15
-    assert from_dict(HistogramBinningConfig, {"num_bins": 10}).num_bins == 10
+    assert POSTHOC.get("histogram_binning_equal_mass") is HistogramBinningEqualMass
+    assert METHODS.get("histogram_binning_equal_mass").config is HistogramBinningEqualMassConfig
+    # the former name, still accepted where a user types it; the registries list the new name only
+    assert POSTHOC.get("histogram_binning") is HistogramBinningEqualMass and "histogram_binning" in METHODS
+    assert METHODS.canonical("histogram_binning") == "histogram_binning_equal_mass"
+    assert "histogram_binning" not in METHODS.names() and "histogram_binning" not in POSTHOC.names()
+    assert HistogramBinningEqualMassConfig().num_bins == 15
+    assert from_dict(HistogramBinningEqualMassConfig, {"num_bins": 10}).num_bins == 10
     with pytest.raises(ConfigError, match=r"`num_bins` must be an integer >= 1, got num_bins=0"):
-        HistogramBinningConfig(num_bins=0)
+        HistogramBinningEqualMassConfig(num_bins=0)
     with pytest.raises(ConfigError, match=r"`num_bins` must be an integer, got num_bins=2.5"):
-        from_dict(HistogramBinningConfig, {"num_bins": 2.5})
+        from_dict(HistogramBinningEqualMassConfig, {"num_bins": 2.5})
     with pytest.raises(ValueError, match=r"`num_bins` must be an integer >= 1, got num_bins=-3"):
-        HistogramBinning(num_bins=-3)
-    with pytest.raises(RuntimeError, match=r"HistogramBinning is not fitted"):
-        HistogramBinning()(torch.zeros(2, 3))
+        HistogramBinningEqualMass(num_bins=-3)
+    with pytest.raises(RuntimeError, match=r"HistogramBinningEqualMass is not fitted"):
+        HistogramBinningEqualMass()(torch.zeros(2, 3))
     with pytest.raises(ValueError, match=r"`logits` must have the 3 classes of the fit, got 2"):
-        HistogramBinning().fit(torch.randn(9, 3), torch.arange(9) % 3)(torch.zeros(2, 2))
+        HistogramBinningEqualMass().fit(torch.randn(9, 3), torch.arange(9) % 3)(torch.zeros(2, 2))
 
 
 def test_runs_as_a_method_on_float32_logits():
-    cases = [("histogram_binning", HistogramBinningConfig()),
-             ("histogram_binning", HistogramBinningConfig(num_bins=4, calibration_size=60))]
+    cases = [("histogram_binning_equal_mass", HistogramBinningEqualMassConfig()),
+             ("histogram_binning_equal_mass", HistogramBinningEqualMassConfig(num_bins=4, calibration_size=60))]
     check_runs_as_a_method(cases)
 
 
@@ -198,7 +202,7 @@ def test_equal_width_edge_cases(name, logits, labels):
 def test_equal_width_differs_from_equal_mass_and_is_binary_only_at_two_classes():
     g = torch.Generator().manual_seed(3)
     logits, labels = 2 * torch.randn(400, 3, generator=g, dtype=torch.float64), torch.randint(0, 3, (400,), generator=g)
-    width, mass = HistogramBinningEqualWidth().fit(logits, labels), HistogramBinning().fit(logits, labels)
+    width, mass = HistogramBinningEqualWidth().fit(logits, labels), HistogramBinningEqualMass().fit(logits, labels)
     assert not torch.allclose(width.probs(logits), mass.probs(logits))
     assert HistogramBinningEqualWidth().fit(logits[:, :2], labels % 2).binned_classes == [1]
 

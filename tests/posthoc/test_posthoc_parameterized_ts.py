@@ -181,7 +181,7 @@ class TestParameterizedTemperatureScaling:
             ParameterizedTemperatureScaling(lr=0)
         with pytest.raises(ConfigError, match=r"`top_k` must be an integer >= 1, got top_k=0"):
             from_dict(ParameterizedTemperatureScalingConfig, {"top_k": 0})
-        with pytest.raises(ConfigError, match=r"`lr` must be > 0, got lr=-0.1"):
+        with pytest.raises(ConfigError, match=r"`lr` must be a finite number > 0, got lr=-0.1"):
             from_dict(ParameterizedTemperatureScalingConfig, {"lr": -0.1})
         with pytest.raises(ConfigError, match=r"`steps` must be an integer"):
             from_dict(ParameterizedTemperatureScalingConfig, {"steps": 1.5})
@@ -191,7 +191,7 @@ class TestParameterizedTemperatureScaling:
         with pytest.raises(RuntimeError, match="not fitted"):
             ParameterizedTemperatureScaling()(torch.zeros(2, 3))
         z, labels = make_data(30, 4)
-        with pytest.raises(ValueError, match=r"C=4 classes"):
+        with pytest.raises(ValueError, match=r"`logits` must have the 4 classes of the fit, got 3"):
             ParameterizedTemperatureScaling(steps=2).fit(z, labels)(torch.zeros(2, 3))
 
     def test_registered(self):

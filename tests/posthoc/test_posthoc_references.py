@@ -20,7 +20,7 @@ from calib.posthoc.bbq import BBQ
 from calib.posthoc.classwise_ts import ClasswiseTemperatureScaling
 from calib.posthoc.dirichlet import DirichletCalibration
 from calib.posthoc.ensemble_ts import EnsembleTemperatureScaling
-from calib.posthoc.histogram_binning import HistogramBinning, HistogramBinningEqualWidth
+from calib.posthoc.histogram_binning import HistogramBinningEqualMass, HistogramBinningEqualWidth
 from calib.posthoc.isotonic import IsotonicIRM, IsotonicOneVsRest
 from calib.posthoc.parameterized_ts import ParameterizedTemperatureScaling
 from calib.posthoc.smart import SMART
@@ -277,7 +277,7 @@ def test_histogram_binning_against_the_algorithm(split):
     # is fit-only there).
     probs = softmax(split.calibration_logits, axis=1)
     expected = ref.histogram_binning(probs, split.calibration_labels, softmax(split.test_logits, axis=1), 15)
-    actual = calibrated(HistogramBinning(num_bins=15).fit(*split.calibration_tensors()), split.test_logits)
+    actual = calibrated(HistogramBinningEqualMass(num_bins=15).fit(*split.calibration_tensors()), split.test_logits)
     assert_probabilities_close(actual, expected)
 
 

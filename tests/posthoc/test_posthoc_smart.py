@@ -150,7 +150,7 @@ class TestSMART:
             SMART(hidden_size=0)
         with pytest.raises(ValueError, match=r"`objective` must be one of 'smooth_soft_ece', 'soft_ece'"):
             SMART(objective="ece")
-        with pytest.raises(ValueError, match=r"`lr` must be > 0, got lr=0"):
+        with pytest.raises(ValueError, match=r"`lr` must be a finite number > 0, got lr=0"):
             SMART(lr=0)
         with pytest.raises(RuntimeError, match=r"SMART is not fitted"):
             SMART()(torch.zeros(2, 3))
@@ -168,7 +168,7 @@ class TestSMARTConfig:
         ({"hidden_size": 0}, r"`hidden_size` must be an integer >= 1, got hidden_size=0"),
         ({"num_hidden_layers": 0}, r"`num_hidden_layers` must be an integer >= 1"),
         ({"objective": "nll"}, r"`objective` must be one of 'smooth_soft_ece', 'soft_ece', got objective='nll'"),
-        ({"lr": -1.0}, r"`lr` must be > 0, got lr=-1.0"),
+        ({"lr": -1.0}, r"`lr` must be a finite number > 0, got lr=-1.0"),
         ({"max_epochs": 0}, r"`max_epochs` must be an integer >= 1"),
         ({"patience": 0}, r"`patience` must be an integer >= 1"),
     ])

@@ -86,7 +86,7 @@ class TestTemperatureScaling:
 
     def test_gpleiss_lbfgs_without_line_search_stops_short(self, tempered_data):
         logits, labels = tempered_data
-        ts = TemperatureScaling(line_search=False).fit(logits, labels)
+        ts = TemperatureScaling(lbfgs_line_search=False).fit(logits, labels)
         assert 1.5 < ts.temperature.item() < TRUE_TEMPERATURE - 0.3
         assert ts.fit_fallback is False and abs(ts.grad_log_temperature) > 1e-3  # stopped short, as gpleiss
 
@@ -126,7 +126,7 @@ class TestTemperatureScaling:
                    r"worse than NLL 1.506\d* at the start T=1.5; fell back to the converged strong-Wolfe fit, "
                    r"T=0.50215\d* with NLL 1.118\d*\.")
         with pytest.warns(RuntimeWarning, match=message):
-            ts = TemperatureScaling(line_search=False).fit(logits, labels)
+            ts = TemperatureScaling(lbfgs_line_search=False).fit(logits, labels)
         expected = scipy_temperature(logits, labels)
         assert ts.fit_fallback is True and abs(ts.grad_log_temperature) < 1e-6
         assert abs(ts.temperature.item() - expected) / expected < 1e-5
@@ -158,7 +158,7 @@ class TestTemperatureScaling:
         with pytest.raises(ValueError, match=r"`optimizer` must be one of 'lbfgs', 'brent', 'grid', got "
                                              r"optimizer='adam'"):
             TemperatureScaling("nll", "adam")
-        with pytest.raises(ValueError, match=r"`init_temperature` must be > 0 \(it is T\), got init_temperature=0"):
+        with pytest.raises(ValueError, match=r"`init_temperature` must be a finite number > 0, got init_temperature=0"):
             TemperatureScaling(init_temperature=0)
         with pytest.raises(RuntimeError, match=r"TemperatureScaling is not fitted: call fit\(logits, labels\) first"):
             TemperatureScaling()(torch.zeros(2, 3))

@@ -115,12 +115,16 @@ def test_adding_the_calibration_fields_kept_the_stored_ids(make_config):
         assert trial_id(make_config(method={"name": name, "calibration_size": 50})) != stored_id
 
 
-def test_equal_width_binning_kept_the_equal_mass_ids(make_config):
-    """HB became the equal-width method; the equal-mass one (HB-EM) kept its name, so its stored trials keep their
-    ids: these are the ids calib computed before equal-width binning existed."""
-    assert trial_id(make_config(method={"name": "histogram_binning"})) == "95c1eba40765753c"
-    assert trial_id(make_config(method={"name": "histogram_binning", "num_bins": 10,
-                                        "calibration_size": 50})) == "695be3406f75059e"
+def test_equal_mass_binning_kept_its_ids_under_its_new_name(make_config):
+    """HB became the equal-width method and the equal-mass one (HB-EM) was renamed from ``histogram_binning`` to
+    ``histogram_binning_equal_mass``: its identity keeps the former name (``MethodSpec.former_name``), so its stored
+    trials keep their ids under either name: these are the ids calib computed before equal-width binning existed."""
+    for name in ("histogram_binning", "histogram_binning_equal_mass"):
+        assert trial_id(make_config(method={"name": name})) == "95c1eba40765753c"
+        sized = make_config(method={"name": name, "num_bins": 10, "calibration_size": 50})
+        assert trial_id(sized) == "695be3406f75059e"
+        # the config reads as the new name (the store's `method` column)
+        assert parse_trial_config(make_config(method={"name": name})).method.name == "histogram_binning_equal_mass"
     assert trial_id(make_config(method={"name": "histogram_binning_equal_width"})) != "95c1eba40765753c"
 
 

@@ -110,13 +110,14 @@ class TestVectorScaling:
     def test_bad_parameters(self):
         with pytest.raises(ValueError, match=r"intercept_weight=-1"):
             VectorScaling(intercept_weight=-1)
-        with pytest.raises(ConfigError, match=r"`intercept_weight` must be >= 0, got intercept_weight=-0.5"):
+        with pytest.raises(ConfigError,
+                           match=r"`intercept_weight` must be a finite number >= 0, got intercept_weight=-0.5"):
             from_dict(VectorScalingConfig, {"intercept_weight": -0.5})
         assert from_dict(VectorScalingConfig, {}).intercept_weight == 0.0
         with pytest.raises(RuntimeError, match="not fitted"):
             VectorScaling()(torch.zeros(2, 3))
         z, labels = make_data(50, 3)
-        with pytest.raises(ValueError, match=r"C=3 classes"):
+        with pytest.raises(ValueError, match=r"`logits` must have the 3 classes of the fit, got 4"):
             VectorScaling().fit(z, labels)(torch.zeros(2, 4))
 
     def test_registered(self):

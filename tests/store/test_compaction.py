@@ -247,15 +247,16 @@ def test_the_lease(base: TrialResult, tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_the_command_skips_a_study_another_process_compacts_with_its_own_exit_code(
         base: TrialResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    from calib.store.__main__ import SKIPPED_EXIT_CODE, main
+    from calib.exit_codes import ExitCode
+    from calib.store.__main__ import main
 
     write_result(tmp_path, copy_of(base, 0))
     write_result(tmp_path, copy_of(base, 1))
     write_result(tmp_path, copy_of(base, 2, study="second"))
     held = compaction_module._take_lease(str(tmp_path), STUDY, 60.0)
     assert held is not None
-    assert SKIPPED_EXIT_CODE == 4
-    assert main(["compact", "--store", str(tmp_path), "--wait", "0"]) == SKIPPED_EXIT_CODE
+    assert ExitCode.COMPACTION_SKIPPED == 4
+    assert main(["compact", "--store", str(tmp_path), "--wait", "0"]) == ExitCode.COMPACTION_SKIPPED
     out = capsys.readouterr().out
     assert f"[{STUDY}] compaction skipped: another process is compacting it" in out
     assert "[second] compaction: 1 finished trials moved into parts" in out, "the other study is compacted all the same"

@@ -26,7 +26,8 @@ def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     assert len(df) == 1 + 3 * (2 * 2 + 1) and (df["status"] == "ok").all() and df["trial_id"].is_unique
     assert df["stage1_id"].nunique() == 1 and (~df["stage1_cache_hit"]).sum() == 1, "one Stage I for every fit"
     posthoc = df[df["method"] != "vanilla"]
-    assert posthoc.loc[posthoc["method"] == "histogram_binning", "method_num_bins"].eq(5).all()
+    # `histogram_binning`, HB-EM's former name, still reads in --param; the rows carry its name now
+    assert posthoc.loc[posthoc["method"] == "histogram_binning_equal_mass", "method_num_bins"].eq(5).all()
     assert posthoc.loc[posthoc["method"] == "histogram_binning_equal_width", "method_num_bins"].eq(15).all()
     sized = posthoc[posthoc["method_calibration_size"].notna()]
     assert sorted(set(zip(sized["method_calibration_size"], sized["method_calibration_draw"], strict=True))) == [
@@ -58,7 +59,7 @@ def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     (["--sizes", "1"], "'1' is not a calibration-set size"),
     (["--methods", "TS", "Platt"], "invalid choice: 'Platt'"),
     (["--param", "histogram_binning.num_bins=0"], "`method.num_bins` must be an integer >= 1, got method.num_bins=0"),
-    (["--methods", "TS", "--param", "histogram_binning.num_bins=5"], "names method 'histogram_binning'"),
+    (["--methods", "TS", "--param", "histogram_binning.num_bins=5"], "names method 'histogram_binning_equal_mass'"),
     (["--synthetic-classes", "1"], "`--synthetic-classes` must be an integer >= 2, got --synthetic-classes 1"),
     (["--synthetic-seed", "3"], "`--synthetic-seed` draws the data of --synthetic-classes; without it it does not "
                                 "apply, got --synthetic-seed 3"),
