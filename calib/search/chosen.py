@@ -30,6 +30,7 @@ def completed_trials(store: str | os.PathLike, study: str, test_metrics: Sequenc
     first replicate's store id), ``replicate_ids``, each objective as Optuna saw it (the aggregate over the
     replicates), each parameter (dots as underscores), and the mean over the replicates' stored rows of
     ``test_metrics`` (shown, never chosen on)."""
+    # lazy: optuna (and the journal, which imports it) take seconds to import; only a finished search needs them
     import optuna
     from optuna.trial import TrialState
 

@@ -16,6 +16,7 @@ from calib._config import ConfigError
 from calib._help import HelpFormatter
 from calib.exit_codes import COMPACT_EXIT_CODES, ExitCode, exit_codes_epilog
 from calib.store.compaction import compact, stored_studies
+from calib.store.rescore import check_metric, rescore
 
 EXIT_CODES = exit_codes_epilog(COMPACT_EXIT_CODES, {
     ExitCode.OK: "a study with nothing to compact counts as compacted",
@@ -58,8 +59,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _rescore(args: argparse.Namespace, store: str, studies: list[str]) -> int:
-    from calib.store.rescore import check_metric, rescore
-
     check_metric(args.metric, args.bins)
     splits = ("val", "test") if args.split == "both" else (args.split,)
     for report in rescore(store, args.metric, args.bins, studies=args.study or studies, splits=splits):

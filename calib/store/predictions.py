@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from calib import storage
+from calib.registries import DATASETS
 from calib.store.files import list_table, table_location, trial_file
 
 __all__ = ["BYTES_PER_VALUE", "KEEP_CHOICES", "PREDICTION_COLUMNS", "Keep", "SplitPredictions", "encode_predictions",
@@ -195,8 +196,6 @@ def kept_predictions_note(configs: Iterable[dict[str, Any]], keep: str) -> str:
     """The settings line's part on kept predictions: ``predictions kept (float64) ≈ 12 MB, 80 kB a trial``, or what
     ``--keep-predictions on`` would take. Sizes are uncompressed val + test probabilities and labels; a dataset
     whose split sizes only its files tell (a predictions or features file, ImageFolder) is counted as unknown."""
-    from calib.registries import DATASETS
-
     total, trials, unknown = 0, 0, 0
     for config in configs:
         kind = config.get("source", {}).get("kind", "train")

@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 from calib import storage
 from calib._config import ConfigError
 from calib.metrics import METRICS
+from calib.store.compaction import stored_studies
 from calib.store.files import study_folder, table_location
 from calib.store.parquet import read_trials, write_file
 from calib.store.predictions import SplitPredictions, read_predictions, stored_prediction_ids
@@ -121,8 +122,6 @@ def rescore(store: str | os.PathLike, metric: str, bins: int | None = None, *, s
             splits: tuple[str, ...] = ("test",)) -> list[RescoreReport]:
     """Compute ``metric`` (at ``bins``) on the kept predictions of every ``ok`` trial of ``studies`` (default: all)
     that lacks it, into the ``rescored`` table; one report per study."""
-    from calib.store.compaction import stored_studies
-
     store = storage.normalize(store)
     num_bins = check_metric(metric, bins)
     reports = []
