@@ -48,7 +48,7 @@ def test_smoke_run_on_the_cpu(capsys, tmp_path):
 
 def test_paper_grid_gpu_hours_counts_every_stage1_training():
     module = benchmark()
-    # compare_methods has 16 distinct Stage-I trainings per setup (CE shared by vanilla, TS, SMART, TST,
-    # V-TST and MaC-Cal; 13 other losses; Mixup; MIT), MIT with two forward passes: 17 passes, each of
-    # 45,000 images × 350 epochs on 2 CIFAR datasets; at 1,000 img/s for one architecture:
-    assert module.grid_gpu_hours({"resnet110": 1000.0}) == pytest.approx(17 * 45_000 * 350 * 2 / 1000 / 3600)
+    # compare_methods has 19 distinct Stage-I trainings per setup (CE shared by vanilla, TS, SMART, TST,
+    # V-TST and MaC-Cal; 14 other losses; Mixup; MIT; PLP; BalCAL), MIT with two forward passes: 20 passes, each
+    # of 45,000 images × 350 epochs on 2 CIFAR datasets; at 1,000 img/s for one architecture:
+    assert module.grid_gpu_hours({"resnet110": 1000.0}) == pytest.approx(20 * 45_000 * 350 * 2 / 1000 / 3600)
