@@ -47,10 +47,10 @@ __all__ = [
     "make_member_optimizer",
     "make_optimizer",
     "population_key",
+    "register_head_method",
     "run_on_artifact",
     "run_population_on_artifact",
     "run_tst",
-    "run_tst_population",
     "train_stage_two_head",
     "train_stage_two_heads",
 ]
@@ -474,13 +474,19 @@ def run_population_on_artifact(
             for f in fitted]
 
 
-def run_tst_population(
-    params: Sequence[TSTConfig], artifact: Stage1Artifact, *, seeds: Sequence[int], device: torch.device
-) -> list[MethodOutcome | BaseException]:
-    """TST's Stage II of several configs sharing :func:`population_key`, trained together on the artifact."""
-    return run_population_on_artifact(fit_tst_population, params, artifact, seeds=seeds, device=device)
+def register_head_method(name: str, config: type, run: Callable[..., MethodOutcome],
+                         fit_population: Callable[..., list[FittedStageTwoHead | TrainingDiverged]],
+                         grouping: Callable[[Any], tuple], description: str, *, label: str, order: float) -> None:
+    """Register a head retrained on cached features (TST, V-TST): ``run`` trains one config, ``fit_population``
+    several configs with one ``grouping`` key (the method's ``population_key``) together on the artifact."""
+
+    def run_population(params: Sequence[Any], artifact: Stage1Artifact, *, seeds: Sequence[int],
+                       device: torch.device) -> list[MethodOutcome | BaseException]:
+        return run_population_on_artifact(fit_population, params, artifact, seeds=seeds, device=device)
+
+    METHODS.register(name)(MethodSpec(config, run, description, run_population=run_population,
+                                      population_key=grouping, label=label, order=order))
 
 
-METHODS.register("tst")(MethodSpec(TSTConfig, run_tst, "TST: new d→3Z→Z→C head retrained on frozen features",
-                                   run_population=run_tst_population, population_key=population_key,
-                                   label="TST", order=1))
+register_head_method("tst", TSTConfig, run_tst, fit_tst_population, population_key,
+                     "TST: new d→3Z→Z→C head retrained on frozen features", label="TST", order=1)

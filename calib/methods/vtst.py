@@ -23,8 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from calib._config import check
-from calib.methods._base import MethodOutcome, MethodSpec
-from calib.methods._registry import METHODS
+from calib.methods._base import MethodOutcome
 from calib.methods.population import TrainingDiverged, alone
 from calib.methods.tst import (
     LOOP_FIELDS,
@@ -32,8 +31,8 @@ from calib.methods.tst import (
     StageTwoHead,
     TSTConfig,
     latent_encoder,
+    register_head_method,
     run_on_artifact,
-    run_population_on_artifact,
     train_stage_two_heads,
 )
 
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
     from calib.artifacts import Stage1Artifact
 
 __all__ = ["VTSTConfig", "VTSTHead", "fit_vtst", "fit_vtst_population", "kl_to_standard_normal", "population_key",
-           "run_vtst", "run_vtst_population"]
+           "run_vtst"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,13 +171,5 @@ def run_vtst(params: VTSTConfig, artifact: Stage1Artifact, *, seed: int, device:
     return run_on_artifact(fit_vtst, params, artifact, seed=seed, device=device)
 
 
-def run_vtst_population(
-    params: Sequence[VTSTConfig], artifact: Stage1Artifact, *, seeds: Sequence[int], device: torch.device
-) -> list[MethodOutcome | BaseException]:
-    """V-TST's Stage II of several configs sharing :func:`population_key`, trained together on the artifact."""
-    return run_population_on_artifact(fit_vtst_population, params, artifact, seeds=seeds, device=device)
-
-
-METHODS.register("vtst")(MethodSpec(VTSTConfig, run_vtst, "V-TST: TST with a Gaussian last hidden layer",
-                                    run_population=run_vtst_population, population_key=population_key,
-                                    label="V-TST", order=2))
+register_head_method("vtst", VTSTConfig, run_vtst, fit_vtst_population, population_key,
+                     "V-TST: TST with a Gaussian last hidden layer", label="V-TST", order=2)

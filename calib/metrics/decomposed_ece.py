@@ -51,22 +51,12 @@ def overconfidence_ece(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 1
 
 
 def underconfidence_ece(probs: ArrayLike, labels: ArrayLike, *, num_bins: int = 15) -> float:
-    """Under-confidence ECE (U-ECE) as a fraction in [0, 1] (not percent).
+    """Under-confidence ECE (U-ECE) as a fraction in [0, 1] (not percent): on the bins of
+    :func:`overconfidence_ece`, only those whose accuracy exceeds their mean confidence count,
 
-    U-ECE = Σ_{b=1..M} (|B_b| / N) · max(acc(B_b) − conf(B_b), 0)
+    U-ECE = Σ_{b=1..M} (|B_b| / N) · max(acc(B_b) − conf(B_b), 0),
 
-    with the bins and symbols of :func:`expected_calibration_error` (M equal-width bins, each
-    ``(lower, upper]``). Only bins whose accuracy exceeds their mean confidence count, and
-    O-ECE + U-ECE = ECE on the same bins. Definition as used in FeDLaS (Bahavan et al.), Table 4,
-    docs/methods.md §6.4; ECE from Guo et al., ICML 2017.
-
-    Args:
-        probs: probabilities, shape (N, C); rows sum to 1. Numpy array or torch tensor.
-        labels: integer labels in [0, C), shape (N,).
-        num_bins: number of equal-width bins M, >= 1.
-
-    Returns:
-        U-ECE, a fraction in [0, 1].
+    so O-ECE + U-ECE = ECE on the same bins. Arguments as :func:`overconfidence_ece`'s.
 
     >>> probs = [[0.875, 0.125], [0.625, 0.375], [0.25, 0.75], [0.375, 0.625]]
     >>> underconfidence_ece(probs, [0, 1, 0, 1], num_bins=4)

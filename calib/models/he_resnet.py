@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from calib.models import MODELS
-from calib.models._base import CalibModel
+from calib.models._base import CalibModel, conv_stem, kaiming_init_convs, residual_stages
 from calib.models._checks import check_positive_int
 
 __all__ = ["STAGE_STRIDES", "STAGE_WIDTHS", "STEM_WIDTH", "HeResNet", "OptionABlock", "resnet20"]
@@ -80,24 +80,12 @@ class HeResNet(CalibModel):
         super().__init__(num_features=STAGE_WIDTHS[-1], num_classes=num_classes)
         self.depth = depth
         self.blocks_per_stage = (depth - 2) // 6
-        self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, STEM_WIDTH, kernel_size=3, stride=1, padding=1, bias=False),
-            nn.BatchNorm2d(STEM_WIDTH),
-            nn.ReLU(inplace=True),
-        )
-        in_planes = STEM_WIDTH
-        stages = []
-        for planes, stride in zip(STAGE_WIDTHS, STAGE_STRIDES, strict=True):
-            blocks = []
-            for block_stride in [stride] + [1] * (self.blocks_per_stage - 1):
-                blocks.append(OptionABlock(in_planes, planes, block_stride))
-                in_planes = planes
-            stages.append(nn.Sequential(*blocks))
-        self.stages = nn.Sequential(*stages)
+        self.stem = conv_stem(in_channels, STEM_WIDTH)
+        stages = [(planes, stride, self.blocks_per_stage)
+                  for planes, stride in zip(STAGE_WIDTHS, STAGE_STRIDES, strict=True)]
+        self.stages = residual_stages(OptionABlock, STEM_WIDTH, stages)
         self.pool = nn.AdaptiveAvgPool2d(1)
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        kaiming_init_convs(self)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Pooled features, shape (N, 64)."""

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from calib.models import MODELS
-from calib.models._base import CalibModel
+from calib.models._base import CalibModel, conv_stem, kaiming_init_convs, residual_stages
 from calib.models._checks import check_positive_int
 
 __all__ = [
@@ -111,25 +111,12 @@ class CifarResNet(CalibModel):
         super().__init__(num_features=STAGE_WIDTHS[-1] * Bottleneck.expansion * pool_size**2, num_classes=num_classes)
         self.blocks_per_stage = tuple(blocks_per_stage)
         self.pool_size = pool_size
-        self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, STEM_WIDTH, kernel_size=3, stride=1, padding=1, bias=False),
-            nn.BatchNorm2d(STEM_WIDTH),
-            nn.ReLU(inplace=True),
-        )
-        in_planes = STEM_WIDTH
-        stages = []
-        for planes, stride, count in zip(STAGE_WIDTHS, STAGE_STRIDES, blocks_per_stage, strict=True):
-            blocks = []
-            for block_stride in [stride] + [1] * (count - 1):
-                blocks.append(Bottleneck(in_planes, planes, block_stride))
-                in_planes = planes * Bottleneck.expansion
-            stages.append(nn.Sequential(*blocks))
-        self.stages = nn.Sequential(*stages)
+        self.stem = conv_stem(in_channels, STEM_WIDTH)
+        self.stages = residual_stages(Bottleneck, STEM_WIDTH, list(zip(STAGE_WIDTHS, STAGE_STRIDES, blocks_per_stage,
+                                                                       strict=True)), Bottleneck.expansion)
         self.pool = nn.AdaptiveAvgPool2d(pool_size)
         if he_init:
-            for module in self.modules():
-                if isinstance(module, nn.Conv2d):
-                    nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            kaiming_init_convs(self)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Pooled features, shape (N, 2048 · pool_size²), channel-major like FOCAL-R's ``view``."""

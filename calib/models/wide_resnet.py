@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from calib.models import MODELS
-from calib.models._base import CalibModel
+from calib.models._base import CalibModel, conv_stem, kaiming_init_convs, residual_stages
 from calib.models._checks import check_positive_int
 
 __all__ = ["GROUP_STRIDES", "GROUP_WIDTHS", "STEM_WIDTH", "BasicBlock", "WideResNet", "wrn26_10"]
@@ -81,25 +81,12 @@ class WideResNet(CalibModel):
         self.depth = depth
         self.widen_factor = widen_factor
         self.blocks_per_group = (depth - 2) // 6
-        self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, STEM_WIDTH, kernel_size=3, stride=1, padding=1, bias=False),
-            nn.BatchNorm2d(STEM_WIDTH),
-            nn.ReLU(inplace=True),
-        )
-        in_planes = STEM_WIDTH
-        groups = []
-        for width, stride in zip(GROUP_WIDTHS, GROUP_STRIDES, strict=True):
-            planes = width * widen_factor
-            blocks = []
-            for block_stride in [stride] + [1] * (self.blocks_per_group - 1):
-                blocks.append(BasicBlock(in_planes, planes, block_stride))
-                in_planes = planes
-            groups.append(nn.Sequential(*blocks))
-        self.groups = nn.Sequential(*groups)
+        self.stem = conv_stem(in_channels, STEM_WIDTH)
+        groups = [(width * widen_factor, stride, self.blocks_per_group)
+                  for width, stride in zip(GROUP_WIDTHS, GROUP_STRIDES, strict=True)]
+        self.groups = residual_stages(BasicBlock, STEM_WIDTH, groups)
         self.pool = nn.AdaptiveAvgPool2d(1)
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        kaiming_init_convs(self)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Pooled features, shape (N, 64 · widen_factor)."""
