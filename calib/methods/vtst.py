@@ -127,16 +127,9 @@ def _initial_vtst_head(params: VTSTConfig, seed: int, num_features: int, num_cla
         return VTSTHead(num_features, params.latent_dim, num_classes, params.num_samples)
 
 
-def fit_vtst_population(
-    members: Sequence[tuple[VTSTConfig, int]],
-    train_features: torch.Tensor,
-    train_labels: torch.Tensor,
-    val_features: torch.Tensor,
-    val_labels: torch.Tensor,
-    *,
-    num_classes: int,
-    device: torch.device,
-) -> list[FittedStageTwoHead | TrainingDiverged]:
+def fit_vtst_population(members: Sequence[tuple[VTSTConfig, int]], train_features: torch.Tensor,
+                        train_labels: torch.Tensor, val_features: torch.Tensor, val_labels: torch.Tensor, *,
+                        num_classes: int, device: torch.device) -> list[FittedStageTwoHead | TrainingDiverged]:
     """One new :class:`VTSTHead` per ``(params, seed)`` member (initialised from ``seed``), trained side by
     side in one loop (:func:`~calib.methods.tst.train_stage_two_heads`): each member's minibatch order,
     sampling noise, validation predictive and checkpoint are its own, so each result is its lone run.
@@ -149,17 +142,8 @@ def fit_vtst_population(
     return train_stage_two_heads(heads, train_features, train_labels, val_features, val_labels, device=device)
 
 
-def fit_vtst(
-    params: VTSTConfig,
-    train_features: torch.Tensor,
-    train_labels: torch.Tensor,
-    val_features: torch.Tensor,
-    val_labels: torch.Tensor,
-    *,
-    num_classes: int,
-    seed: int,
-    device: torch.device,
-) -> FittedStageTwoHead:
+def fit_vtst(params: VTSTConfig, train_features: torch.Tensor, train_labels: torch.Tensor, val_features: torch.Tensor,
+             val_labels: torch.Tensor, *, num_classes: int, seed: int, device: torch.device) -> FittedStageTwoHead:
     """A new :class:`VTSTHead` (initialised from ``seed``) trained as a population of one
     (:func:`fit_vtst_population`; a non-finite loss raises its ``TrainingDiverged``)."""
     return alone(fit_vtst_population([(params, seed)], train_features, train_labels, val_features, val_labels,
