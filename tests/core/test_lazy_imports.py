@@ -1,0 +1,41 @@
+"""Every import inside a function says why it is not at the top of its module: its start-up cost, an optional
+dependency, or the circle it avoids. A comment on the import's line, or on the line above its block of imports
+(blank lines inside the block allowed), is the reason."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def unexplained_imports(source: str) -> list[int]:
+    """The lines of ``source``'s function-level imports that have no reason."""
+    lines = source.splitlines()
+    found = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or "#" in lines[node.lineno - 1]:
+                continue
+            above = node.lineno - 2
+            while above >= 0 and (not lines[above].strip() or lines[above].strip().startswith(("import ", "from "))):
+                above -= 1
+            if above < 0 or not lines[above].strip().startswith("#"):
+                found.append(node.lineno)
+    return found
+
+
+def test_every_function_level_import_says_why():
+    found = [f"{path.relative_to(ROOT)}:{line}" for path in sorted((ROOT / "calib").rglob("*.py"))
+             for line in unexplained_imports(path.read_text())]
+    assert found == [], "give these imports a reason comment or move them to the top:\n" + "\n".join(found)
+
+
+def test_the_check_reads_a_reason_above_the_block_or_on_the_line():
+    source = ("def a():\n    # lazy: ray takes seconds\n    import ray\n\n    from calib import x\n\n"
+              "def b():\n    import optuna  # optional\n\n"
+              "def c():\n    value = 1\n    import numpy\n")
+    assert unexplained_imports(source) == [12]
