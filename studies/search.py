@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from calib._config import ConfigError
 from calib.config import SEED_LIMIT, set_dotted
 from calib.metrics import higher_is_better
 from calib.presets import base_config
@@ -29,6 +30,7 @@ from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
+from calib.study.settings import study_settings, with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 
@@ -57,6 +59,20 @@ def print_best(trials, space, objectives: list[str]) -> None:
         scores = " · ".join(f"{o} {format_mean_ci(row[o], float('nan'))}%" for o in objectives)
         print(f"  {row['trial_id']}  {scores} · test_ece {format_mean_ci(row['test_ece'], float('nan'))}% "
               f"· test_accuracy {format_mean_ci(row['test_accuracy'], float('nan'))}%  [{params}]")
+
+
+def search_base_with_settings(args, base: dict, space) -> dict:
+    """``base`` with ``--set`` and ``--stage2-seeds`` applied; a key the space searches or fixes, or more than one
+    Stage-II seed (a search runs one config a sample), is a ``ConfigError``."""
+    for setting in study_settings(args):
+        if setting.key in space.parameters or setting.key in space.base:
+            what = "searches" if setting.key in space.parameters else "fixes"
+            raise ConfigError(f"`--set {setting}`: the search space {args.space} {what} {setting.key}; change it in "
+                              f"the space file (or a copy of it) instead.")
+    if args.stage2_seeds and len(set(args.stage2_seeds)) > 1:
+        raise ConfigError(f"`--stage2-seeds` takes one seed in a search (each sampled config runs once, on the first "
+                          f"of --seeds), got --stage2-seeds {' '.join(map(str, args.stage2_seeds))}.")
+    return with_settings(args, [base])[0]
 
 
 @guarded_main
@@ -103,6 +119,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                        download=args.download, device=args.device)
     for key, value in space.base.items():
         base = set_dotted(base, key, value)
+    base = search_base_with_settings(args, base, space)
     print(settings_line(study, preset, [base], options))
     print(f"[{study}] sampler {args.sampler} · objective {args.objective} · "
           f"{dataset}/{arch} seed {seed} · store {paths.store}")
