@@ -105,7 +105,8 @@ def test_the_new_study_name_is_free_or_holds_the_same_config(tmp_path):
     with pytest.raises(StudyChangedError, match=r"--study study--epochs-3$"):
         check_manifest(store, "study", three)
     four = manifest_of(configs(tmp_path, ["Vanilla", "TST"], epochs=4))
-    record_manifest(store, "study--epochs-4", manifest_of(configs(tmp_path, ["Vanilla", "TST"], epochs=4, tst_epochs=30)))
+    other = manifest_of(configs(tmp_path, ["Vanilla", "TST"], epochs=4, tst_epochs=30))
+    record_manifest(store, "study--epochs-4", other)
     with pytest.raises(StudyChangedError, match=r"--study study-2$"):  # taken by another config: numbered
         check_manifest(store, "study", four)
     with pytest.raises(StudyChangedError, match=r"\[TST\] method\.epochs: 40 → 2.*--study study--epochs-2$"):
