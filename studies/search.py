@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                        download=args.download, device=args.device)
     for key, value in space.base.items():
         base = set_dotted(base, key, value)
+    args.study = study
     base = search_base_with_settings(args, base, space)
     print(settings_line(study, preset, [base], options))
     print(f"[{study}] sampler {args.sampler} · objective {args.objective} · "

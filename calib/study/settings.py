@@ -55,6 +55,9 @@ def with_settings(args: argparse.Namespace, configs: Sequence[dict[str, Any]]) -
     for setting in settings:
         _check_not_varied(setting, configs)
     out = apply_settings(configs, settings)
+    if settings:
+        print(f"[{getattr(args, 'study', None) or 'calib'}] " + "; ".join(_applied(s, configs) for s in settings),
+              flush=True)
     stage2_seeds = list(dict.fromkeys(getattr(args, "stage2_seeds", None) or ()))
     if stage2_seeds:
         out = [{**config, "stage2_seed": seed} for config in out for seed in stage2_seeds]
@@ -73,3 +76,13 @@ def _check_not_varied(setting: ConfigSetting, configs: Sequence[dict[str, Any]])
             raise ConfigError(f"`--set {setting}`: this study varies {setting.key} between its rows ({shown}"
                               f"{'; ...' if len(values) > 6 else ''}), and one value would make them one; choose "
                               f"the rows with the study's own flags, or run the variant as its own study.")
+
+
+def _applied(setting: ConfigSetting, configs: Sequence[dict[str, Any]]) -> str:
+    """``--set KEY=VALUE: N of M trials (their methods)`` for the settings line."""
+    having = [c for c in configs if current_value(c, setting) is not ABSENT]
+    if len(having) == len(configs):
+        return f"--set {setting}: every trial"
+    sections = [c.get(setting.section) or {} for c in having]
+    names = dict.fromkeys(s if isinstance(s, str) else str(s.get("name")) for s in sections)
+    return f"--set {setting}: {len(having)} of {len(configs)} trials ({', '.join(names)})"
