@@ -166,7 +166,7 @@ def run_rows(
     print(f"[{args.study}] {len(rows)} rows · setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} "
           f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=options,
-                   table=with_settings(args, configs_of(table, seeds[:1])) if table else None)
+                   table=with_settings(args, configs_of(table, seeds[:1]), say=False) if table else None)
     if isinstance(run, CheckedOnly):
         return run
     trials = with_current_labels(read_finished(paths.store, args.study, run.trial_ids))

@@ -45,22 +45,24 @@ def study_settings(args: argparse.Namespace) -> list[ConfigSetting]:
     return settings
 
 
-def with_settings(args: argparse.Namespace, configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_settings(args: argparse.Namespace, configs: Sequence[dict[str, Any]], *, say: bool = True
+                  ) -> list[dict[str, Any]]:
     """``configs`` with the ``--set`` values applied to each (a ``method.``/``loss.`` one to those whose method
     (loss) has the field), then one copy per ``--stage2-seeds`` value (Stage II's seed; without the flag each
     trial's Stage II uses its ``seed``). A key whose value the study varies between the rows of one setup and seed
-    (γ of sensitivity_gamma, the sizes of posthoc, Mixup's α in compare_methods) is a :class:`ConfigError`: one
-    value would make those rows one."""
+    (γ of sensitivity_gamma, the sizes of posthoc, Mixup's α in compare_methods; a method's or loss's field between
+    rows of that method or loss) is a :class:`ConfigError`: one value would make those rows one. ``say``: print one
+    line of what each setting applied to."""
     settings = study_settings(args)
     for setting in settings:
         _check_not_varied(setting, configs)
     out = apply_settings(configs, settings)
-    if settings:
-        print(f"[{getattr(args, 'study', None) or 'calib'}] " + "; ".join(_applied(s, configs) for s in settings),
-              flush=True)
     stage2_seeds = list(dict.fromkeys(getattr(args, "stage2_seeds", None) or ()))
     if stage2_seeds:
         out = [{**config, "stage2_seed": seed} for config in out for seed in stage2_seeds]
+    if settings and say:
+        print(f"[{getattr(args, 'study', None) or 'calib'}] " + "; ".join(_applied(s, out) for s in settings),
+              flush=True)
     return out
 
 
@@ -68,8 +70,11 @@ def _check_not_varied(setting: ConfigSetting, configs: Sequence[dict[str, Any]])
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     for config in configs:
         value = current_value(config, setting)
-        if value is not ABSENT:
-            rows.setdefault((config["dataset"], config["arch"], config["seed"]), {})[config.get("label", "")] = value
+        if value is not ABSENT:  # a method's (loss's) field compared among the rows of that method (loss)
+            component = config.get(setting.section) if setting.section in ("method", "loss") else None
+            name = component if isinstance(component, str) or component is None else component.get("name")
+            key = (config["dataset"], config["arch"], config["seed"], name)
+            rows.setdefault(key, {})[config.get("label", "")] = value
     for values in rows.values():
         if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
             shown = "; ".join(f"{label or '(no label)'}: {json.dumps(v)}" for label, v in list(values.items())[:6])

@@ -109,6 +109,9 @@ def test_a_study_run_with_set_and_stage2_seeds_stores_them(tmp_path):
               "--set", "stage1.milestones=[1]", "--set", "method.accuracy_weight=0.9"]
     first = run_study("compare_methods.py", *common, "--set", "stage1.scheduler_step=epoch_start")
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "· seeds 1 · Stage-II seeds 1 7 ·" in first.stdout
+    assert ("[compare_methods] --set stage1.milestones=[1]: every trial; --set method.accuracy_weight=0.9: 2 of 4 "
+            "trials (mac_cal); --set stage1.scheduler_step=epoch_start: every trial") in first.stdout
     trials = pd.read_parquet(store / "trials")
     assert len(trials) == 4 and (trials["status"] == "ok").all()
     assert (trials["stage1_scheduler_step"] == "epoch_start").all()
