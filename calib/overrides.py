@@ -69,14 +69,10 @@ def settable_keys(reserved: Mapping[str, str] = {}) -> list[str]:
     return [k for k in keys if k not in reserved]
 
 
-def _allowed(keys: Sequence[str]) -> str:
-    return ", ".join(keys)
-
-
 def _bad_key(key: str, why: str, allowed: Sequence[str]) -> ConfigError:
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"`--set {key}`: {why}.{hint} Allowed keys: {_allowed(allowed)}.")
+    return ConfigError(f"`--set {key}`: {why}.{hint} Allowed keys: {', '.join(allowed)}.")
 
 
 def parse_setting(text: str, reserved: Mapping[str, str] = {}) -> ConfigSetting:
@@ -162,8 +158,7 @@ def apply_settings(configs: Sequence[dict[str, Any]], settings: Sequence[ConfigS
         applied = 0
         for i, config in enumerate(out):
             if setting.section in _COMPONENTS:
-                component = config.get(setting.section) or {"name": "cross_entropy"}
-                name = component if isinstance(component, str) else component.get("name")
+                name = _name(config.get(setting.section))
                 types = field_types(_COMPONENTS[setting.section].get(name).config)
                 if setting.field not in types:
                     continue
@@ -218,6 +213,7 @@ def _none_has(setting: ConfigSetting, configs: Sequence[dict[str, Any]]) -> None
 
 
 def _name(component: Any) -> str:
+    """The registered name of a config's method or loss section (a name, a mapping, or no loss: cross_entropy)."""
     if component is None:
         return "cross_entropy"
     return component if isinstance(component, str) else str(component.get("name"))
