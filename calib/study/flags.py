@@ -168,7 +168,7 @@ def add_set_args(parser: argparse.ArgumentParser) -> None:
                             "stage2_seed; the value is typed and checked against the field (e.g. "
                             "stage1.scheduler_step=epoch_start, method.accuracy_weight=0.9, "
                             "stage1.milestones=[20,40]); "
-                            "repeatable")
+                            "repeatable (default: none)")
     group.add_argument("--stage2-seeds", type=int, nargs="+", default=None, metavar="S",
                        help="run every trial once per Stage-II seed S: the method's random draws (MaC-Cal's masks, "
                             "the heads' initialisation and minibatch order, a random post-hoc fit) use S while Stage I "
