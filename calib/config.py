@@ -180,7 +180,14 @@ class Component:
 
 @dataclass(frozen=True, kw_only=True)
 class TrialConfig:
-    """One trial: identity, the Stage-I recipe, the loss, the method and where files live."""
+    """One trial: identity, the Stage-I recipe, the loss, the method and where files live.
+
+    ``seed`` seeds Stage I (initialisation, minibatch order, augmentation, Mixup draws) and the data splits;
+    ``stage2_seed`` seeds what the method draws on top of it (MaC-Cal's masks and head initialisation, TST/V-TST
+    head initialisation, minibatch order and sampling, a random post-hoc fit such as SMART or PTS).
+    ``parse_trial_config`` fills in ``seed`` for a ``stage2_seed`` left at None (the default), and the trial
+    identity leaves it out where it equals ``seed``, so the trials stored before it existed keep their ids.
+    """
 
     study: str
     seed: int
@@ -205,6 +212,7 @@ class TrialConfig:
     bookkeeping, left out of the trial id."""
     source: Stage1Source = dataclasses.field(default_factory=Stage1Source)
     dataset_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stage2_seed: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The plain-dict form that :func:`parse_trial_config` reads back."""
@@ -302,9 +310,13 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
         if not isinstance(data.get("stage1"), Stage1Config) else data["stage1"]
     fields["loss"] = _component(LOSSES, data.get("loss", "cross_entropy"), "loss")
     fields["method"] = _component(METHODS, data["method"], "method")
+    if fields.get("stage2_seed") is None:
+        fields["stage2_seed"] = data["seed"]
     cfg = from_dict(TrialConfig, fields)
-    check(0 <= cfg.seed < SEED_LIMIT, "seed", cfg.seed,
-          "be an integer with 0 <= seed < 2**32 (it seeds Python, NumPy and torch; NumPy's seeding takes no other)")
+    for key in ("seed", "stage2_seed"):
+        check(0 <= getattr(cfg, key) < SEED_LIMIT, key, getattr(cfg, key),
+              f"be an integer with 0 <= {key} < 2**32 (it seeds Python, NumPy and torch; NumPy's seeding takes no "
+              f"other)")
     if cfg.source.kind != "train":
         check_config_fits_given_stage1(cfg)
         if cfg.source.kind in FILE_KINDS:
@@ -346,7 +358,7 @@ ADDED_FIELDS: dict[str, dict[str, Any]] = {
 """Fields added after results were stored, per section ("stage1", "source"), with their defaults; a method's or
 a loss's own are its spec's ``added_fields`` (:func:`added_fields`). At its default such a field is left out of the
 identity hashes, so the trials and Stage-I artifacts stored before it existed keep their ids (a re-run skips them
-instead of training them again)."""
+instead of training them again). The top-level ``stage2_seed`` is left out where it equals ``seed`` (its default)."""
 
 
 def added_fields(section: str, name: str | None = None) -> dict[str, Any]:
@@ -404,6 +416,8 @@ def trial_identity(cfg: TrialConfig) -> dict[str, Any]:
         identity["source"] = _without_added(source, "source")
     if not cfg.dataset_options:
         del identity["dataset_options"]
+    if cfg.stage2_seed in (None, cfg.seed):
+        del identity["stage2_seed"]
     return {**identity, "stage1": _trained(identity["stage1"]),
             "loss": _without_added(identity["loss"], "loss", identity["loss"]["name"]),
             "method": {**_without_added(method, "method", method["name"]), "name": _identity_name(method["name"])}}

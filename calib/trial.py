@@ -202,9 +202,9 @@ def run_trial(
     _with_method_splits(artifact, cfg, [cfg.method.params], device)
     loaded = time.perf_counter()
 
-    seed_everything(cfg.seed)
+    seed_everything(cfg.stage2_seed)
     progress.record("stage2", 0)  # the method's own loop refines the epoch
-    outcome = METHODS.get(cfg.method.name)(cfg.method.params, artifact, seed=cfg.seed, device=device)
+    outcome = METHODS.get(cfg.method.name)(cfg.method.params, artifact, seed=cfg.stage2_seed, device=device)
     return _result(cfg, artifact, cache_hit, outcome, device, started_at=started_at, load_seconds=loaded - start,
                    method_seconds=time.perf_counter() - loaded)
 
@@ -264,13 +264,13 @@ def run_trials(
             _with_method_splits(artifact, first, [c.method.params for c in members], device)
             loaded = time.perf_counter()
             spec = METHODS.get(first.method.name)
-            seed_everything(first.seed)
+            seed_everything(first.stage2_seed)
             progress.record("stage2", 0)
             if spec.run_population is not None:
                 outcomes = spec.run_population([c.method.params for c in members], artifact,
-                                               seeds=[c.seed for c in members], device=device)
+                                               seeds=[c.stage2_seed for c in members], device=device)
             else:
-                outcomes = [spec(first.method.params, artifact, seed=first.seed, device=device)]
+                outcomes = [spec(first.method.params, artifact, seed=first.stage2_seed, device=device)]
         except Exception as err:
             for i, cfg in zip(group, members, strict=True):
                 done(i, TrialResult.failed(cfg, err, started_at))

@@ -27,6 +27,7 @@ from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.row_file import add_row_args, file_rows
+from calib.study.settings import with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                 configs.append({**config, "label": label, "label_rank": order.index(label)})
     for note in dict.fromkeys(skipped):
         print(f"[{args.study}] skipped step {note}")
+    configs = with_settings(args, configs)
     print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] ladder {args.ladder} ({args.mode}: {len(order)} steps) · seeds {seeds}")
     run = run_grid(configs, store=paths.store, study=args.study, options=options)

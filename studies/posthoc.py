@@ -9,8 +9,9 @@ split of NLL and Brier per method and size, mean ± 95% CI over draws (and seeds
 calibration-set size. ``studies/report.py`` regenerates the table and the figure from the store.
 
 Sizes above the validation split are an error when given with ``--sizes``; the default sizes that do
-not fit a dataset (the digits' split has 269 images) are left out with one line. ``--param`` sets a
-method's parameter, e.g. ``--param histogram_binning_equal_mass.num_bins=10``.
+not fit a dataset (the digits' split has 269 images) are left out with one line. ``--param`` sets one
+method's parameter, e.g. ``--param histogram_binning_equal_mass.num_bins=10``; ``--set method.num_bins=10`` sets
+it for every method of the run that has the field.
 
 ``--predictions FILE [FILE ...]`` calibrates a model's predictions instead of a Stage I: one file of held-out
 predictions and labels per setup (netcal's ``.npz`` records, ``logits``/``probs`` + ``labels``, a ``.npy`` pair
@@ -30,17 +31,17 @@ finite optimum, ...) prints a warning line and is counted in the table's ``degen
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
-from calib._config import ConfigError
+from calib._config import ConfigError, field_types
 from calib.artifacts.features_file import read_features_file
 from calib.artifacts.sources import predictions_split
 from calib.config import parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.synthetic_logits import write_synthetic_logits
 from calib.methods.vanilla import UNCALIBRATED_LABEL
+from calib.overrides import typed_value
 from calib.presets import Preset, base_config
 from calib.registries import METHODS
 from calib.report import mixed_trainings, report_step, to_markdown
@@ -52,6 +53,7 @@ from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.rows import POSTHOC_METHODS
+from calib.study.settings import with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 DEFAULT_SIZES = ("50", "100", "500", "1000", "all")
@@ -72,9 +74,12 @@ def calibration_size(text: str) -> int | None:
     return size
 
 
-def method_params(assignments: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
-    """``--param METHOD.FIELD=VALUE`` (VALUE read as YAML) by registered method name."""
+def method_params(assignments: list[str], names: list[str], sets: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """``--param METHOD.FIELD=VALUE`` by registered method name: ``--set method.FIELD=VALUE`` for one method of
+    the run, its value typed and checked against that method's field as ``--set`` does. A field that ``--set`` also
+    sets is an error (which of the two holds would be unclear)."""
     params: dict[str, dict[str, Any]] = {}
+    set_keys = {text.partition("=")[0].strip() for text in sets}
     for assignment in assignments:
         key, sep, value = assignment.partition("=")
         name, dot, field = key.partition(".")
@@ -84,7 +89,14 @@ def method_params(assignments: list[str], names: list[str]) -> dict[str, dict[st
         if name not in names:
             raise ConfigError(f"`--param` {assignment!r} names method {name!r}; the methods of this run are "
                               f"{', '.join(names)}.")
-        params.setdefault(name, {})[field] = yaml.safe_load(value)
+        types = field_types(METHODS.get(name).config)
+        if field not in types:
+            raise ConfigError(f"`--param {assignment}`: {name} has no field {field!r}; its fields: "
+                              f"{', '.join(types) or 'none'}.")
+        if f"method.{field}" in set_keys:
+            raise ConfigError(f"`--param {assignment}` and `--set method.{field}=...` both set {name}'s {field}: give "
+                              f"one (--set sets it for every method that has it, --param for {name} alone).")
+        params.setdefault(name, {})[field] = typed_value(value, types[field], f"{name}.{field}")
     return params
 
 
@@ -156,7 +168,8 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS,
                         help=f"uniform draws of each size below 'all' (default: {DEFAULT_DRAWS})")
     parser.add_argument("--param", action="append", default=[], metavar="METHOD.FIELD=VALUE",
-                        help="a method parameter, e.g. histogram_binning_equal_mass.num_bins=10 (repeatable)")
+                        help="a parameter of one method of the run, e.g. histogram_binning_equal_mass.num_bins=10 "
+                             "(repeatable; --set method.FIELD=VALUE sets the field of every method that has it)")
     parser.add_argument("--synthetic-classes", type=int, default=None, metavar="K",
                         help="calibrate over-confident synthetic logits of K classes (5,000 validation and 10,000 "
                              "test samples) instead of a trained model; 100 is the paper preset's regime")
@@ -174,7 +187,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     seeds = args.seeds or list(preset.seeds if preset.dataset_sources else preset.seeds[:1])
     args.methods = args.methods or list(POSTHOC_METHODS)
     names = [POSTHOC_METHODS[label] for label in args.methods]
-    params = method_params(args.param, names)
+    params = method_params(args.param, names, args.set)
     explicit = args.sizes is not None
     default_sizes = ("all",) if preset.dataset_sources else DEFAULT_SIZES  # the benchmarks fit on the whole part
     sizes = list(dict.fromkeys(args.sizes if explicit else [calibration_size(s) for s in default_sizes]))
@@ -201,6 +214,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                         method = {"name": name, **params.get(name, {}), **subset}
                         configs.append({**base_config(method=method, **common), "label_rank": rank,
                                         "label": f"{label} · {'all' if size is None else f'n={size}'}"})
+    configs = with_settings(args, configs)
     print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] methods {', '.join(args.methods)} · sizes "
           f"{' '.join('all' if s is None else str(s) for s in sizes)} · {args.draws} draws · seeds {seeds} "

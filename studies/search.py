@@ -37,6 +37,7 @@ from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.row_file import default_row, row_of_config, write_row_file
 from calib.study.rows import print_row_tables, run_rows
+from calib.study.settings import study_settings, with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 CONFIRM_METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE",
@@ -64,6 +65,20 @@ def print_best(completed, space, objectives: list[str], replicates: Replicates) 
         print(f"  #{row['search_trial']} {row['trial_id']}  {scores} · test_ece "
               f"{format_mean_ci(row['test_ece'], float('nan'))}% · test_accuracy "
               f"{format_mean_ci(row['test_accuracy'], float('nan'))}%  [{params}]")
+
+
+def bases_with_settings(args, bases: list[dict], space) -> list[dict]:
+    """The replicates' base configs with ``--set`` and ``--stage2-seeds`` applied; a key the space searches or fixes,
+    or more than one Stage-II seed (each replicate runs its config once), is a ``ConfigError``."""
+    for setting in study_settings(args):
+        if setting.key in space.parameters or setting.key in space.base:
+            what = "searches" if setting.key in space.parameters else "fixes"
+            raise ConfigError(f"`--set {setting}`: the search space {args.space} {what} {setting.key}; change it in "
+                              f"the space file (or a copy of it) instead.")
+    if args.stage2_seeds and len(set(args.stage2_seeds)) > 1:
+        raise ConfigError(f"`--stage2-seeds` takes one seed in a search (each replicate runs its sampled config "
+                          f"once), got --stage2-seeds {' '.join(map(str, args.stage2_seeds))}.")
+    return with_settings(args, bases)
 
 
 def write_chosen(chosen, space, replicates: Replicates, objectives: list[str], study: str, paths) -> list:
@@ -193,7 +208,9 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     study = args.study or f"search_{Path(args.space).stem}"
     preset = preset_of(args)
     paths = study_paths(args)
-    replicates = Replicates(tuple(replicate_bases(args, preset, space, study, paths)), args.aggregate)
+    args.study = study
+    bases = bases_with_settings(args, replicate_bases(args, preset, space, study, paths), space)
+    replicates = Replicates(tuple(bases), args.aggregate)
     options = execution_options(args, preset)
     print(settings_line(study, preset, list(replicates.bases), options))
     shown = ", ".join(f"{d}/{a} seed {s}" for d, a, s in replicates.described())

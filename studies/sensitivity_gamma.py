@@ -27,6 +27,7 @@ from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
+from calib.study.settings import with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 DEFAULT_GAMMAS = (0.8, 0.85, 0.9, 0.95, 1.0)
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                 method = {"name": "mac_cal", "accuracy_weight_source": "estimated", **source}
                 configs.append({**base_config(method=method, **common), "label": "MaC-Cal γ=estimated",
                                 "label_rank": len(args.gammas) + 1})
+    configs = with_settings(args, configs)
     print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} · γ {args.gammas}"
           f"{' + estimated' if args.estimated_gamma else ''} · q statistics from {args.stats_source} "

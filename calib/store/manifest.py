@@ -2,7 +2,7 @@
 
 ``<store>/manifests/study=<study>.json`` holds the settings every trial of the study shares: each
 dotted config key (``stage1.epochs``, ``method.clip_init``...) whose value is the same in all the
-run's trials, except the axes that only select trials (``seed``, ``dataset``, ``arch``); the settings
+run's trials, except the axes that only select trials (``seed``, ``stage2_seed``, ``dataset``, ``arch``); the settings
 of each labelled row (``label``: a row of a table, a γ of a sweep, a ladder step); and, for an Optuna
 search, the search space. A later run may add seeds, datasets, architectures or rows; a key that is
 constant in both runs with different values (``stage1.epochs: 60 → 2``), a row whose settings
@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from calib import storage
 from calib._config import ConfigError
 from calib.config import TrialConfig, added_fields, trial_identity, validate_study_name
 
-__all__ = ["StudyChangedError", "check_manifest", "manifest_of", "record_manifest"]
+__all__ = ["StudyChangedError", "check_manifest", "manifest_of", "new_study_name", "record_manifest"]
 
-SELECTING_KEYS = ("seed", "dataset", "arch", "study")
+SELECTING_KEYS = ("seed", "stage2_seed", "dataset", "arch", "study")
 
 
 class StudyChangedError(ConfigError):
@@ -107,23 +109,55 @@ def check_manifest(store: str | os.PathLike, study: str, manifest: Mapping[str, 
         return
     # Only the stored side is filled: ``manifest_of`` filled the new one per config, where a field that
     # differs between rows stays out of the shared keys.
-    old, new = _with_added_defaults(stored["constant"]), manifest["constant"]
-    shared = old.keys() & new.keys()
-    changes = [f"{key}: {_show(old[key])} → {_show(new[key])}" for key in sorted(shared) if old[key] != new[key]]
-    old_rows, new_rows = stored.get("rows", {}), manifest.get("rows", {})
-    for label in sorted(old_rows.keys() & new_rows.keys()):
-        was, now = _with_added_defaults(old_rows[label]), new_rows[label]
-        changes += [f"[{label}] {key}: {_show(was[key])} → {_show(now[key])}"
-                    for key in sorted((was.keys() & now.keys()) - shared) if was[key] != now[key]]
-    if stored.get("space") != manifest.get("space"):
-        changes.append("the search space (parameters, ranges or fixed keys) differs from the stored one")
-    if changes:
+    changed = _changes(stored, manifest)
+    if changed:
+        changes = [f"{where}{key}: {_show(was)} → {_show(now)}" if key else where for where, key, was, now in changed]
+        name = new_study_name(store, study, manifest, [(key, now) for _, key, _, now in changed if key])
         raise StudyChangedError(
             f"Study {study!r} is already in the store {storage.normalize(store)} with another fixed config, so the "
             f"new trials would not be comparable with the stored ones. Changed: {'; '.join(changes)}. Re-run with "
-            f"the original settings to resume or extend it, or start a new study in the same store with "
-            f"--study NEW_NAME."
+            f"the original settings to resume or extend it, or start a new study in the same store: --study {name}"
         )
+
+
+def _changes(stored: Mapping[str, Any], manifest: Mapping[str, Any]) -> list[tuple[str, str, Any, Any]]:
+    """(where: "" or "[row] ", key, stored value, new value) of each change; key "" for the search space."""
+    # Only the stored side is filled: ``manifest_of`` filled the new one per config, where a field that
+    # differs between rows stays out of the shared keys.
+    old, new = _with_added_defaults(stored["constant"]), manifest["constant"]
+    shared = old.keys() & new.keys()
+    changes = [("", key, old[key], new[key]) for key in sorted(shared) if old[key] != new[key]]
+    old_rows, new_rows = stored.get("rows", {}), manifest.get("rows", {})
+    for label in sorted(old_rows.keys() & new_rows.keys()):
+        was, now = _with_added_defaults(old_rows[label]), new_rows[label]
+        changes += [(f"[{label}] ", key, was[key], now[key])
+                    for key in sorted((was.keys() & now.keys()) - shared) if was[key] != now[key]]
+    if stored.get("space") != manifest.get("space"):
+        changes.append(("the search space (parameters, ranges or fixed keys) differs from the stored one", "", None,
+                        None))
+    return changes
+
+
+def _name_part(key: str, value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{key.rsplit('.', 1)[-1]}-{text}").strip("_")
+
+
+def new_study_name(store: str | os.PathLike, study: str, manifest: Mapping[str, Any],
+                   changed: Sequence[tuple[str, Any]]) -> str:
+    """A study name for a changed run: ``<study>--<field>-<new value>`` per changed key (``compare_methods--
+    scheduler_step-epoch_start``), or ``<study>-2`` (``-3``, ...) when nothing but the search space changed or the
+    name would pass 100 characters; never a study of ``store`` whose fixed config differs from ``manifest``."""
+    parts = list(dict.fromkeys(_name_part(key, value) for key, value in changed))
+    base = f"{study}--{'--'.join(parts)}" if parts else ""
+    candidates = [base] if base and len(base) <= 100 else []
+    candidates += [f"{study}-{n}" for n in range(2, 1000)]
+    store = storage.normalize(store)
+    for name in candidates:
+        stored = _load(store, name)
+        if stored is None or not _changes(stored, manifest):
+            return name
+    return f"{study}-{uuid.uuid4().hex[:8]}"
 
 
 def record_manifest(store: str | os.PathLike, study: str, manifest: Mapping[str, Any]) -> None:

@@ -72,7 +72,8 @@ def trial_row(result: TrialResult, *, node_id: str | None = None) -> dict[str, A
     cfg = result.config
     row: dict[str, Any] = {
         "trial_id": result.trial_id, "method": cfg.method.name, "dataset": cfg.dataset, "arch": cfg.arch,
-        "seed": cfg.seed, "loss": cfg.loss.name, "stage1_id": result.stage1_id, "num_bins": cfg.num_bins,
+        "seed": cfg.seed, "stage2_seed": cfg.stage2_seed, "loss": cfg.loss.name, "stage1_id": result.stage1_id,
+        "num_bins": cfg.num_bins,
         "label": cfg.label, "label_rank": cfg.label_rank, "ood_datasets": list(cfg.ood_datasets),
         "corruptions": list(cfg.corruptions),
         "status": result.status, "error": result.error, "stage1_cache_hit": result.stage1_cache_hit,

@@ -28,7 +28,11 @@ IDENTITY = [
     ("method", pa.string(), "registered method name"),
     ("dataset", pa.string(), "registered dataset name"),
     ("arch", pa.string(), "registered architecture name"),
-    ("seed", pa.int64(), "trial seed (Stage I and Stage II)"),
+    ("seed", pa.int64(), "trial seed: Stage I's and the data splits', and Stage II's unless stage2_seed differs"),
+    ("stage2_seed", pa.int64(), "the seed of Stage II (the method's random draws: masks, head initialisation, "
+                                "minibatch order, a random post-hoc fit); equal to seed unless a study set it "
+                                "(--stage2-seeds, --set stage2_seed=N); null in rows stored before it existed "
+                                "(their Stage II used seed)"),
     ("loss", pa.string(), "registered Stage-I loss name"),
     ("stage1_id", pa.string(), "hash of the Stage-I config: the artifact directory name"),
     ("cifar100_test_norm", pa.string(), "CIFAR-100 test normalisation: cifar, or focal_bug (FOCAL-R's ImageNet stats)"),

@@ -4,6 +4,7 @@
 - :mod:`calib.study.sources`: what it runs on (the preset with the flags applied, the Stage-I source, the setups);
 - :mod:`calib.study.resources`: where and with what its trials run (resources checked against Ray's, the settings
   line);
+- :mod:`calib.study.settings`: ``--set KEY=VALUE`` and ``--stage2-seeds`` applied to the trial configs a study built;
 - :mod:`calib.study.flags`: the flags every study shares and the parser;
 - :mod:`calib.study.rows`: row-based studies (a table's rows from the registries, run and print them);
 - :mod:`calib.study.ablation`: ablation ladders;

@@ -17,7 +17,8 @@ from calib.presets import PRESETS, Preset
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL
 from calib.study.sources import DEFAULT_CALIBRATION_FRACTION, DEFAULT_SPLITS
 
-__all__ = ["StudyParser", "add_common_args", "add_own_model_args", "add_predictions_args", "study_parser"]
+__all__ = ["StudyParser", "add_common_args", "add_own_model_args", "add_predictions_args", "add_set_args",
+           "study_parser"]
 
 
 def study_parser(description: str | None, *, study: str | None, study_default: str | None = None
@@ -157,7 +158,26 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
                              "rescore` and the report's bootstrap: on = float64, as the metrics were computed; "
                              "float32 / float16 round them (bounds: docs/how-to/result-store.md); the settings line "
                              f"says the size (default: {_per_preset(lambda p: p.keep_predictions)})")
+    add_set_args(parser)
     add_own_model_args(parser)
+
+
+def add_set_args(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE`` (any trial-config field, repeatable) and ``--stage2-seeds`` (Stage II's own seeds):
+    :mod:`calib.study.settings` applies them to the study's trial configs."""
+    group = parser.add_argument_group("any trial-config field (docs/studies/index.md#set-any-config-field)")
+    group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="set a trial-config field on every trial of the run, after the preset, the other flags "
+                            "and the study's rows: stage1.FIELD, method.FIELD (the trials whose method has it), "
+                            "loss.FIELD (likewise), or a top-level field such as num_bins, cifar100_test_norm, "
+                            "stage2_seed; the value is typed and checked against the field (e.g. "
+                            "stage1.scheduler_step=epoch_start, method.accuracy_weight=0.9, "
+                            "stage1.milestones=[20,40]); "
+                            "repeatable (default: none)")
+    group.add_argument("--stage2-seeds", type=int, nargs="+", default=None, metavar="S",
+                       help="run every trial once per Stage-II seed S: the method's random draws (MaC-Cal's masks, "
+                            "the heads' initialisation and minibatch order, a random post-hoc fit) use S while Stage I "
+                            "keeps its --seeds seed, so each Stage I is trained once (default: each trial's seed)")
 
 
 class _LoadPlugin(argparse.Action):

@@ -209,6 +209,9 @@ def settings_line(study: str, preset: Preset, configs: Sequence[Mapping[str, Any
     if stage2:
         parts.append(f"Stage II {_numbers(stage2)} epochs")
     parts.append("seeds " + " ".join(str(seed) for seed in dict.fromkeys(config["seed"] for config in configs)))
+    stage2_seeds = dict.fromkeys(c["stage2_seed"] for c in configs if c.get("stage2_seed") is not None)
+    if stage2_seeds:
+        parts.append("Stage-II seeds " + " ".join(map(str, stage2_seeds)))
     train_sizes = [c["stage1"]["train_size"] for c in configs if c["stage1"].get("train_size") is not None]
     if train_sizes:
         parts.append(f"train size {_numbers(train_sizes)}")

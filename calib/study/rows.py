@@ -26,6 +26,7 @@ from calib.search import CheckedOnly, StudyRun, run_grid
 from calib.store import read_finished
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
+from calib.study.settings import with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 __all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "MIXING_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "PROCEDURE_ROWS",
@@ -231,12 +232,12 @@ def run_rows(
                     configs.append({**config, "label": label, "label_rank": rank, **extra[dataset]})
         return configs
 
-    configs = configs_of(rows, seeds)
+    configs = with_settings(args, configs_of(rows, seeds))
     print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] {len(rows)} rows · setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} "
           f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=options,
-                   table=configs_of(table, seeds[:1]) if table else None)
+                   table=with_settings(args, configs_of(table, seeds[:1]), say=False) if table else None)
     if isinstance(run, CheckedOnly):
         return run
     trials = with_current_labels(read_finished(paths.store, args.study, run.trial_ids))

@@ -91,8 +91,26 @@ def test_a_changed_shared_setting_is_refused_once(tmp_path):
     with pytest.raises(StudyChangedError) as caught:
         check_manifest(store, "study", manifest_of(configs(tmp_path, ["Vanilla", "TST"], epochs=3)))
     message = str(caught.value)
-    assert "Changed: stage1.epochs: 2 → 3." in message and "--study NEW_NAME" in message
+    assert "Changed: stage1.epochs: 2 → 3." in message and message.endswith("--study study--epochs-3")
     assert "[TST]" not in message and "[Vanilla]" not in message
+
+
+def test_the_new_study_name_is_free_or_holds_the_same_config(tmp_path):
+    # The name a refusal gives is one to use as it stands: never a stored study of another fixed config.
+    store = record(tmp_path, ["Vanilla", "TST"])
+    three = manifest_of(configs(tmp_path, ["Vanilla", "TST"], epochs=3))
+    with pytest.raises(StudyChangedError, match=r"--study study--epochs-3$"):
+        check_manifest(store, "study", three)
+    record_manifest(store, "study--epochs-3", three)  # the user ran it: the same change still names it
+    with pytest.raises(StudyChangedError, match=r"--study study--epochs-3$"):
+        check_manifest(store, "study", three)
+    four = manifest_of(configs(tmp_path, ["Vanilla", "TST"], epochs=4))
+    other = manifest_of(configs(tmp_path, ["Vanilla", "TST"], epochs=4, tst_epochs=30))
+    record_manifest(store, "study--epochs-4", other)
+    with pytest.raises(StudyChangedError, match=r"--study study-2$"):  # taken by another config: numbered
+        check_manifest(store, "study", four)
+    with pytest.raises(StudyChangedError, match=r"\[TST\] method\.epochs: 40 → 2.*--study study--epochs-2$"):
+        check_manifest(store, "study", manifest_of(configs(tmp_path, ["Vanilla", "TST"], tst_epochs=2)))
 
 
 def test_a_changed_row_setting_is_refused_naming_the_row(tmp_path):
