@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -286,3 +289,37 @@ def test_the_script_checks_on_a_node_that_calib_imports_as_the_study_imports_it(
 
     assert check(str(Path(sys.executable).parent), str(ROOT)) == ""
     assert check(str(bare), None) == f"n7 {bare / 'python'} ModuleNotFoundError: No module named 'calib'\n"
+
+
+@pytest.mark.parametrize(("child", "said", "status"), [
+    ("trap '' TERM; touch READY; exec sleep 60", "the study did not stop within 1 s of the SIGTERM (Slurm's "
+     "KillWait, 4 s, less 3 s for this script to end): this script ended it (SIGKILL)", 137),
+    ("touch READY; exec sleep 60", None, 143),
+], ids=["a study slower than KillWait", "a study the SIGTERM ends"])
+def test_after_sigterm_the_script_waits_for_the_study_only_until_killwait_less_a_margin(
+        tmp_path: Path, child: str, said: str | None, status: int):
+    """The script's signal handling and ``run_child`` (how it runs the wait for Ray and the study), with Slurm's
+    KillWait 4 s (``scontrol show config``): a SIGTERM to the script stops the child; one that outlives 4 - 3 s is
+    ended by the script, in a line of its own. The child's status is returned either way."""
+    script = render_script(GPU_SETTINGS, GPU_COMMAND, name="calib-compare_methods")
+    start = script.index("say() {")
+    part = script[start:script.index("\n", start) + 1]
+    start = script.index('SIGNALLED=""')
+    part += script[start:script.index("\n}\n", script.index("run_child() {")) + 3]
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\n[ \"$2\" = config ] && echo 'KillWait                = 4 sec' || exit 1\n")
+    scontrol.chmod(0o755)
+    ready = tmp_path / "ready"
+    body = f"{part}\nrun_child bash -c {shlex.quote(child.replace('READY', str(ready)))}\necho status=$?\n"
+    proc = subprocess.Popen(["bash", "-c", f"SLURM_JOB_ID=7 RESTARTS=0\n{body}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    for _ in range(200):
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    lines = [line.split("] ", 1)[1] if line.startswith("[calib-slurm") else line for line in out.splitlines()]
+    assert lines[0] == "SIGTERM: stopping the study", out  # scontrol show job answers nothing here
+    assert lines[1:] == ([said] if said else []) + [f"status={status}"], out
