@@ -4,8 +4,10 @@ on this machine.
 The hosts (:mod:`lab_hosts`) are network namespaces with their own sshd, hostname, processes, home and
 TMPDIR; the store is a moto S3 server on the bridge address both reach. The test sets the variables the
 page tells users to set, then runs each command of the page's ``onprem-commands`` block from a copy
-of this checkout: render the on-prem file from cluster.yaml, validate it, ``ray up`` (file mounts, setup
-commands, Ray on head and worker), wait for both nodes, the γ study through ``ray exec`` (twice: the
+of this checkout: render the on-prem file from cluster.yaml, validate it, create its token, ``ray up`` (file
+mounts, setup commands, Ray on head and worker), wait for both nodes, an intruder (:func:`intruder_is_refused`: a
+third host on the same bridge without the token, refused at each door, no code of its run anywhere), the γ study
+through ``ray exec`` (twice: the
 second run must skip every trial), ``stop-workers`` and ``ray down``, after which no Ray process may be
 left on either host. A failing step fails the test with what broke: the setup command that failed, a
 host without the checkout at ``~/calib``, a Ray pin the validator refused.
@@ -190,13 +192,15 @@ def intruder_is_refused(lab: Lab) -> list[str]:
     script = (Path(__file__).parent / "intruder.py").read_text()
     proc = lab.ssh(intruder, f"~/venv/bin/python - {lab.head.ip}", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                    stderr=subprocess.STDOUT, text=True)
+    started = time.monotonic()
     out, _ = proc.communicate(script, timeout=420)
     doors = {d["door"]: d for d in (json.loads(line) for line in out.splitlines() if line.startswith('{"door"'))}
     assert set(doors) == {"join", "client", "jobs"}, out[-3000:]
     let_in = [f"{d['door']}: {d['said']}" for d in doors.values() if not d["refused"]]
     assert not let_in, "a host without the token got in:\n  " + "\n  ".join(let_in)
     assert not markers(lab), f"code of the intruder ran on the hosts: {markers(lab)}"
-    return [f"intruder at {intruder.ip}, {door}: refused ({d['said'][:160]})" for door, d in doors.items()]
+    return [f"intruder at {intruder.ip}, {door}: refused ({d['said'][:160]})" for door, d in doors.items()] + [
+        f"intruder: {time.monotonic() - started:.0f} s"]
 
 
 def _cmdline(pid: int) -> bytes:
