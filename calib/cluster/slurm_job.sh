@@ -78,7 +78,7 @@ run_child() {
       { wait "$CHILD"; } 2>/dev/null  # at once, so that bash does not report the child it killed ("Killed")
       return
     else
-      sleep 0.2
+      sleep 0.2 & wait $!
     fi
   done
   wait "$CHILD"  # the child's own exit status, which bash keeps (a wait a signal cut short gives 128+signal)
@@ -121,7 +121,7 @@ python -c 'import grpc' 2>/dev/null && CLIENT="--ray-client-server-port=$((BASE 
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$LOG_DIR/.ray-token-$SLURM_JOB_ID" RAY_USAGE_STATS_ENABLED=0
 # Ray stops at once on SIGTERM: its drain (up to 30 s, for Ray Serve) would outlast a short KillWait.
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
-(umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH")
+(umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH") & wait $!
 export CALIB_STAGE1_HANDOVER_SECONDS=${CALIB_STAGE1_HANDOVER_SECONDS:-@handover_seconds@}
 CPUS=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
 GPUS=${SLURM_GPUS_ON_NODE:-0}
@@ -162,9 +162,12 @@ srun --overlap --nodes=1 --ntasks=1 -w "${NODES[0]}" bash -c "$NODE_RAY" ray \
   --num-cpus="$CPUS" --num-gpus="$GPUS" --include-dashboard=false \
   --disable-usage-stats@object_store@ >"$RAY_LOGS-${NODES[0]}.log" 2>&1 &
 STEPS+=($!)
+# Commands that a signal may kill run in the background, waited for: bash reports a foreground one killed by
+# Slurm's SIGTERM ("Terminated"), never a background one while the script traps the signal.
 for _ in $(seq 120); do
-  [[ -n $SIGNALLED ]] || (exec 3<>"/dev/tcp/$HEAD_IP/$BASE") 2>/dev/null && break
-  sleep 1
+  [[ -n $SIGNALLED ]] && break
+  (exec 3<>"/dev/tcp/$HEAD_IP/$BASE") 2>/dev/null & wait $! && break
+  sleep 1 & wait $!
 done
 for node in "${NODES[@]:1}"; do
   [[ -n $SIGNALLED ]] && break
@@ -178,7 +181,7 @@ done
   --timeout 300
 RAY_UP=$?
 # A wait that a signal ended is that signal's doing: its trap may run a moment after the wait's end is seen.
-(( RAY_UP > 128 )) && [[ -z $SIGNALLED ]] && sleep 1
+(( RAY_UP > 128 )) && [[ -z $SIGNALLED ]] && { sleep 1 & wait $!; }
 if (( RAY_UP != 0 )) && [[ -z $SIGNALLED ]]; then
   say "Ray did not start on every node: see $RAY_LOGS-*.log"
   stop_ray

@@ -128,6 +128,9 @@ def sigterm_ending(said: list[str], study: str, script_says: str, last_says: str
     says so, with that exit status, before its last line. A study that exits 3 always said why."""
     term = next(i for i, line in enumerate(said) if line.endswith(script_says))
     script = [i for i in range(term + 1, len(said)) if said[i].startswith("[calib-slurm")]
+    # Under load the study may outlast KillWait less the script's margin: the script then ends it, saying so.
+    ended_by_script = [said[i] for i in script[:1] if "the study did not stop within " in said[i]]
+    script = script[len(ended_by_script):]
     ended_by_ray = [said[i] for i in script[:1] if "the study's process " in said[i]]
     last = script[len(ended_by_ray)]
     if ended_by_ray:  # Ray ended it, or the SIGTERM itself in the study's start-up (exit 143)
@@ -138,7 +141,8 @@ def sigterm_ending(said: list[str], study: str, script_says: str, last_says: str
         assert not re.search(r"exit (3|143):", ended_by_ray[0]), ended_by_ray
     assert said[last].endswith(last_says), "\n".join(said)
     began = max(i for i in range(term) if said[i].startswith("[calib-slurm") and "] study: " in said[i])
-    assert ended_by_ray or any(line.startswith(f"[{study}] interrupted by SIGTERM") for line in said[began:last]), \
+    assert ended_by_ray or ended_by_script or any(line.startswith(f"[{study}] interrupted by SIGTERM")
+                                                  for line in said[began:last]), \
         "\n".join(said)
     return term, last
 
