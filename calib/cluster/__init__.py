@@ -2,7 +2,9 @@
 
 ``python -m calib.cluster validate FILE``: Ray's own schema plus calib's rules, offline
 (:mod:`calib.cluster.validate`). ``python -m calib.cluster onprem cluster.yaml ...``: the launcher file
-for your own machines, sharing cluster.yaml's launcher sections (:mod:`calib.cluster.onprem`).
+for your own machines, sharing cluster.yaml's launcher sections (:mod:`calib.cluster.onprem`). ``python -m
+calib.cluster token FILE``: the cluster's Ray token, where the file's ``file_mounts`` ship it from
+(:mod:`calib.cluster.token`).
 ``python -m calib.cluster wait --nodes N``: on the head, until N nodes are up; ``python -m calib.cluster
 stop-workers``: on an on-prem head, ``ray stop`` on every worker before ``ray down`` (:mod:`calib.cluster.nodes`).
 ``python -m calib.cluster slurm ... -- python studies/<study>.py ...``: a Slurm job that runs a study
@@ -18,7 +20,7 @@ import sys
 
 from calib._config import ConfigError
 from calib._help import HelpFormatter
-from calib.cluster import nodes, onprem, slurm, validate
+from calib.cluster import nodes, onprem, slurm, token, validate
 from calib.cluster.launcher import Launcher
 from calib.cluster.onprem import SHARED_CALIB_KEYS, SHARED_KEYS, render_onprem
 from calib.cluster.validate import (
@@ -34,7 +36,7 @@ from calib.exit_codes import ExitCode
 __all__ = ["LAUNCHERS", "SHARED_CALIB_KEYS", "SHARED_KEYS", "Checked", "ClusterConfigError", "Launcher", "Problem",
            "check_cluster", "load_cluster_yaml", "main", "render_onprem", "validate_cluster"]
 
-LAUNCHERS: tuple[Launcher, ...] = (validate.LAUNCHER, onprem.LAUNCHER, nodes.WAIT, slurm.LAUNCHER,
+LAUNCHERS: tuple[Launcher, ...] = (validate.LAUNCHER, onprem.LAUNCHER, token.LAUNCHER, nodes.WAIT, slurm.LAUNCHER,
                                    nodes.STOP_WORKERS)
 """The subcommands of ``python -m calib.cluster``, in the order ``--help`` lists them."""
 

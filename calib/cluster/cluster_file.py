@@ -16,7 +16,7 @@ from calib._config import ConfigError
 __all__ = ["CALIB_KEYS", "CALIB_SECTION", "SHARED_SCHEMES", "ClusterConfigError", "Problem", "can_start", "count",
            "load_cluster_yaml", "node_types", "worker_cap"]
 
-CALIB_KEYS = ("store", "gpus_per_trial", "shared_paths")
+CALIB_KEYS = ("store", "gpus_per_trial", "shared_paths", "trusted_network")
 SHARED_SCHEMES = ("s3://", "gs://")
 CALIB_SECTION = "metadata.calib"
 """Where calib's own settings live in a cluster file (Ray's schema keeps ``metadata`` free-form)."""

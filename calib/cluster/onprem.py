@@ -7,7 +7,9 @@
 ``metadata.calib``'s cluster-wide settings). cluster.yaml stays the one place these are written;
 regenerate the on-prem file after editing it. The head starts Ray with the v1 autoscaler
 (:data:`HEAD_START_RAY_COMMANDS`); every host starts it under NVIDIA MPS unless ``--no-mps``
-(:data:`MPS_HEAD_START_RAY_COMMANDS`, :data:`MPS_WORKER_START_RAY_COMMANDS`).
+(:data:`MPS_HEAD_START_RAY_COMMANDS`, :data:`MPS_WORKER_START_RAY_COMMANDS`). Every host starts Ray requiring the
+cluster's token, which ``file_mounts`` ships from ``~/.config/calib/ray-tokens/<cluster name>.token``
+(:mod:`calib.cluster.token`; ``python -m calib.cluster token FILE`` creates it).
 
 ``--venv DIR`` makes every command on the hosts run in that virtual environment (first setup command:
 activate it from ``~/.bashrc``, which Ray's command runner sources), for machines where the project's
@@ -30,31 +32,31 @@ import yaml
 from calib._config import ConfigError
 from calib.cluster.cluster_file import load_cluster_yaml
 from calib.cluster.launcher import Launcher
+from calib.cluster.token import AUTH_MODE, NODE_TOKEN_PATH, local_token_path, token_mount
 from calib.exit_codes import ExitCode
 
 __all__ = ["HEAD_START_RAY_COMMANDS", "LAUNCHER", "MPS_HEAD_START_RAY_COMMANDS", "MPS_WORKER_START_RAY_COMMANDS",
-           "SHARED_CALIB_KEYS", "SHARED_KEYS", "onprem_text", "render_onprem", "venv_command"]
+           "SHARED_CALIB_KEYS", "SHARED_KEYS", "WORKER_START_RAY_COMMANDS", "onprem_text", "render_onprem",
+           "venv_command"]
 
 # Launcher sections every provider runs the same way: what is copied to the nodes and what is installed.
 SHARED_KEYS = ("file_mounts", "rsync_filter", "rsync_exclude", "initialization_commands", "setup_commands",
                "head_setup_commands", "worker_setup_commands")
-SHARED_CALIB_KEYS = ("gpus_per_trial", "shared_paths")
+SHARED_CALIB_KEYS = ("gpus_per_trial", "shared_paths", "trusted_network")
 # Ray 2.60's default autoscaler (v2) never records an on-prem head in its node state, so it never starts
-# the workers; the head runs the v1 autoscaler. Otherwise Ray's own `local` defaults.
-HEAD_START_RAY_COMMANDS = [
-    "ray stop",
-    "ulimit -c unlimited; RAY_enable_autoscaler_v2=0 ray start --head --port=6379 "
-    "--autoscaling-config=~/ray_bootstrap_config.yaml",
-]
+# the workers; the head runs the v1 autoscaler. Every `ray start` requires the cluster's token (RAY_AUTH_MODE=token,
+# the token shipped to ~/.ray/auth_token by file_mounts: calib.cluster.token); the dashboard listens on the head's
+# loopback only (reach it through `ray dashboard FILE`, an SSH tunnel).
+HEAD_START = ("ulimit -c unlimited; " + AUTH_MODE + " RAY_enable_autoscaler_v2=0 {mps}ray start --head --port=6379 "
+              "--dashboard-host=127.0.0.1 --autoscaling-config=~/ray_bootstrap_config.yaml")
+WORKER_START = AUTH_MODE + " {mps}ray start --address=$RAY_HEAD_IP:6379"
+HEAD_START_RAY_COMMANDS = ["ray stop", HEAD_START.format(mps="")]
+WORKER_START_RAY_COMMANDS = ["ray stop", WORKER_START.format(mps="")]
 # With NVIDIA MPS (--mps, the default): Ray starts under `calib.cluster.mps start` on every host, which starts the
 # daemon on a host with GPUs (its Ray's workers inherit CUDA_MPS_PIPE_DIRECTORY) and stops it when Ray stops.
 MPS_START = "python -m calib.cluster.mps start -- "
-MPS_HEAD_START_RAY_COMMANDS = [
-    "ray stop",
-    "ulimit -c unlimited; RAY_enable_autoscaler_v2=0 " + MPS_START + "ray start --head --port=6379 "
-    "--autoscaling-config=~/ray_bootstrap_config.yaml",
-]
-MPS_WORKER_START_RAY_COMMANDS = ["ray stop", MPS_START + "ray start --address=$RAY_HEAD_IP:6379"]
+MPS_HEAD_START_RAY_COMMANDS = ["ray stop", HEAD_START.format(mps=MPS_START)]
+MPS_WORKER_START_RAY_COMMANDS = ["ray stop", WORKER_START.format(mps=MPS_START)]
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9-]{1,63})*$")
 
 
@@ -112,11 +114,12 @@ def render_onprem(source: dict[str, Any], *, head_ip: str, worker_ips: list[str]
         config["setup_commands"] = [venv_command(venv), *config.get("setup_commands", [])]
     if not isinstance(mps, bool):
         raise ConfigError(f"--mps must be true or false, got {mps!r}.")
-    if mps:
-        config["head_start_ray_commands"] = list(MPS_HEAD_START_RAY_COMMANDS)
-        config["worker_start_ray_commands"] = list(MPS_WORKER_START_RAY_COMMANDS)
-    else:
-        config["head_start_ray_commands"] = list(HEAD_START_RAY_COMMANDS)
+    # This cluster's own token (not cluster.yaml's): `python -m calib.cluster token FILE` creates it.
+    mounts = {k: v for k, v in (config.get("file_mounts") or {}).items()
+              if token_mount({"file_mounts": {k: v}}) is None}
+    config["file_mounts"] = {**mounts, NODE_TOKEN_PATH: local_token_path(cluster_name)}
+    config["head_start_ray_commands"] = list(MPS_HEAD_START_RAY_COMMANDS if mps else HEAD_START_RAY_COMMANDS)
+    config["worker_start_ray_commands"] = list(MPS_WORKER_START_RAY_COMMANDS if mps else WORKER_START_RAY_COMMANDS)
     shared = ((source.get("metadata") or {}).get("calib") or {})
     calib = {k: copy.deepcopy(shared[k]) for k in SHARED_CALIB_KEYS if k in shared}
     calib["store"] = store if store is not None else shared.get("store")
@@ -164,7 +167,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         return ExitCode.OK
     Path(args.output).write_text(text)
     print(f"wrote {args.output}: {len(config['provider']['worker_ips'])} worker(s), head {args.head_ip}; "
-          f"check it with `python -m calib.cluster validate {args.output}`")
+          f"check it with `python -m calib.cluster validate {args.output}`, "
+          f"create its token with `python -m calib.cluster token {args.output}`")
     return ExitCode.OK
 
 

@@ -35,136 +35,33 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import re
 import shlex
 import shutil
 import string
 import sys
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from calib._config import ConfigError
 from calib.cluster.launcher import Launcher
+from calib.cluster.slurm_checks import (
+    check_command,
+    check_shared_places,
+    check_with_slurm,
+    local_storage_warnings,
+    submit,
+)
+from calib.cluster.slurm_settings import SlurmSettings, add_setting_flags, given_settings, parse_time
 from calib.exit_codes import ExitCode
 
-__all__ = ["JOB_TEMPLATE", "LAUNCHER", "SlurmSettings", "parse_time", "render_script"]
+__all__ = ["JOB_TEMPLATE", "LAUNCHER", "PATH_FLAGS", "SlurmSettings", "parse_time", "render_script", "typed_paths"]
 
 PORTS_PER_JOB = 200
 FIRST_PORT = 20_000
 JOB_TEMPLATE = "slurm_job.sh"
 """The job script's template, package data of :mod:`calib.cluster` (its ``@name@`` placeholders are filled by
 :func:`render_script`; shellcheck reads the template and every script rendered from it)."""
-_MEM = re.compile(r"[1-9][0-9]*[KMGT]?")
-_TIME_FORMATS = ("MINUTES", "MINUTES:SECONDS", "HOURS:MINUTES:SECONDS", "DAYS-HOURS", "DAYS-HOURS:MINUTES",
-                 "DAYS-HOURS:MINUTES:SECONDS")
-
-
-def parse_time(text: str) -> int:
-    """Seconds of a Slurm time limit (``--time``): minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", str(text).strip())
-    if not match:
-        raise ConfigError(f"--time {text!r} is not a Slurm time limit; allowed: {', '.join(_TIME_FORMATS)}.")
-    days, first, second, third = match.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        return int(days) * 86400 + int(first) * 3600 + int(second or 0) * 60 + int(third or 0)
-    if third is not None:  # HH:MM:SS
-        return int(first) * 3600 + int(second) * 60 + int(third)
-    return int(first) * 60 + int(second or 0)  # MM[:SS]
-
-
-@dataclass(frozen=True)
-class SlurmSettings:
-    """What the job asks Slurm for, and how it runs (docs/how-to/slurm.md)."""
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    nodes: int = 1
-    gpus_per_node: int = 0
-    cpus_per_node: int | None = None
-    mem_per_node: str | None = None
-    time: str = "24:00:00"
-    signal_seconds: int = 300
-    """Slurm's warning this long before the time limit (it may come up to a minute early)."""
-    max_requeues: int = 3
-    """Starts after the first that the job may have (requeued by itself at the time limit, or preempted)."""
-    handover_seconds: int = 120
-    """How often a Stage I being trained saves the state a requeued job continues from."""
-    setup: tuple[str, ...] = ()
-    run_dir: str = "."
-    job_name: str | None = None
-    sbatch_options: tuple[str, ...] = ()
-    """Further ``#SBATCH`` options, as given (``--constraint=a100``, ``--exclusive``)."""
-    ray_tmp: str = "/tmp"
-    """Where each node keeps Ray's files, ``<ray_tmp>/calib-<job id>``: short and node-local."""
-    mps: bool = True
-    """NVIDIA MPS on each node of a GPU job, for its Ray (:mod:`calib.cluster.mps`); no effect without GPUs."""
-    shared_paths: tuple[str, ...] = ()
-    """Folders every node of the job sees at the same path although they lie where calib takes a folder for
-    node-local (under /tmp, /var/tmp or /dev/shm, or on a memory file system): not refused
-    (:func:`calib.cluster.slurm_checks.check_shared_places`)."""
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike) -> SlurmSettings:
-        """Settings from a YAML file whose keys are the field names (dashes or underscores)."""
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as err:
-            raise ConfigError(f"--settings {path}: cannot be read ({err.strerror or err}).") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"--settings {path}: not valid YAML ({err}).") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"--settings {path}: must be a mapping of settings, got {type(data).__name__}.")
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {str(k).replace("-", "_"): v for k, v in data.items()}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ConfigError(f"--settings {path}: unknown setting(s) {', '.join(unknown)}; allowed: "
-                              f"{', '.join(sorted(names))}.")
-        for key in ("setup", "sbatch_options", "shared_paths"):
-            if key in values:
-                values[key] = tuple(values[key] if isinstance(values[key], list) else [values[key]])
-        return cls(**values)
-
-    def check(self) -> None:
-        """Raise ``ConfigError`` naming the first value out of range."""
-        def whole(name: str, value: Any, low: int) -> None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}.")
-
-        whole("nodes", self.nodes, 1)
-        whole("gpus_per_node", self.gpus_per_node, 0)
-        whole("signal_seconds", self.signal_seconds, 1)
-        whole("max_requeues", self.max_requeues, 0)
-        whole("handover_seconds", self.handover_seconds, 0)
-        if not isinstance(self.mps, bool):
-            raise ConfigError(f"--mps must be true or false (on or off in a settings file), got {self.mps!r}.")
-        if self.cpus_per_node is not None:
-            whole("cpus_per_node", self.cpus_per_node, 1)
-        if self.mem_per_node is not None and not _MEM.fullmatch(str(self.mem_per_node)):
-            raise ConfigError(f"--mem-per-node must be a size such as 64G or 500M (K, M, G, T), got "
-                              f"{self.mem_per_node!r}.")
-        limit = parse_time(self.time)
-        if limit <= self.signal_seconds + 60:
-            raise ConfigError(f"--time {self.time} ({limit} s) must be longer than the warning before it "
-                              f"(--signal-seconds {self.signal_seconds}) plus a minute (Slurm may send it up to 60 s "
-                              f"early): the study would be stopped before it could start.")
-        for folder in self.shared_paths:
-            if not Path(str(folder)).expanduser().is_absolute():
-                raise ConfigError(f"--shared-path must be an absolute path (a folder every node sees there), got "
-                                  f"{folder!r}.")
-        for name in ("partition", "account", "qos", "job_name"):
-            value = getattr(self, name)
-            if value is not None and not re.fullmatch(r"[A-Za-z0-9_.+-]+", str(value)):
-                raise ConfigError(f"--{name.replace('_', '-')} {value!r} has characters Slurm names do not use.")
-
-
-
 # ---------------------------------------------------------------------------------------------------
 # The script
 
@@ -260,40 +157,7 @@ _MPS_NOTE = """\
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", default=None, metavar="FILE",
                         help="a YAML file of these settings (keys as below, dashes or underscores); flags override it")
-    parser.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's default)")
-    parser.add_argument("--account", default=None, help="account to charge")
-    parser.add_argument("--qos", default=None, help="quality of service")
-    parser.add_argument("--nodes", type=int, default=None, help="nodes of the job (default 1): Ray's head and workers")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs on each node (default 0)")
-    parser.add_argument("--cpus-per-node", type=int, default=None,
-                        help="CPUs on each node (default: Slurm's default for one task)")
-    parser.add_argument("--mem-per-node", default=None, help="memory on each node, e.g. 64G")
-    parser.add_argument("--time", default=None, help="time limit of each start of the job (default 24:00:00)")
-    parser.add_argument("--signal-seconds", type=int, default=None,
-                        help="Slurm's warning this long before the time limit: the study stops cleanly and the job "
-                             "requeues itself (default 300)")
-    parser.add_argument("--max-requeues", type=int, default=None,
-                        help="starts after the first the job may have, time limits and preemptions together "
-                             "(default 3)")
-    parser.add_argument("--handover-seconds", type=int, default=None,
-                        help="how often a Stage I being trained saves the state a requeued job continues from "
-                             "(default 120)")
-    parser.add_argument("--setup", action="append", default=None, metavar="LINE",
-                        help="a shell line run before anything else on the job (repeatable), e.g. "
-                             "'module load cuda/12.4' and 'source ~/venv/bin/activate'")
-    parser.add_argument("--run-dir", default=None,
-                        help="the folder the job runs the command from, on the cluster's shared file system; logs "
-                             "go to <run dir>/slurm/ (default: this folder)")
-    parser.add_argument("--job-name", default=None, help="job name (default calib-<study>)")
-    parser.add_argument("--sbatch-option", action="append", default=None, dest="sbatch_options", metavar="OPTION",
-                        help="another #SBATCH option, as given (repeatable), e.g. --sbatch-option=--constraint=a100")
-    parser.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
-                        help="start NVIDIA MPS on every node of a GPU job before Ray, so trials sharing a GPU run at "
-                             "once (default: on); --no-mps where the site runs MPS itself or must not share GPUs")
-    parser.add_argument("--shared-path", action="append", default=None, dest="shared_paths", metavar="PATH",
-                        help="a folder every node of the job sees at this path although calib takes it for "
-                             "node-local (under /tmp, /var/tmp or /dev/shm, or on a memory file system), where the "
-                             "Python, calib, the run directory and the store are refused (repeatable)")
+    add_setting_flags(parser)
     parser.add_argument("-o", "--output", default=None,
                         help="the script to write (default <run dir>/slurm/<job name>.sbatch)")
     parser.add_argument("--submit", action="store_true", help="also submit it with sbatch and say how to follow it")
@@ -305,30 +169,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace) -> SlurmSettings:
     """The settings file's values, overridden by the flags given."""
     base = SlurmSettings.from_file(args.settings) if args.settings else SlurmSettings()
-    given = {name: getattr(args, name) for name in ("partition", "account", "qos", "nodes", "gpus_per_node",
-                                                    "cpus_per_node", "mem_per_node", "time", "signal_seconds",
-                                                    "max_requeues", "handover_seconds", "run_dir", "job_name", "mps")}
-    given.update({name: tuple(getattr(args, name)) for name in ("setup", "sbatch_options", "shared_paths")
-                  if getattr(args, name)})
-    settings = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    settings = dataclasses.replace(base, **given_settings(args))
     settings.check()
     return settings
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from calib.cluster.slurm_checks import (
-        check_command,
-        check_shared_places,
-        check_with_slurm,
-        local_storage_warnings,
-        submit,
-    )
-
     settings = _settings(args)
-    command = args.study_command[1:] if args.study_command[:1] == ["--"] else args.study_command
     run_dir = Path(settings.run_dir).expanduser().resolve()
-    if not run_dir.is_dir():
-        raise ConfigError(f"--run-dir {run_dir} is not a folder.")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is a file: give the folder the job runs the command from.")
+    command = typed_paths(args.study_command[1:] if args.study_command[:1] == ["--"] else args.study_command,
+                          Path.cwd(), run_dir)
     check_shared_places(run_dir, command, settings.shared_paths)
     name = settings.job_name or f"calib-{study_name(command)}"
     script = render_script(settings, command, name=name)
@@ -337,13 +189,22 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     elif args.submit:
         raise ConfigError("sbatch is not on this machine's PATH: run this on a login node of the cluster, or write "
                           "the script here (without --submit) and submit it there with sbatch.")
-    checked = check_command(command, run_dir)
+    created = next((p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()), None)
+    run_dir.mkdir(parents=True, exist_ok=True)  # the study's check runs there, as the job will
+    try:
+        checked = check_command(command, run_dir)
+    except ConfigError:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     for warning in local_storage_warnings(run_dir, command, settings.shared_paths):
         print(warning, file=sys.stderr)
     path = Path(args.output).resolve() if args.output else run_dir / "slurm" / f"{name}.sbatch"
     (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script)
+    if created is not None:
+        print(f"created the run directory {run_dir}")
     print(checked)
     if not args.submit:
         print(f"wrote {path}: submit it with `sbatch {path}`")
@@ -353,6 +214,41 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"submitted job {job} ({path})\n  log:    {log}\n  follow: squeue -j {job}; tail -f {log}\n"
           f"  cancel: scancel {job}")
     return ExitCode.OK
+
+
+PATH_FLAGS = ("--store", "--artifacts", "--data-root", "--storage", "--space", "--ladder", "--checkpoint",
+              "--features", "--predictions")
+"""The study flags whose values are paths (``--predictions`` takes several)."""
+
+
+def typed_paths(command: list[str], typed_in: Path, run_dir: Path) -> list[str]:
+    """``command`` with its study script and the relative paths given to :data:`PATH_FLAGS` made absolute from
+    ``typed_in`` (where the command was typed), for a job that runs it from ``run_dir``; unchanged when the two
+    are one folder. A study script that is not a file there is refused, with its absolute path suggested if the
+    run directory has it."""
+    if typed_in.resolve() == run_dir or len(command) < 2:
+        return list(command)
+
+    def absolute(token: str) -> str:
+        return token if "://" in token or Path(token).expanduser().is_absolute() else str(typed_in / token)
+
+    out = [command[0], absolute(command[1])]
+    if not Path(out[1]).is_file():
+        there = run_dir / command[1]
+        hint = f" (the run directory has {there}: give that absolute path)" if there.is_file() else ""
+        raise ConfigError(f"{command[1]} is not a file in {typed_in}, where this command was typed: give the study "
+                          f"script's path from here, or its absolute path{hint}.")
+    flag = None
+    for token in command[2:]:
+        name, eq, value = token.partition("=")
+        if token.startswith("--"):
+            flag = token if token in PATH_FLAGS else None
+            out.append(f"{name}={absolute(value)}" if eq and name in PATH_FLAGS and value else token)
+            continue
+        out.append(absolute(token) if flag else token)
+        if flag != "--predictions":
+            flag = None
+    return out
 
 
 def _flag_value(command: list[str], flag: str) -> str | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from calib import storage
 from calib._config import ConfigError
-from calib.cluster.slurm import SlurmSettings
+from calib.cluster.slurm_settings import SlurmSettings
 
 __all__ = ["MEMORY_FILE_SYSTEMS", "NODE_LOCAL_FILE_SYSTEMS", "NODE_LOCAL_PATHS", "check_command", "check_shared_places",
            "check_with_slurm", "local_storage_warnings", "node_local_places", "submit"]

@@ -26,7 +26,13 @@ fi
 # is left KillWait seconds later. Until the study starts, only remembered.
 SIGNALLED=""
 ENDING=""
-DRIVER=""
+CHILD=""     # what the script waits for: the wait for Ray's nodes, then the study; a signal stops it
+DEADLINE=""  # after SIGTERM: when the script ends the child itself, before Slurm's SIGKILL (KillWait) ends all
+# Slurm kills what is left KillWait seconds after its SIGTERM: the script waits that long less a margin for the
+# study's last line, then ends the study itself, so that its own last line is always written.
+KILL_WAIT=$(timeout 5 scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9][0-9]*\).*/\1/p')
+KILL_WAIT=${KILL_WAIT:-30}
+MARGIN=3
 # Why Slurm sent SIGTERM, from its record of the job: a requeue counts one more restart, the time limit is the
 # reason; a job still running was only signalled (scancel --signal=TERM); any other was cancelled.
 # shellcheck disable=SC2317  # called from on_signal, which the traps below call
@@ -41,11 +47,12 @@ why_sigterm() {
 # shellcheck disable=SC2317  # called by the traps below
 on_signal() {
   SIGNALLED=$1
-  [[ -n $DRIVER ]] && kill -TERM "$DRIVER" 2>/dev/null
+  [[ -n $CHILD ]] && kill -TERM "$CHILD" 2>/dev/null
   if [[ $1 == USR1 ]]; then
     say "USR1: stopping the study cleanly"
     return
   fi
+  DEADLINE=$((SECONDS + (KILL_WAIT > MARGIN + 1 ? KILL_WAIT - MARGIN : 1)))
   ENDING=$(why_sigterm)
   case $ENDING in
     requeued) say "SIGTERM: Slurm requeued the job (scontrol requeue or a preemption); stopping the study" ;;
@@ -56,6 +63,26 @@ on_signal() {
 }
 trap 'on_signal USR1' USR1
 trap 'on_signal TERM' TERM
+# Runs "$@" in the background and waits for it (a command in the foreground would hold a trapped signal until it
+# ended); after SIGTERM, until DEADLINE at most, then ends it and says so. Its exit status.
+run_child() {
+  "$@" &
+  CHILD=$!
+  while kill -0 "$CHILD" 2>/dev/null; do
+    if [[ -z $DEADLINE ]]; then
+      wait "$CHILD"  # returns early when a trapped signal arrives: the child is then still stopping
+    elif (( SECONDS >= DEADLINE )); then
+      say "the study did not stop within $((KILL_WAIT > MARGIN + 1 ? KILL_WAIT - MARGIN : 1)) s of the SIGTERM" \
+        "(Slurm's KillWait, $KILL_WAIT s, less $MARGIN s for this script to end): this script ended it (SIGKILL)"
+      kill -KILL "$CHILD" 2>/dev/null
+      { wait "$CHILD"; } 2>/dev/null  # at once, so that bash does not report the child it killed ("Killed")
+      return
+    else
+      sleep 0.2 & wait $!
+    fi
+  done
+  wait "$CHILD"  # the child's own exit status, which bash keeps (a wait a signal cut short gives 128+signal)
+}
 
 @setup@
 cd "$RUN_DIR" || { say "the run directory $RUN_DIR is not reachable on $(hostname)"; exit $FAILED; }
@@ -94,7 +121,7 @@ python -c 'import grpc' 2>/dev/null && CLIENT="--ray-client-server-port=$((BASE 
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$LOG_DIR/.ray-token-$SLURM_JOB_ID" RAY_USAGE_STATS_ENABLED=0
 # Ray stops at once on SIGTERM: its drain (up to 30 s, for Ray Serve) would outlast a short KillWait.
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
-(umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH")
+(umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH") & wait $!
 export CALIB_STAGE1_HANDOVER_SECONDS=${CALIB_STAGE1_HANDOVER_SECONDS:-@handover_seconds@}
 CPUS=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
 GPUS=${SLURM_GPUS_ON_NODE:-0}
@@ -135,15 +162,27 @@ srun --overlap --nodes=1 --ntasks=1 -w "${NODES[0]}" bash -c "$NODE_RAY" ray \
   --num-cpus="$CPUS" --num-gpus="$GPUS" --include-dashboard=false \
   --disable-usage-stats@object_store@ >"$RAY_LOGS-${NODES[0]}.log" 2>&1 &
 STEPS+=($!)
-for _ in $(seq 120); do (exec 3<>"/dev/tcp/$HEAD_IP/$BASE") 2>/dev/null && break; sleep 1; done
+# Commands that a signal may kill run in the background, waited for: bash reports a foreground one killed by
+# Slurm's SIGTERM ("Terminated"), never a background one while the script traps the signal.
+for _ in $(seq 120); do
+  [[ -n $SIGNALLED ]] && break
+  (exec 3<>"/dev/tcp/$HEAD_IP/$BASE") 2>/dev/null & wait $! && break
+  sleep 1 & wait $!
+done
 for node in "${NODES[@]:1}"; do
+  [[ -n $SIGNALLED ]] && break
   # shellcheck disable=SC2086  # as above
   srun --overlap --nodes=1 --ntasks=1 -w "$node" bash -c "$NODE_RAY" ray ray start --block --address="$HEAD_IP:$BASE" \
     --node-ip-address="$(node_addr "$node")" $PORTS --num-cpus="$CPUS" --num-gpus="$GPUS" \
     --disable-usage-stats@object_store@ >"$RAY_LOGS-$node.log" 2>&1 &
   STEPS+=($!)
 done
-if ! python -m calib.cluster wait --nodes ${#NODES[@]} --address "$HEAD_IP:$BASE" --timeout 300; then
+[[ -n $SIGNALLED ]] || run_child python -m calib.cluster wait --nodes ${#NODES[@]} --address "$HEAD_IP:$BASE" \
+  --timeout 300
+RAY_UP=$?
+# A wait that a signal ended is that signal's doing: its trap may run a moment after the wait's end is seen.
+(( RAY_UP > 128 )) && [[ -z $SIGNALLED ]] && { sleep 1 & wait $!; }
+if (( RAY_UP != 0 )) && [[ -z $SIGNALLED ]]; then
   say "Ray did not start on every node: see $RAY_LOGS-*.log"
   stop_ray
   exit $FAILED
@@ -152,16 +191,20 @@ fi
 RC=$INTERRUPTED
 if [[ -z $SIGNALLED ]]; then
   say "study: @study@ --address $HEAD_IP:$BASE"
-  @study@ --address "$HEAD_IP:$BASE" &
-  DRIVER=$!
-  while kill -0 "$DRIVER" 2>/dev/null; do
-    wait "$DRIVER"  # returns early when a trapped signal arrives: the driver is then still stopping
-  done
-  wait "$DRIVER"  # the driver's own exit status, which bash keeps (a wait a signal cut short gives 128+signal)
+  run_child @study@ --address "$HEAD_IP:$BASE"
   RC=$?
 fi
 trap '' USR1
 stop_ray
+# A study that the SIGTERM itself ended (exit 143: before it listened for it, in its own start-up) or that this script
+# ended at the deadline (exit 137) was stopped by the signal as a study that stops cleanly is: said, and exit 3.
+if [[ -n $SIGNALLED ]] && (( RC == 143 )); then
+  say "the study's process was ended by the SIGTERM itself (exit 143), in its own start-up, before it listened" \
+    "for the signal: its own line is missing; nothing it had finished is lost"
+  RC=$INTERRUPTED
+elif [[ -n $SIGNALLED ]] && (( RC == 137 )); then
+  RC=$INTERRUPTED
+fi
 
 if (( RC == 0 )); then
   say "the study finished"

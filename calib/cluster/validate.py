@@ -14,7 +14,10 @@ calib study needs:
 * ``head_node_type`` names an entry of ``available_node_types``;
 * an on-prem file (Ray's ``local`` provider, see :mod:`calib.cluster.onprem`) names its head, distinct
   workers, an SSH user and a private key that exists here; its hosts report their GPUs only when Ray
-  starts, so the GPU rule is not applied to it.
+  starts, so the GPU rule is not applied to it;
+* every ``ray start`` of the head and worker start commands (Ray's defaults where the file sets none) requires
+  Ray's token (``RAY_AUTH_MODE=token``) and ``file_mounts`` ships the token to the nodes
+  (:mod:`calib.cluster.token`), unless ``metadata.calib.trusted_network`` is true.
 
 calib's own settings live under the top-level ``metadata`` key, which Ray's schema keeps free-form::
 
@@ -23,6 +26,7 @@ calib's own settings live under the top-level ``metadata`` key, which Ray's sche
         store: s3://my-calib-bucket/calib   # --store default
         gpus_per_trial: 1                   # --gpus-per-trial default
         shared_paths: [/mnt/efs]            # optional shared mounts a store path may live under
+        trusted_network: false              # true: no one else reaches the nodes, no token required
 
 Every problem is reported, one ``error: <file>: <key>: <message>`` line each, and the exit code is 2.
 """
@@ -54,6 +58,7 @@ from calib.cluster.cluster_rules import (
 )
 from calib.cluster.launcher import Launcher
 from calib.cluster.ray_checks import ray_checks
+from calib.cluster.token import token_problems
 from calib.exit_codes import ExitCode
 
 __all__ = ["LAUNCHER", "Checked", "ClusterConfigError", "Problem", "check_cluster", "load_cluster_yaml",
@@ -110,6 +115,7 @@ def check_cluster(config: dict[str, Any], *, store: str | None = None, gpus_per_
             store = None
     problems += store_problems(view, calib, store, store_key)
     problems += version_problems(view, config, prepared is not None, ray.__version__)
+    problems += token_problems(view, calib)
     return Checked(view, store, float(gpus), drop_followups(problems))
 
 

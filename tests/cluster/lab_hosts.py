@@ -83,6 +83,7 @@ class Lab:
     key: Path
     user: str
     host_env: dict[str, str]
+    outsiders: list[Host] = field(default_factory=list)  # hosts on the same bridge that are not in the cluster
     _links: list[str] = field(default_factory=list)
     _control_dirs: set[Path] = field(default_factory=set)  # Ray's SSH control dirs that existed before
     _made_sshd_dir: bool = False
@@ -95,6 +96,11 @@ class Lab:
     @property
     def workers(self) -> list[Host]:
         return self.hosts[1:]
+
+    @property
+    def every_host(self) -> list[Host]:
+        """The cluster's hosts and the outsiders."""
+        return [*self.hosts, *self.outsiders]
 
     @property
     def tmp(self) -> Path:
@@ -135,8 +141,9 @@ class Lab:
     # ------------------------------------------------------------------------------------ building
 
     @classmethod
-    def create(cls, names: tuple[str, ...] = ("calib-head", "calib-worker")) -> Lab:
-        """The network, keys and per-host files; :meth:`start` then starts the hosts' sshd."""
+    def create(cls, names: tuple[str, ...] = ("calib-head", "calib-worker"), outsiders: tuple[str, ...] = ()) -> Lab:
+        """The network, keys and per-host files; :meth:`start` then starts the hosts' sshd. ``outsiders``: more
+        hosts on the bridge, with the same login, that the tests keep out of the cluster (:attr:`outsiders`)."""
         tag = secrets.token_hex(3)
         root = Path(tempfile.mkdtemp(prefix=f"cl{tag}", dir="/var/tmp"))
         subnet = free_subnet()
@@ -144,13 +151,13 @@ class Lab:
         lab = cls(root=root, tag=tag, gateway=f"{subnet}.1", hosts=[], key=root / "key", user=user, host_env={},
                   _control_dirs=_ray_control_dirs())
         try:
-            lab._build(names, subnet)
+            lab._build(names, outsiders, subnet)
         except BaseException:
             lab.close()
             raise
         return lab
 
-    def _build(self, names: tuple[str, ...], subnet: str) -> None:
+    def _build(self, names: tuple[str, ...], outsiders: tuple[str, ...], subnet: str) -> None:
         (self.root / "launcher" / "tmp").mkdir(parents=True)
         self.tmp.mkdir(mode=0o1777)
         self.tmp.chmod(0o1777)
@@ -159,10 +166,10 @@ class Lab:
         shutil.copy(self.key.with_suffix(".pub"), self.root / "authorized_keys")
 
         bridge = add_bridge(self.tag, self.gateway, self._links)
-        for i, name in enumerate(names):
+        for i, name in enumerate((*names, *outsiders)):
             host = Host(name=name, ip=f"{subnet}.{i + 2}", netns=f"calib-{self.tag}-{i}",
                         home=self.root / f"h{i}" / "home", tmp=self.root / f"h{i}" / "t")
-            self.hosts.append(host)
+            (self.hosts if i < len(names) else self.outsiders).append(host)
             add_namespace_host(bridge, host.netns, host.ip, self.gateway, f"{self.tag}{i}", self._links)
             host.tmp.mkdir(parents=True, mode=0o1777)
             host.tmp.chmod(0o1777)
@@ -172,9 +179,9 @@ class Lab:
     def start(self, host_env: dict[str, str] | None = None) -> None:
         """Start each host's sshd; ``host_env`` is set in every login on the hosts (e.g. AWS settings)."""
         self.host_env = dict(host_env or {})
-        for host in self.hosts:
+        for host in self.every_host:
             self._start_sshd(host)
-        for host in self.hosts:
+        for host in self.every_host:
             _wait_for_port(host.ip, 22, timeout=30)
 
     def _write_pip_config(self, home: Path) -> None:
@@ -221,13 +228,13 @@ class Lab:
 
     def processes(self) -> list[int]:
         """PIDs of every process left in the hosts' network namespaces."""
-        return namespace_pids([h.netns for h in self.hosts])
+        return namespace_pids([h.netns for h in self.every_host])
 
     def close(self) -> None:
         """Kill what the lab started, delete its namespaces, links and files; never raises halfway."""
         if self._s3_server is not None:
             self._s3_server.stop()
-        for host in self.hosts:
+        for host in self.every_host:
             if host.process is not None and host.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(host.process.pid, signal.SIGKILL)  # unshare; --kill-child takes sshd, PID 1, and all
@@ -238,7 +245,7 @@ class Lab:
         for pid in self.processes():  # started in a namespace of ours by something that escaped the PID namespace
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        remove_network([h.netns for h in self.hosts], self._links)
+        remove_network([h.netns for h in self.every_host], self._links)
         # The launcher's SSH control sockets: Ray puts them under /tmp/ray_ssh_<user>/<cluster>, whatever TMPDIR says.
         for path in sorted(_ray_control_dirs() - self._control_dirs, key=lambda p: -len(p.parts)):
             shutil.rmtree(path, ignore_errors=True)
@@ -248,7 +255,7 @@ class Lab:
 
     def leftovers(self) -> list[str]:
         """What of the lab still exists after :meth:`close` (empty when it cleaned up)."""
-        found = lab_leftovers(self.root, [h.netns for h in self.hosts], self._links)
+        found = lab_leftovers(self.root, [h.netns for h in self.every_host], self._links)
         found += [f"directory {p}" for p in sorted(_ray_control_dirs() - self._control_dirs)]
         return found
 

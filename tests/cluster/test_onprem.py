@@ -16,11 +16,14 @@ from calib.cluster.onprem import (
     HEAD_START_RAY_COMMANDS,
     MPS_HEAD_START_RAY_COMMANDS,
     MPS_WORKER_START_RAY_COMMANDS,
+    WORKER_START_RAY_COMMANDS,
     venv_command,
 )
+from calib.cluster.token import ensure_token, uses_token_auth
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "cluster.yaml"
+TOKEN = "~/.config/calib/ray-tokens/calib-onprem.token"
 
 
 @pytest.fixture
@@ -44,24 +47,30 @@ def test_the_onprem_file_shares_cluster_yaml_launcher_sections(key: Path) -> Non
     for name in SHARED_KEYS:
         if name == "setup_commands":  # after the one that activates --venv
             assert config[name] == [venv_command("~/venv"), *shipped[name]]
+        elif name == "file_mounts":  # the cluster's own token, not cluster.yaml's
+            assert config[name] == {**shipped[name], "~/.ray/auth_token": TOKEN}
         elif name in shipped:
             assert config[name] == shipped[name], name
-    assert config["file_mounts"] == {"~/calib": "."}
+    assert config["file_mounts"] == {"~/calib": ".", "~/.ray/auth_token": TOKEN}
     assert any('"ray[default,tune]==2.60.0"' in c for c in config["setup_commands"])
     assert config["metadata"]["calib"] == {"gpus_per_trial": shipped["metadata"]["calib"]["gpus_per_trial"],
                                            "store": "s3://lab-bucket/calib"}
     # NVIDIA MPS by default: Ray starts under `mps start` on the head and on every worker.
     assert config["head_start_ray_commands"] == MPS_HEAD_START_RAY_COMMANDS
     assert config["worker_start_ray_commands"] == MPS_WORKER_START_RAY_COMMANDS
+    # Every `ray start` requires the token; the dashboard on the head's loopback.
     assert MPS_HEAD_START_RAY_COMMANDS[1] == (
-        "ulimit -c unlimited; RAY_enable_autoscaler_v2=0 python -m calib.cluster.mps start -- ray start --head "
-        "--port=6379 --autoscaling-config=~/ray_bootstrap_config.yaml")
+        "ulimit -c unlimited; RAY_AUTH_MODE=token RAY_enable_autoscaler_v2=0 python -m calib.cluster.mps start -- "
+        "ray start --head --port=6379 --dashboard-host=127.0.0.1 --autoscaling-config=~/ray_bootstrap_config.yaml")
     assert MPS_WORKER_START_RAY_COMMANDS == [
-        "ray stop", "python -m calib.cluster.mps start -- ray start --address=$RAY_HEAD_IP:6379"]
-    assert "RAY_enable_autoscaler_v2=0 ray start --head" in HEAD_START_RAY_COMMANDS[1]
-    # --no-mps: the head's commands without it, and Ray's own default worker commands.
+        "ray stop", "RAY_AUTH_MODE=token python -m calib.cluster.mps start -- ray start --address=$RAY_HEAD_IP:6379"]
+    assert "RAY_AUTH_MODE=token RAY_enable_autoscaler_v2=0 ray start --head" in HEAD_START_RAY_COMMANDS[1]
+    # --no-mps: the same commands without it.
     off = rendered(key, mps=False)
-    assert off["head_start_ray_commands"] == HEAD_START_RAY_COMMANDS and "worker_start_ray_commands" not in off
+    assert off["head_start_ray_commands"] == HEAD_START_RAY_COMMANDS
+    assert off["worker_start_ray_commands"] == WORKER_START_RAY_COMMANDS == [
+        "ray stop", "RAY_AUTH_MODE=token ray start --address=$RAY_HEAD_IP:6379"]
+    assert all(uses_token_auth(c) for c in [*HEAD_START_RAY_COMMANDS, *WORKER_START_RAY_COMMANDS])
     assert "available_node_types" not in config and "head_node_type" not in config
     # Without --store or --venv: the source's store, its setup commands unchanged.
     plain = render_onprem(shipped, head_ip="gpu-01", worker_ips=[], ssh_user="lab", ssh_key=str(key))
@@ -168,3 +177,67 @@ def test_stop_workers_refuses_what_is_not_an_onprem_head(tmp_path: Path, capsys:
 def test_wait_needs_at_least_the_head(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["wait", "--nodes", "0"]) == 2
     assert "--nodes must be at least 1 (the head), got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("edit", "key_path"), [
+    (lambda c: c["head_start_ray_commands"].__setitem__(1, c["head_start_ray_commands"][1].replace(
+        "RAY_AUTH_MODE=token ", "")), "head_start_ray_commands[1]"),
+    (lambda c: c["worker_start_ray_commands"].__setitem__(1, "ray start --address=$RAY_HEAD_IP:6379 "
+                                                              "# RAY_AUTH_MODE=token"), "worker_start_ray_commands[1]"),
+    (lambda c: c.pop("worker_start_ray_commands"), "worker_start_ray_commands[1]"),  # Ray's default: no token
+    (lambda c: c["file_mounts"].pop("~/.ray/auth_token"), "file_mounts"),
+], ids=["head", "worker after ray start", "ray's default worker", "no token shipped"])
+def test_validate_refuses_a_cluster_without_token_authentication(edit: Any, key_path: str, key: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 2, one line naming the key, the fix and the docs; accepted when the network is said to be trusted."""
+    config = rendered(key)
+    edit(config)
+    rc, err = _validate(tmp_path, config, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert f"onprem.yaml: {key_path}: " in err and "#who-can-reach-your-cluster" in err, err
+    config["metadata"]["calib"]["trusted_network"] = True
+    rc, err = _validate(tmp_path, config, capsys)
+    assert rc == 0, err
+    config["metadata"]["calib"]["trusted_network"] = "yes"
+    rc, err = _validate(tmp_path, config, capsys)
+    assert rc == 2 and "metadata.calib.trusted_network: must be true or false, got 'yes'" in err, err
+
+
+def test_aws_cluster_without_start_commands_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """cluster.yaml without its head command: Ray's AWS default starts the head without the token."""
+    config = load_cluster_yaml(SHIPPED)
+    assert all(uses_token_auth(c) for c in config["head_start_ray_commands"] + config["worker_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in config["head_start_ray_commands"][1]
+    del config["head_start_ray_commands"]
+    path = tmp_path / "aws.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and ": head_start_ray_commands[1]: starts Ray without token" in err, err
+
+
+def test_the_token_command_makes_one_private_token_and_never_prints_it(tmp_path: Path, key: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    out = tmp_path / "cluster-onprem.yaml"
+    assert main(["onprem", str(SHIPPED), "--head-ip", "10.0.0.2", "--ssh-user", "lab", "--ssh-key", str(key),
+                 "--cluster-name", "lab1", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["token", str(out)]) == 0
+    token = tmp_path / "home" / ".config" / "calib" / "ray-tokens" / "lab1.token"
+    first = token.read_text()
+    said = capsys.readouterr().out
+    assert said.startswith(f"token created: {token} (mode 0600") and first.strip() not in said
+    assert token.stat().st_mode & 0o777 == 0o600 and token.parent.stat().st_mode & 0o777 == 0o700
+    assert len(bytes.fromhex(first.strip())) == 32
+    assert main(["token", str(out)]) == 0 and token.read_text() == first  # once per cluster
+    assert capsys.readouterr().out.startswith("token exists, kept")
+    token.chmod(0o644)
+    assert not ensure_token(token) and token.stat().st_mode & 0o777 == 0o600
+    assert main(["token", str(out), "--rotate"]) == 0 and token.read_text() != first
+    assert capsys.readouterr().out.startswith("new token")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({"cluster_name": "x", "file_mounts": {"~/calib": "."}}))
+    assert main(["token", str(plain)]) == 2
+    assert "file_mounts ships no token to the nodes' ~/.ray/auth_token" in capsys.readouterr().err

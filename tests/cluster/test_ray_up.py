@@ -4,8 +4,10 @@ on this machine.
 The hosts (:mod:`lab_hosts`) are network namespaces with their own sshd, hostname, processes, home and
 TMPDIR; the store is a moto S3 server on the bridge address both reach. The test sets the variables the
 page tells users to set, then runs each command of the page's ``onprem-commands`` block from a copy
-of this checkout: render the on-prem file from cluster.yaml, validate it, ``ray up`` (file mounts, setup
-commands, Ray on head and worker), wait for both nodes, the γ study through ``ray exec`` (twice: the
+of this checkout: render the on-prem file from cluster.yaml, validate it, create its token, ``ray up`` (file
+mounts, setup commands, Ray on head and worker), wait for both nodes, an intruder (:func:`intruder_is_refused`: a
+third host on the same bridge without the token, refused at each door, no code of its run anywhere), the γ study
+through ``ray exec`` (twice: the
 second run must skip every trial), ``stop-workers`` and ``ray down``, after which no Ray process may be
 left on either host. A failing step fails the test with what broke: the setup command that failed, a
 host without the checkout at ``~/calib``, a Ray pin the validator refused.
@@ -13,6 +15,7 @@ host without the checkout at ``~/calib``, a Ray pin the validator refused.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -44,6 +47,7 @@ def readme_commands(marker: str) -> list[str]:
 
 def _kind(command: str) -> str:
     for needle, kind in (("calib.cluster onprem", "render"), ("calib.cluster validate", "validate"),
+                         ("calib.cluster token", "token"),
                          ("ray up", "ray up"), ("calib.cluster wait", "wait"), ("studies/", "study"),
                          ("calib.cluster stop-workers", "stop workers"), ("ray down", "ray down")):
         if needle in command:
@@ -55,7 +59,7 @@ def test_the_aws_commands_are_onprem_commands_run_by_the_launcher_test() -> None
     """Each AWS command is an on-prem command with cluster.yaml for cluster-onprem.yaml: the test runs them."""
     onprem = readme_commands("onprem-commands")
     aws = readme_commands("aws-commands")
-    assert [_kind(c) for c in onprem] == ["render", "validate", "ray up", "wait", "study", "stop workers",
+    assert [_kind(c) for c in onprem] == ["render", "validate", "token", "ray up", "wait", "study", "stop workers",
                                           "ray down"]
     for command in aws:
         assert command.replace("cluster.yaml", "cluster-onprem.yaml") in onprem, command
@@ -103,7 +107,7 @@ def test_ray_up_runs_the_readme_on_two_hosts(capsys: pytest.CaptureFixture[str],
 
     commands = readme_commands("onprem-commands")
     monkeypatch.setattr(logging.getLogger("werkzeug"), "level", logging.ERROR)  # moto's request log
-    lab = Lab.create()
+    lab = Lab.create(outsiders=("calib-intruder",))
     transcript: list[str] = []
     try:
         aws, bucket = lab.start_s3()
@@ -137,9 +141,13 @@ def test_ray_up_runs_the_readme_on_two_hosts(capsys: pytest.CaptureFixture[str],
             if kind == "ray up":
                 transcript += [line for line in outputs[kind].splitlines() if "Running setup commands" in line
                                or "Starting the Ray runtime" in line or "up-to-date" in line][-3:]
+            if kind == "token":
+                token = lab.root / "launcher" / ".config" / "calib" / "ray-tokens" / "calib-onprem.token"
+                assert token.stat().st_mode & 0o777 == 0o600 and token.read_text().strip() not in outputs[kind]
             if kind == "wait":
                 transcript += [line for line in outputs[kind].splitlines() if "nodes up" in line or "  head " in line
                                or "  worker " in line]
+                transcript += intruder_is_refused(lab)
             if kind == "study":
                 first = outputs[kind]
                 table = [line for line in first.splitlines() if "±" in line or "trials:" in line]
@@ -154,6 +162,7 @@ def test_ray_up_runs_the_readme_on_two_hosts(capsys: pytest.CaptureFixture[str],
                 transcript += skipped
                 assert skipped and "4 already in the store, 0 to run" in skipped[0], second[-3000:]
                 assert len(read_trials(store, study="sensitivity_gamma")) == 4
+                assert not markers(lab), f"code of the intruder ran on the hosts: {markers(lab)}"
             if kind == "stop workers":
                 transcript += [line for line in outputs[kind].splitlines() if "Ray on" in line]
             if kind == "ray down":
@@ -168,6 +177,30 @@ def test_ray_up_runs_the_readme_on_two_hosts(capsys: pytest.CaptureFixture[str],
         with capsys.disabled():
             print("\n[launcher test] " + "\n[launcher test] ".join(transcript))
     assert not lab.leftovers(), lab.leftovers()
+
+
+def markers(lab: Lab) -> list[str]:
+    """The marker files the intruder's code writes (``~/intruder-<door>-<host>``), on any host of the lab."""
+    return sorted(str(p.relative_to(lab.root)) for host in lab.every_host for p in host.home.glob("intruder-*"))
+
+
+def intruder_is_refused(lab: Lab) -> list[str]:
+    """A host on the cluster's bridge without the token tries the three doors (:mod:`intruder`): joining as a node
+    and running tasks on every node, Ray Client, the Jobs API. Each must be refused and no code run on any host."""
+    intruder = lab.outsiders[0]
+    assert not (intruder.home / ".ray").exists()
+    script = (Path(__file__).parent / "intruder.py").read_text()
+    proc = lab.ssh(intruder, f"~/venv/bin/python - {lab.head.ip}", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                   stderr=subprocess.STDOUT, text=True)
+    started = time.monotonic()
+    out, _ = proc.communicate(script, timeout=420)
+    doors = {d["door"]: d for d in (json.loads(line) for line in out.splitlines() if line.startswith('{"door"'))}
+    assert set(doors) == {"join", "client", "jobs"}, out[-3000:]
+    let_in = [f"{d['door']}: {d['said']}" for d in doors.values() if not d["refused"]]
+    assert not let_in, "a host without the token got in:\n  " + "\n  ".join(let_in)
+    assert not markers(lab), f"code of the intruder ran on the hosts: {markers(lab)}"
+    return [f"intruder at {intruder.ip}, {door}: refused ({d['said'][:160]})" for door, d in doors.items()] + [
+        f"intruder: {time.monotonic() - started:.0f} s"]
 
 
 def _cmdline(pid: int) -> bytes:

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -153,13 +156,14 @@ SHARED = [f"--shared-path={folder}" for folder in (ROOT, Path(sys.prefix), Path(
 """This checkout and its Python, taken as on the cluster's shared file system wherever they are (under /tmp too)."""
 
 
-def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _cli(tmp_path: Path, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``python -m calib.cluster slurm`` on a PATH without Slurm's commands (this machine's login node), with
-    ``tmp_path`` taken as a folder every node sees."""
+    ``tmp_path`` taken as a folder every node sees, typed in ``cwd``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
+    env = {**os.environ, "PATH": str(bin_dir), "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "calib.cluster", "slurm", *SHARED, f"--shared-path={tmp_path}", *args],
-                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PATH": str(bin_dir)})
+                          cwd=cwd, capture_output=True, text=True, env=env)
 
 
 def test_without_slurm_the_command_writes_the_script_and_says_how_to_submit_it(tmp_path: Path):
@@ -176,6 +180,34 @@ def test_without_slurm_the_command_writes_the_script_and_says_how_to_submit_it(t
     assert (tmp_path / "slurm").is_dir()  # the job's log folder: sbatch does not create it
     proc = _cli(tmp_path, "--run-dir", str(tmp_path), "--submit", "--", "python", study)
     assert proc.returncode == 2 and proc.stderr.startswith("error: sbatch is not on this machine's PATH")
+
+
+def test_relative_paths_are_taken_where_the_command_was_typed_and_a_new_run_dir_is_created(tmp_path: Path):
+    """Typed in the checkout, run from a run directory that does not exist yet: the study script and the path
+    flags' values become the checkout's absolute paths (the job runs from the run directory), a URI stays, and
+    the run directory is made. A study script that is not where the command was typed is refused, naming the
+    absolute path to give when the run directory has it; a run directory refused later leaves nothing behind."""
+    run_dir = tmp_path / "new" / "run"
+    proc = _cli(tmp_path, "--run-dir", str(run_dir), "--", "python", "studies/sensitivity_gamma.py", "--data-root",
+                "data", "--store", str(tmp_path / "store"), "--storage=s3://bucket/ray", "--seeds", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == f"created the run directory {run_dir}"
+    script = (run_dir / "slurm" / "calib-sensitivity_gamma.sbatch").read_text()
+    assert (f"python {ROOT / 'studies' / 'sensitivity_gamma.py'} --data-root {ROOT / 'data'} --store "
+            f"{tmp_path / 'store'} --storage=s3://bucket/ray --seeds 1 --address") in script
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = _cli(tmp_path, "--run-dir", str(ROOT), "--", "python", "studies/sensitivity_gamma.py", cwd=elsewhere)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"error: studies/sensitivity_gamma.py is not a file in {elsewhere}, where this command was typed: give the "
+        f"study script's path from here, or its absolute path (the run directory has "
+        f"{ROOT / 'studies' / 'sensitivity_gamma.py'}: give that absolute path)."], proc.stderr
+    refused = tmp_path / "refused" / "run"
+    proc = _cli(tmp_path, "--run-dir", str(refused), "--", "python", "studies/sensitivity_gamma.py", "--gammas", "0")
+    assert proc.returncode == 2 and "must be > 0" in proc.stderr and not (tmp_path / "refused").exists()
+    (tmp_path / "a-file").write_text("")
+    proc = _cli(tmp_path, "--run-dir", str(tmp_path / "a-file"), "--", "python", "studies/sensitivity_gamma.py")
+    assert proc.returncode == 2 and f"--run-dir {tmp_path / 'a-file'} is a file" in proc.stderr
 
 
 def test_a_node_local_environment_is_refused_before_anything_is_written_or_submitted(
@@ -257,3 +289,37 @@ def test_the_script_checks_on_a_node_that_calib_imports_as_the_study_imports_it(
 
     assert check(str(Path(sys.executable).parent), str(ROOT)) == ""
     assert check(str(bare), None) == f"n7 {bare / 'python'} ModuleNotFoundError: No module named 'calib'\n"
+
+
+@pytest.mark.parametrize(("child", "said", "status"), [
+    ("trap '' TERM; touch READY; exec sleep 60", "the study did not stop within 1 s of the SIGTERM (Slurm's "
+     "KillWait, 4 s, less 3 s for this script to end): this script ended it (SIGKILL)", 137),
+    ("touch READY; exec sleep 60", None, 143),
+], ids=["a study slower than KillWait", "a study the SIGTERM ends"])
+def test_after_sigterm_the_script_waits_for_the_study_only_until_killwait_less_a_margin(
+        tmp_path: Path, child: str, said: str | None, status: int):
+    """The script's signal handling and ``run_child`` (how it runs the wait for Ray and the study), with Slurm's
+    KillWait 4 s (``scontrol show config``): a SIGTERM to the script stops the child; one that outlives 4 - 3 s is
+    ended by the script, in a line of its own. The child's status is returned either way."""
+    script = render_script(GPU_SETTINGS, GPU_COMMAND, name="calib-compare_methods")
+    start = script.index("say() {")
+    part = script[start:script.index("\n", start) + 1]
+    start = script.index('SIGNALLED=""')
+    part += script[start:script.index("\n}\n", script.index("run_child() {")) + 3]
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\n[ \"$2\" = config ] && echo 'KillWait                = 4 sec' || exit 1\n")
+    scontrol.chmod(0o755)
+    ready = tmp_path / "ready"
+    body = f"{part}\nrun_child bash -c {shlex.quote(child.replace('READY', str(ready)))}\necho status=$?\n"
+    proc = subprocess.Popen(["bash", "-c", f"SLURM_JOB_ID=7 RESTARTS=0\n{body}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    for _ in range(200):
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    lines = [line.split("] ", 1)[1] if line.startswith("[calib-slurm") else line for line in out.splitlines()]
+    assert lines[0] == "SIGTERM: stopping the study", out  # scontrol show job answers nothing here
+    assert lines[1:] == ([said] if said else []) + [f"status={status}"], out
