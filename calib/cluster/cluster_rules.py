@@ -141,6 +141,7 @@ def _pins(text: str) -> Iterator[str]:
 
 
 def _same_version(a: str, b: str) -> bool:
+    # lazy: packaging comes with Ray and pip, not as calib's own dependency; only this comparison needs it
     from packaging.version import InvalidVersion, Version
 
     try:

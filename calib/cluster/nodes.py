@@ -38,6 +38,7 @@ BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` puts the clus
 
 def alive_nodes() -> list[dict[str, Any]]:
     """The cluster's alive nodes as ``ray.nodes()`` gives them, head first."""
+    # lazy: ray takes seconds to import; the launcher commands that never talk to Ray (slurm, onprem) skip it
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -51,6 +52,7 @@ class NodeStartError(RuntimeError):
 def autoscaler_status() -> dict[str, Any] | None:
     """The status the head's autoscaler last published (every few seconds) in the cluster's key-value store,
     what ``ray status`` prints; None before its first report or when the autoscaler does not publish it."""
+    # lazy: ray takes seconds to import; the launcher commands that never talk to Ray (slurm, onprem) skip it
     from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
     from ray.experimental.internal_kv import _internal_kv_get
 
@@ -70,6 +72,7 @@ def failed_nodes(status: dict[str, Any] | None, alive: list[dict[str, Any]]) -> 
 def _autoscaler_log() -> str:
     """Where the head's autoscaler writes each node's setup output (the ``NodeUpdater: <node>`` lines)."""
     try:
+        # lazy: ray takes seconds to import
         from ray._private import worker
 
         session = worker._global_node.get_session_dir_path()
@@ -88,6 +91,7 @@ def _describe(node: dict[str, Any]) -> str:
 def wait_for_nodes(count: int, *, address: str = "auto", timeout: float = 600.0, poll: float = 1.0) -> list[str]:
     """Block until ``count`` nodes are alive; their descriptions. NodeStartError as soon as the autoscaler
     reports a node it could not start, naming it and its log; TimeoutError names what joined by then."""
+    # lazy: ray takes seconds to import; the launcher commands that never talk to Ray (slurm, onprem) skip it
     import ray
 
     if count < 1:

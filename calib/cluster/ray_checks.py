@@ -41,6 +41,7 @@ def _join(parent: str, child: str) -> str:
 
 def _schema() -> dict[str, Any]:
     """The JSON schema shipped in the installed ray package (the file ``validate_config`` reads)."""
+    # lazy: ray takes seconds to import; the launcher commands that never talk to Ray (slurm, onprem) skip it
     import ray.autoscaler
 
     return json.loads((Path(ray.autoscaler.__file__).parent / "ray-schema.json").read_text())
@@ -48,6 +49,7 @@ def _schema() -> dict[str, Any]:
 
 def _schema_problems(config: dict[str, Any]) -> list[Problem]:
     """Every violation of Ray's cluster schema (``validate_config`` raises only the first)."""
+    # lazy: jsonschema is installed with Ray's cluster extra (.[cluster]), which only `validate` needs
     import jsonschema
 
     schema = _schema()
@@ -102,6 +104,7 @@ def ray_checks(config: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Prob
     ``ray-schema.json``. The provider steps in between (resource autodetection and bootstrap, which call
     AWS through boto3) are skipped.
     """
+    # lazy: ray takes seconds to import; the launcher commands that never talk to Ray (slurm, onprem) skip it
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     prepared: dict[str, Any] | None

@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import calib
 from calib import storage
 from calib._config import ConfigError
 from calib.cluster.slurm_settings import SlurmSettings
@@ -103,8 +104,6 @@ def node_local_places(run_dir: Path, command: list[str], shared: Sequence[str] =
     this command (the job's, unless its setup lines put another on the PATH), the calib it imports, the run
     directory, the study script and the command's store, artifacts and Ray storage. Each as
     ``"<what> <path> (under /tmp)"``; nothing under a folder of ``shared`` (``--shared-path``)."""
-    import calib
-
     python = Path(sys.executable)
     places = {"the Python": python.parent.resolve() / python.name, "calib": Path(calib.__file__).resolve().parent,
               **_study_places(run_dir, command)}

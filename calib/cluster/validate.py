@@ -77,6 +77,7 @@ class Checked:
 
 def check_cluster(config: dict[str, Any], *, store: str | None = None, gpus_per_trial: float | None = None) -> Checked:
     """Ray's checks and calib's rules on a loaded cluster config; ``store``/``gpus_per_trial`` override metadata."""
+    # lazy: ray takes seconds to import, calib.presets (torch) two more; only `validate` needs them
     import ray
 
     from calib.presets import PRESETS
@@ -124,7 +125,7 @@ def check_cluster(config: dict[str, Any], *, store: str | None = None, gpus_per_
 
 def _describe(checked: Checked) -> str:
     """``valid (ray X schema; head: ...; workers: ...; store ...; G GPU per trial)``."""
-    import ray
+    import ray  # lazy: ray takes seconds to import; only `validate` needs its version
 
     config = checked.config
     head, global_max = config.get("head_node_type"), count(config.get("max_workers"))

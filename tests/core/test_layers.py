@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first: a module imports its
     ("report", ("calib.report",)),
     ("store", ("calib.store",)),
     ("the parts of a trial", ("calib.artifacts", "calib.methods", "calib.posthoc", "calib.training")),
-    ("trial config and result", ("calib.config", "calib.stage1_source", "calib.trial_result")),
+    ("trial config and result", ("calib.config", "calib.overrides", "calib.stage1_source", "calib.trial_result")),
     ("components", ("calib.models", "calib.datasets", "calib.losses", "calib.metrics")),
     ("foundation", ("calib.registries", "calib.plugins", "calib.storage", "calib.progress", "calib._config",
                     "calib._registry", "calib._versions", "calib._lease", "calib._help", "calib.exit_codes")),
