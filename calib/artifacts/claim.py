@@ -14,6 +14,11 @@ agree on the time), or its holder is a dead process of this host, it takes the c
 conditional replace that only one waiter wins, and trains (a retry of the dead holder's trial resumes
 from its checkpoint). A waiter gives up after the wait timeout with :class:`Stage1WaitTimeout`.
 
+A study that stops cleanly (SIGTERM, Ctrl-C, Slurm's warning before the time limit) asks its trials to hand
+their Stage-I trainings over first (:class:`StopWatch`, installed by :mod:`calib.search.events`): at the end of
+its current epoch a training writes its state (:mod:`calib.artifacts.handover`) and only then deletes its claim,
+so the next run, on any node, takes the claim at once and continues from that epoch.
+
 Settings (environment, forwarded to Ray workers by :func:`calib.search.runtime.init_ray`):
 ``CALIB_STAGE1_LEASE_SECONDS`` (default 60) and ``CALIB_STAGE1_WAIT_SECONDS`` (default 43200, 12 h:
 longer than any one Stage-I training should take).
@@ -21,21 +26,24 @@ longer than any one Stage-I training should take).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from calib import storage
 from calib._lease import HeldLease, OtherHolder, holder_is_dead, lease_record, lease_seconds_of, try_take
 from calib.artifacts.waits import NOTE, WAITED, WAITING, Stage1Event, tell
 
-__all__ = ["LEASE_ENV", "WAIT_ENV", "Claim", "ClaimSettings", "Stage1WaitTimeout", "acquire", "claim_location",
-           "new_writer_id"]
+__all__ = ["LEASE_ENV", "WAIT_ENV", "Claim", "ClaimSettings", "Stage1WaitTimeout", "StopWatch", "acquire",
+           "claim_location", "new_writer_id", "release_if_held_by", "watching_for_stop"]
 
 LEASE_ENV = "CALIB_STAGE1_LEASE_SECONDS"
 WAIT_ENV = "CALIB_STAGE1_WAIT_SECONDS"
@@ -75,6 +83,44 @@ def claim_location(artifact_root: str, stage1_id: str) -> str:
     return storage.join(artifact_root, "stage1", f"{stage1_id}.claim")
 
 
+class StopWatch(Protocol):
+    """How a trial's claims learn that its study is stopping cleanly, and how the study learns which claims its
+    trials still hold (:mod:`calib.search.events`: the driver's mailbox)."""
+
+    def stopping(self) -> bool: ...
+
+    def holding(self, holder: str, location: str) -> None: ...
+
+    def let_go(self, holder: str) -> None: ...
+
+
+_watches: list[StopWatch] = []
+
+
+@contextlib.contextmanager
+def watching_for_stop(watch: StopWatch) -> Iterator[None]:
+    """Inside: the claims this process takes hand over and let go when ``watch`` says the study is stopping."""
+    _watches.append(watch)
+    try:
+        yield
+    finally:
+        _watches.remove(watch)
+
+
+def release_if_held_by(location: str, holder: str) -> bool:
+    """Delete the claim at ``location`` if ``holder`` still holds it: a stopped study's driver, for a trial of its
+    own that Ray Tune ended before it could let go. False when it is gone or another holder's."""
+    found = storage.read_versioned(location)
+    if found is None:
+        return False
+    data, token = found
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("holder") == holder and storage.delete_if(location, token)
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -91,7 +137,8 @@ def _holder_of(other: OtherHolder) -> str:
 class Claim:
     """A held claim, renewed in a background thread until :meth:`release`. ``lost`` is set when the
     claim was taken over (this holder renewed too late): its training may still finish, and publishing
-    first-writer-wins keeps the artifact whole."""
+    first-writer-wins keeps the artifact whole. ``stop_requested`` is set when the study stops cleanly (a
+    :class:`StopWatch` says so): the training then hands over at its next epoch's end (:meth:`hand_over`)."""
 
     def __init__(self, lease: HeldLease, stage1_id: str, holder: str, settings: ClaimSettings,
                  tell: Callable[[Stage1Event], None] = tell) -> None:
@@ -99,6 +146,14 @@ class Claim:
         self.took_over = None if lease.took_over is None else _holder_of(lease.took_over)
         self.lost = threading.Event()
         self._lease, self._settings, self._renewals, self._tell = lease, settings, 0, tell
+        self.stop_requested = threading.Event()
+        self._released = False
+        self._watch = _watches[-1] if _watches else None
+        if self._watch is not None:
+            try:
+                self._watch.holding(holder, lease.location)
+            except Exception:  # no driver to tell (its mailbox gone): the claim expires as it always could
+                self._watch = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_loop, name=f"claim-{stage1_id}", daemon=True)
         self._thread.start()
@@ -106,9 +161,20 @@ class Claim:
     def _say(self, message: str) -> None:
         self._tell(Stage1Event(NOTE, self.stage1_id, message))
 
+    def _stopping(self) -> bool:
+        try:
+            return self._watch is not None and self._watch.stopping()
+        except Exception:  # the driver's mailbox is gone (Ray stopping): nothing to hand over to
+            return False
+
     def _renew_loop(self) -> None:
         renewed = time.monotonic()
-        while not self._stop.wait(self._settings.lease_seconds / 3):
+        tick = self._settings.poll_seconds if self._watch is not None else self._settings.lease_seconds / 3
+        while not self._stop.wait(tick):
+            if not self.stop_requested.is_set() and self._stopping():
+                self.stop_requested.set()
+            if time.monotonic() - renewed < self._settings.lease_seconds / 3:
+                continue
             try:
                 if not self.renew():
                     self._say(f"Stage I {self.stage1_id}: another trial took over this trial's claim "
@@ -134,17 +200,32 @@ class Claim:
         return True
 
     def release(self) -> None:
-        """Stop renewing and delete the claim, if it is still this holder's. A claim that cannot be
-        deleted (the store unreachable) is left to expire: waiters take it over after a lease."""
-        self._stop.set()
-        self._thread.join()
-        if self.lost.is_set():
+        """Stop renewing and delete the claim, if it is still this holder's (once: a second call does nothing). A
+        claim that cannot be deleted (the store unreachable) is left to expire: waiters take it over after a
+        lease."""
+        if self._released:
             return
+        self._released = True
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
         try:
-            self._lease.release()
+            if not self.lost.is_set():
+                self._lease.release()
         except Exception as err:
             self._say(f"Stage I {self.stage1_id}: could not delete the claim {self.location} "
                       f"({type(err).__name__}: {err}); it expires after its lease")
+        finally:
+            if self._watch is not None:
+                with contextlib.suppress(Exception):
+                    self._watch.let_go(self.holder)
+
+    def hand_over(self, epoch: int) -> None:
+        """The study is stopping and the training state after ``epoch`` (0-based) is written: let the claim go,
+        so the next run takes it at once and continues from there."""
+        self.release()
+        self._say(f"Stage I {self.stage1_id}: the study is stopping; its training is handed over after epoch "
+                  f"{epoch + 1} and its claim released ({self.holder}), so the next run continues it at once")
 
     def __enter__(self) -> Claim:
         return self

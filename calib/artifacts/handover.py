@@ -5,7 +5,9 @@ The holder writes the state (:func:`calib.training.train_stage1`'s checkpoint: w
 schedule, generators, history) at most every ``$CALIB_STAGE1_HANDOVER_SECONDS`` (default 300; 0:
 every epoch), to ``<artifact_root>/stage1/<stage1_id>.handover.pt`` on a local or shared directory
 or ``<artifact_root>/stage1/<stage1_id>/handover.pt`` on S3, and deletes it once the artifact is
-published. Resuming from it gives the same model as an uninterrupted training.
+published. Resuming from it gives the same model as an uninterrupted training. When the study stops cleanly, the
+state is written at the end of the current epoch whatever its age, before the claim is released
+(:meth:`Handover.keeping` with the claim).
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from calib import storage
 from calib.artifacts.checks import CorruptArtifactError, say, torch_load
+
+if TYPE_CHECKING:
+    from calib.artifacts.claim import Claim
 
 __all__ = ["HANDOVER_ENV", "Handover"]
 
@@ -61,11 +66,20 @@ class Handover:
         finally:
             local.unlink(missing_ok=True)
 
-    def keeping(self, on_checkpoint: Callable[[dict[str, Any]], None] | None
+    def keeping(self, on_checkpoint: Callable[[dict[str, Any]], None] | None, claim: Claim | None = None
                 ) -> Callable[[dict[str, Any]], None]:
-        """``on_checkpoint`` that also writes the handover state when it is due."""
+        """``on_checkpoint`` that also writes the handover state when it is due, and, once ``claim`` says the
+        study is stopping, writes it at once and hands the claim over (then writes nothing more: the next run
+        continues from that state)."""
+        handed_over = False
+
         def on_state(state: dict[str, Any]) -> None:
-            if time.monotonic() - self._last >= self.every_seconds:
+            nonlocal handed_over
+            if claim is not None and claim.stop_requested.is_set() and not handed_over:
+                self.write(state)
+                handed_over = True
+                claim.hand_over(int(state["epoch"]))
+            elif not handed_over and time.monotonic() - self._last >= self.every_seconds:
                 self.write(state)
             if on_checkpoint is not None:
                 on_checkpoint(state)

@@ -141,7 +141,7 @@ def get_or_train_stage1(
                     tell(Stage1Event(NOTE, stage1_id, f"Stage I {stage1_id}: continuing the training "
                                                       f"{claim.took_over or 'a previous holder'} left at epoch "
                                                       f"{int(resume['epoch']) + 1}"))
-                first = _train_and_write(cfg, identity, final, device, on_epoch, handover.keeping(on_checkpoint),
+                first = _train_and_write(cfg, identity, final, device, on_epoch, handover.keeping(on_checkpoint, claim),
                                          resume, writer)
             other = None if first else "another node"
             if first and remote is not None:

@@ -6,6 +6,11 @@ after the driver's Ray job (:func:`mailbox_name`: the job id, which the driver's
 forwards its events there (:func:`forwarding`) and the driver reads them from Ray Tune's loop without
 waiting (:class:`EventFeed`) and prints them (:class:`calib.search.display.ProgressDisplay`). The same
 on local Ray, ``ray up`` clusters and Slurm jobs.
+
+The mailbox also carries a clean stop the other way: the trials' claims on the Stage Is they train are noted in
+it (:class:`_MailboxStopWatch`, a :class:`calib.artifacts.claim.StopWatch`), and a stopping driver asks them to
+hand their trainings over (:func:`hand_over_stage1`) before Ray Tune ends the trials, then deletes the claims of
+those that could not (:func:`release_stopped_claims`): the next run never waits out a claim of this one.
 """
 
 from __future__ import annotations
@@ -13,15 +18,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
+import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from calib.artifacts.checks import ArtifactWarning
+from calib.artifacts.claim import release_if_held_by, watching_for_stop
 from calib.artifacts.waits import Stage1Event, listening
 
-__all__ = ["EventFeed", "forwarding", "mailbox_name", "trials_label"]
+__all__ = ["HANDOVER_WAIT_ENV", "EventFeed", "forwarding", "hand_over_stage1", "mailbox_name",
+           "release_stopped_claims", "trials_label"]
+
+HANDOVER_WAIT_ENV = "CALIB_STAGE1_HANDOVER_WAIT_SECONDS"
+"""How long a stopping driver waits for its trials to hand their Stage-I trainings over (default 15 s: inside a
+scheduler's ``KillWait``); a training whose epoch has not ended by then keeps its last handover state."""
 
 POLL_SECONDS = 0.5
 """How often the driver asks its mailbox for news."""
@@ -37,6 +50,8 @@ class _Mailbox:
 
     def __init__(self) -> None:
         self._events: list[dict[str, Any]] = []
+        self._held: dict[str, str] = {}  # holder -> claim location, of the Stage Is this run's trials train
+        self._stopping = False
 
     def put(self, event: dict[str, Any]) -> None:
         self._events.append(event)
@@ -44,6 +59,109 @@ class _Mailbox:
     def take(self) -> list[dict[str, Any]]:
         events, self._events = self._events, []
         return events
+
+    def hold(self, holder: str, location: str) -> None:
+        self._held[holder] = location
+
+    def let_go(self, holder: str) -> None:
+        self._held.pop(holder, None)
+
+    def held(self) -> dict[str, str]:
+        return dict(self._held)
+
+    def stop(self) -> dict[str, str]:
+        self._stopping = True
+        return dict(self._held)
+
+    def stopping(self) -> bool:
+        return self._stopping
+
+
+class _MailboxStopWatch:
+    """A trial's :class:`calib.artifacts.claim.StopWatch`: its claims noted in the driver's mailbox, the driver's
+    clean stop read from it (looked up at the first claim: a trial that trains no Stage I costs nothing)."""
+
+    def __init__(self, job_id: str) -> None:
+        self._job_id, self._mailbox = job_id, None
+
+    def _actor(self) -> Any:
+        # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
+        import ray
+
+        if self._mailbox is None:
+            self._mailbox = ray.get_actor(mailbox_name(self._job_id))
+        return self._mailbox
+
+    def stopping(self) -> bool:
+        # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
+        import ray
+
+        return bool(ray.get(self._actor().stopping.remote(), timeout=10))
+
+    def holding(self, holder: str, location: str) -> None:
+        self._actor().hold.remote(holder, location)
+
+    def let_go(self, holder: str) -> None:
+        # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it
+        import ray
+
+        ray.get(self._actor().let_go.remote(holder), timeout=10)
+
+
+def _driver_mailbox() -> Any:
+    """The mailbox of this driver's Ray job, or None (no Ray, no mailbox: a run without a progress display)."""
+    ray = sys.modules.get("ray")  # not imported: no Ray run in this process, and no import's seconds to pay
+    if ray is None:
+        return None
+    try:
+        return ray.get_actor(mailbox_name(ray.get_runtime_context().get_job_id())) if ray.is_initialized() else None
+    except Exception:
+        return None
+
+
+def hand_over_stage1(wait_seconds: float | None = None) -> str | None:
+    """A stopping driver: ask its trials to hand their Stage-I trainings over at the end of their current epoch
+    and let their claims go; wait until they have, at most ``wait_seconds`` (default ``$``:data:`HANDOVER_WAIT_ENV`,
+    15). The line to print, or None when no trial of the run held a claim. Never raises."""
+    mailbox = _driver_mailbox()
+    if mailbox is None:
+        return None
+    ray = sys.modules["ray"]
+    wait = float(os.environ.get(HANDOVER_WAIT_ENV, 15)) if wait_seconds is None else wait_seconds
+    try:
+        held = ray.get(mailbox.stop.remote(), timeout=5)
+        if not held:
+            return None
+        deadline = time.monotonic() + wait
+        left = held
+        while left and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            left = ray.get(mailbox.held.remote(), timeout=5)
+    except Exception:  # Ray's head is going down too: the claims expire after their lease
+        return None
+    handed = len(held) - len(left)
+    line = f"{handed} of {len(held)} Stage-I training{'s' if len(held) > 1 else ''} handed over"
+    if left:
+        line += (f"; {len(left)} did not reach the end of an epoch within {wait:g} s ({HANDOVER_WAIT_ENV}): "
+                 f"the next run continues {'them' if len(left) > 1 else 'it'} from the last handover state")
+    return line
+
+
+def release_stopped_claims() -> int:
+    """A stopped driver, once Ray Tune has ended its trials: delete the claims they still held (if still
+    theirs), so that the next run takes them at once. How many; never raises."""
+    mailbox = _driver_mailbox()
+    if mailbox is None:
+        return 0
+    ray = sys.modules["ray"]
+    released = 0
+    try:
+        for holder, location in ray.get(mailbox.held.remote(), timeout=5).items():
+            with contextlib.suppress(Exception):
+                released += release_if_held_by(location, holder)
+    except Exception:  # Ray going down: the claims expire after their lease
+        pass
+    return released
 
 
 class EventFeed:
@@ -135,5 +253,5 @@ def forwarding(label: str) -> Iterator[None]:
         elif event.message:
             warnings.warn(event.message, ArtifactWarning, stacklevel=2)
 
-    with listening(send):
+    with listening(send), watching_for_stop(_MailboxStopWatch(job_id)):
         yield

@@ -16,6 +16,7 @@ from typing import Any
 
 from calib.exit_codes import ExitCode
 from calib.search.display import ProgressDisplay
+from calib.search.events import hand_over_stage1, release_stopped_claims
 
 __all__ = ["RAY_HEAD_CHECKS", "RAY_HEAD_CHECK_SECONDS", "StudyInterrupted", "interrupted_message", "stoppable",
            "stopping_message"]
@@ -36,11 +37,13 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
     """Around ``tuner.fit()``: SIGTERM (a scheduler's time-limit warning or preemption, ``scancel``) or SIGINT
     (Ctrl-C; a second one ends the driver at once with ``KeyboardInterrupt``) stops the run cleanly through Ray
     Tune's own graceful stop (its SIGUSR1 handler: running trials end, their Stage-I handover state stays for the
-    next run). The yielded dict gets ``"signal"`` when that happened; a SIGTERM before Tune listens raises
-    :class:`StudyInterrupted` at once. When the signal stopped Ray's head as well (a preempted or requeued Slurm job
-    signals every process of its nodes), Tune cannot end the trials: the driver then says so and exits with
-    :attr:`calib.exit_codes.ExitCode.INTERRUPTED` (3) within seconds, not when the scheduler kills it. Main thread
-    only."""
+    next run), after the trials that train a Stage I have handed it over at the end of their epoch and released
+    their claims (at most ``$CALIB_STAGE1_HANDOVER_WAIT_SECONDS``; the claims of those that could not are deleted
+    once Tune has ended them). The yielded dict gets ``"signal"`` when that happened; a SIGTERM before Tune listens
+    raises :class:`StudyInterrupted` at once. When the signal stopped Ray's head as well (a preempted or requeued
+    Slurm job signals every process of its nodes), Tune cannot end the trials: the driver then says so and exits
+    with :attr:`calib.exit_codes.ExitCode.INTERRUPTED` (3) within seconds, not when the scheduler kills it. Main
+    thread only."""
     state: dict[str, Any] = {}
     if threading.current_thread() is not threading.main_thread():
         yield state
@@ -62,7 +65,7 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
             display.interrupted = state["signal"]
         if callable(signal.getsignal(signal.SIGUSR1)):  # Tune's handler: it stops the run and returns
             say_stopping(state["signal"])
-            os.kill(os.getpid(), signal.SIGUSR1)
+            threading.Thread(target=_hand_over_then_stop, args=(study,), daemon=True, name="stage1-handover").start()
             threading.Thread(target=_exit_when_ray_is_gone, args=(study, state["signal"], ended), daemon=True,
                              name="ray-head-watch").start()
         else:
@@ -75,9 +78,21 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
         yield state
     finally:
         ended.set()  # the run ended on its own: the watcher stops
+        if "signal" in state and (released := release_stopped_claims()):
+            print(f"[{study}] released {released} Stage-I claim{'s' if released > 1 else ''} of trials that ended "
+                  f"before they could hand over: the next run takes {'them' if released > 1 else 'it'} at once",
+                  flush=True)
         listening()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _hand_over_then_stop(study: str) -> None:
+    """Ask the run's trials to hand their Stage-I trainings over (:func:`calib.search.events.hand_over_stage1`,
+    bounded), then stop the run through Ray Tune's graceful stop (its SIGUSR1 handler)."""
+    if line := hand_over_stage1():
+        print(f"[{study}] {line}", flush=True)
+    os.kill(os.getpid(), signal.SIGUSR1)
 
 
 def _listen_for_stop_signals(say_stopping: Callable[[str], None]) -> Callable[[], None]:

@@ -392,3 +392,81 @@ def test_a_trial_waiting_for_another_trial_of_its_node_says_when_the_wait_starts
     with listening(said.append), stage1_module._node_lock(final, "abc"):  # free at once: nothing to say
         pass
     assert len(said) == 2
+
+
+class StoppingStudy:
+    """A :class:`calib.artifacts.claim.StopWatch` as the driver's mailbox is one: the claims it was told of, and
+    ``stop`` (a clean stop of the study) once the test sets it."""
+
+    def __init__(self) -> None:
+        self.stop, self.held, self.events, self.answered_stop = False, {}, [], 0
+
+    def stopping(self) -> bool:
+        self.answered_stop += self.stop
+        return self.stop
+
+    def holding(self, holder: str, location: str) -> None:
+        self.held[holder] = location
+        self.events.append("holding")
+
+    def let_go(self, holder: str) -> None:
+        self.held.pop(holder)
+        self.events.append("let go")
+
+
+def test_a_clean_stop_hands_the_training_over_then_releases_its_claim_and_the_next_run_continues_at_once(
+        make_config, tmp_path, monkeypatch):
+    """The study stops while epoch 2 of 5 trains: at its end the state is written (whatever its age: the
+    handover is not due for 300 s) and only then the claim deleted; the next trial takes the claim without a
+    wait and ends with the model an uninterrupted training gives."""
+    from calib.artifacts.claim import watching_for_stop
+
+    monkeypatch.setenv("CALIB_STAGE1_HANDOVER_SECONDS", "300")
+    monkeypatch.setenv("CALIB_STAGE1_LEASE_SECONDS", "0.4")  # the claim asks the watch every 0.1 s
+    cpu = torch.device("cpu")
+    whole, _ = get_or_train_stage1(parse_trial_config({**make_config(method={"name": "vanilla"}, epochs=5),
+                                                       "artifact_root": str(tmp_path / "uninterrupted")}), cpu)
+    cfg = parse_trial_config(make_config(method={"name": "vanilla"}, epochs=5))
+    claim_file = Path(claim_location(cfg.artifact_root, whole.stage1_id))
+    handover = Path(cfg.artifact_root) / "stage1" / f"{whole.stage1_id}.handover.pt"
+    study = StoppingStudy()
+
+    class EndedByTune(Exception):
+        pass
+
+    def stop_during_epoch_2(row):
+        if row["epoch"] == 1:
+            assert claim_file.exists() and not handover.exists()  # training, nothing handed over yet
+            study.stop = True
+            deadline = time.monotonic() + 30
+            while study.answered_stop < 2 and time.monotonic() < deadline:  # the claim has seen it
+                time.sleep(0.01)
+
+    def ended_by_tune(state):  # Tune ends the trial once it has handed over
+        if state["epoch"] == 1:
+            assert handover.exists() and not claim_file.exists() and study.events == ["holding", "let go"]
+            raise EndedByTune
+
+    with watching_for_stop(study), pytest.raises(EndedByTune):
+        get_or_train_stage1(cfg, cpu, on_epoch=stop_during_epoch_2, on_checkpoint=ended_by_tune)
+    assert torch.load(handover, weights_only=False)["epoch"] == 1 and study.held == {}
+    said: list[Stage1Event] = []
+    monkeypatch.setattr(stage1_module, "tell", said.append)
+    resumed, hit = get_or_train_stage1(cfg, cpu)
+    assert not hit and resumed.record["resumed_from_epoch"] == 1
+    assert [e.kind for e in said if e.kind in (WAITING, WAITED)] == [], "the claim was free: no wait"
+    assert torch.equal(resumed.splits["test"].logits, whole.splits["test"].logits)
+
+
+def test_a_stopped_driver_deletes_only_the_claims_its_own_trials_still_hold(root):
+    from calib.artifacts.claim import release_if_held_by
+
+    mine = acquire(root, "abc", never_published, "node-a-1", FAST, print)
+    theirs = acquire(root, "def", never_published, "node-b-2", FAST, print)
+    mine._stop.set()  # Tune ended the trial: it renews no more
+    assert release_if_held_by(claim_location(root, "abc"), "node-a-1")
+    assert storage.read_versioned(claim_location(root, "abc")) is None
+    assert not release_if_held_by(claim_location(root, "def"), "node-a-1"), "another holder's claim stays"
+    assert not release_if_held_by(claim_location(root, "abc"), "node-a-1"), "gone: nothing to delete"
+    assert json.loads(storage.read_versioned(claim_location(root, "def"))[0])["holder"] == "node-b-2"
+    theirs.release()
