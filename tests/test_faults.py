@@ -129,6 +129,38 @@ def test_a_killed_trial_is_retried_from_its_last_stage1_checkpoint(tmp_path):
     assert sorted(stage1["epoch"]) == list(range(30)), "every epoch once, none repeated by the retry"
 
 
+@pytest.mark.ray
+def test_a_study_stopped_by_sigterm_hands_its_stage1_over_and_releases_the_claim(tmp_path):
+    """A clean stop while a Stage I trains: its state at the end of the current epoch is handed over (not the
+    one saved every 300 s) and its claim deleted before the study exits 3, so the next run takes it at once
+    (tests/store/test_stage1_claims.py shows that run continuing to the uninterrupted model)."""
+    import torch
+
+    store = tmp_path / "results"
+    args = ["--store", str(store), "--seeds", "1", "--gammas", "0.9", "--epochs", "5000", "--stage2-epochs", "2"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "studies" / "sensitivity_gamma.py"), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "CALIB_STAGE1_HANDOVER_SECONDS": "300"})
+    stage1 = store / "artifacts" / "stage1"
+    try:
+        deadline = time.monotonic() + 240
+        while not list(stage1.glob("*.claim")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no Stage-I claim appeared"
+            time.sleep(0.2)
+        time.sleep(2.0)  # a few epochs into the training
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+    assert proc.returncode == 3, out[-3000:]
+    assert "[sensitivity_gamma] 1 of 1 Stage-I training handed over" in out, out[-3000:]
+    assert "its training is handed over after epoch" in out and "its claim released" in out
+    assert not list(stage1.glob("*.claim")), "the claim was released: the next run need not wait out its lease"
+    (handover,) = stage1.glob("*.handover.pt")
+    assert torch.load(handover, weights_only=False)["epoch"] >= 0
+
+
 # ---------------------------------------------------------------------------------- killed drivers
 
 
