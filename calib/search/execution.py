@@ -26,7 +26,6 @@ from calib.artifacts import ArtifactWarning
 from calib.config import parse_trial_config
 from calib.search.events import forwarding, trials_label
 from calib.store import read_trials, write_result
-from calib.tracking import log_trial
 from calib.trial import TrialResult, run_trial, run_trials, trial_id
 
 __all__ = ["DEFAULT_CONFIGS_PER_TRIAL", "STAGE1_CHECKPOINT", "STAGE1_EPOCHS", "ExecutionOptions", "execute",
@@ -187,6 +186,9 @@ def _artifact_notes(notes: list[str]) -> Iterator[None]:
 def _store(store: str, result: TrialResult, options: ExecutionOptions, node_id: str | None, **kwargs: Any) -> None:
     """Log the trial's runs to the ``--log-to`` trackers (their ids go into the row), then write its row."""
     if options.tracking is not None:
+        # lazy: only a study with --log-to loads the trackers' module (and, through it, their clients)
+        from calib.tracking import log_trial
+
         result.tracker_runs = log_trial(options.tracking, result)
     write_result(store, result, node_id=node_id, keep_predictions=options.keep_predictions, **kwargs)
     result.predictions = {}  # stored: a population's other results need not hold them in memory

@@ -24,7 +24,6 @@ from calib.search.stopping import StudyInterrupted, interrupted_message, stoppab
 from calib.search.tuner import CheckedOnly, StudyRun, run_config, trial_dirname
 from calib.store import completed_trial_ids
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
-from calib.tracking import start_study
 from calib.trial import population_groups, trial_id
 
 __all__ = ["assign_roles", "batch_roles", "run_grid"]
@@ -118,6 +117,9 @@ def run_grid(
     manifest = manifest_of([parse_trial_config(config) for config in table] if table else parsed)
     check_address(options.address)
     if options.log_to and options.tracking is None and not options.check_only:
+        # lazy: only a study with --log-to loads the trackers' module (and, through it, their clients)
+        from calib.tracking import start_study
+
         options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
     storage.check_writable(store)
     check_manifest(store, study, manifest)

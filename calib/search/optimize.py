@@ -36,7 +36,6 @@ from calib.search.stopping import StudyInterrupted, interrupted_message, stoppab
 from calib.search.tuner import CheckedOnly, StudyRun, run_config, trial_dirname
 from calib.store import read_trials
 from calib.store.manifest import check_manifest, manifest_of, record_manifest
-from calib.tracking import start_study
 from calib.trial import trial_id
 
 __all__ = ["DEFAULT_TPE_WINDOW", "SAMPLERS", "SCHEDULERS", "SCHEDULER_METRICS", "SchedulerSettings", "resumed_seed",
@@ -396,6 +395,9 @@ def run_search(
     probe, manifest = _probe_and_manifest(replicates.bases, space)
     check_address(options.address)
     if options.log_to and options.tracking is None and not options.check_only:
+        # lazy: only a study with --log-to loads the trackers' module (and, through it, their clients)
+        from calib.tracking import start_study
+
         options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
     storage.check_writable(store)
     check_manifest(store, study, manifest)

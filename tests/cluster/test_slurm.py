@@ -119,6 +119,13 @@ def seconds_between(first: str, last: str) -> int:
     return (clock(last) - clock(first)) % 86400
 
 
+def last_line_bound(said: list[str]) -> int:
+    """Seconds from the script's SIGTERM line to its last: 5 when the study stopped by itself (it stops within
+    2 s unloaded); when it did not, the script ends it KillWait (10) less its 3-s margin after the SIGTERM, and its
+    last line follows at once (+1 s: the log's clock has whole seconds). Either way before Slurm's SIGKILL."""
+    return 8 if any("the study did not stop within " in line for line in said) else 5
+
+
 def sigterm_ending(said: list[str], study: str, script_says: str, last_says: str) -> tuple[int, int]:
     """Where the script's SIGTERM line and its last line are. The study's own "interrupted by SIGTERM" line is in
     the same start, after the script's ``study:`` line and before its last: the batch step (script and study) has
@@ -206,7 +213,7 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
         said, "gamma-cancelled", "SIGTERM: Slurm cancelled the job (scancel, or a preemption that cancels); stopping "
         "the study", "the study stopped after SIGTERM: the job was cancelled; submit this script again, or run the "
         "same study command, to continue it")
-    assert last == len(said) - 1 and seconds_between(said[term], said[last]) <= 5, "\n".join(said)
+    assert last == len(said) - 1 and seconds_between(said[term], said[last]) <= last_line_bound(said), "\n".join(said)
     assert lab.batch_exit_codes(cancelled) == ["exit 3"], "\n".join(said)
 
     # 2nd start: requeued by the administrator (what preemption does), again inside Stage I
@@ -227,11 +234,11 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
     ):
         assert expected in text, f"{expected!r} is not in the job's log:\n" + "\n".join(said)
     assert said[-1].endswith("the study finished") and text.count("the study finished") == 1, "\n".join(said)
-    # The requeue with KillWait=10: the study's line and the script's last line within 5 s of the SIGTERM.
+    # The requeue with KillWait=10: the study's line and the script's last line before Slurm's SIGKILL.
     term, last = sigterm_ending(
         said, "sensitivity_gamma", "SIGTERM: Slurm requeued the job (scontrol requeue or a preemption); stopping the "
         "study", "the study stopped after SIGTERM: the job was requeued; start 3 continues it")
-    assert seconds_between(said[term], said[last]) <= 5, "\n".join(said)
+    assert seconds_between(said[term], said[last]) <= last_line_bound(said), "\n".join(said)
     assert lab.batch_exit_codes(job) == ["exit 3", "exit 3", "exit 0"]  # the warning, the requeue, the end
     assert not re.search(r"line \d+: .*(Killed|Terminated)", text), "bash reported a killed step:\n" + text[-3000:]
     # The later starts took over the earlier starts' Stage-I claims, and the study's output said so.

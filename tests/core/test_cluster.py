@@ -69,7 +69,9 @@ def test_shipped_cluster_yaml_is_valid(capsys, monkeypatch):
 
 def test_shipped_cluster_yaml_declares_what_the_studies_need():
     config = shipped()
-    assert config["provider"]["type"] == "aws" and config["file_mounts"] == {"~/calib": "."}
+    # the checkout, and this cluster's Ray token (python -m calib.cluster token) where Ray reads it on every node
+    assert config["provider"]["type"] == "aws" and config["file_mounts"] == {
+        "~/calib": ".", "~/.ray/auth_token": "~/.config/calib/ray-tokens/calib.token"}
     assert any(f'"ray[default,tune]=={ray.__version__}"' in c for c in config["setup_commands"])
     assert "pip install -e ~/calib" in config["setup_commands"]
     assert config["metadata"]["calib"]["store"].startswith("s3://")

@@ -47,7 +47,7 @@ def test_a_failing_config_fails_its_own_row(configs, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("TST head exploded")
 
-    monkeypatch.setattr(tst, "fit_tst_population", broken)
+    monkeypatch.setattr(tst, "_initial_tst_head", broken)  # every TST member's head, built in its population
     results = run_trials(configs)
     assert [r.status for r in results] == ["ok", "ok", "ok", "failed", "failed", "ok"]
     assert "TST head exploded" in results[3].error and results[3].failed_stage == "stage2"

@@ -206,7 +206,7 @@ def test_each_is_a_methods_choice(extended, script, labels):
 def test_each_runs_and_shows_in_the_tables(extended, tmp_path):
     root, plugin, env = extended
     store = tmp_path / "results"
-    rows = ["Vanilla (CE)", "CE+HalfTS", "BrierLoss", "RidgeHead", "CE+ThirdTS", "BrierPlugin", "RidgePlugin"]
+    rows = ["Vanilla", "CE+HalfTS", "BrierLoss", "RidgeHead", "CE+ThirdTS", "BrierPlugin", "RidgePlugin"]
     out = _study("compare_methods.py", "--store", str(store), "--plugin", str(plugin), "--methods", *rows,
                  "--seeds", "1", "--epochs", "2", env=env, cwd=root)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -220,5 +220,5 @@ def test_each_runs_and_shows_in_the_tables(extended, tmp_path):
     assert by_label.loc["RidgePlugin", "method"] == "ridge_plugin" and by_label.loc["BrierPlugin", "loss_weight"] == 1
     assert by_label.loc["CE+ThirdTS", "plugins"].tolist()[0].startswith("my_extensions sha256:")
     # a fixed T keeps the argmax: the accuracy of the CE Stage I
-    vanilla = by_label.loc["Vanilla (CE)", "test_accuracy"]
+    vanilla = by_label.loc["Vanilla", "test_accuracy"]
     assert by_label.loc["CE+HalfTS", "test_accuracy"] == vanilla == by_label.loc["CE+ThirdTS", "test_accuracy"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from calib.study_rows import METHOD_ROWS
 from in_process import run_study, study_module
+
+from calib.study.rows import METHOD_ROWS
 
 TINY = ["--epochs", "2", "--stage2-epochs", "2"]
 

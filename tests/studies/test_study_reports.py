@@ -71,7 +71,7 @@ def test_gamma_study_without_vanilla_and_with_nan_metrics(results, tmp_path, cap
         trials, study="sensitivity_gamma", store=str(store), figures=tmp_path / "figures", gammas=[0.9])
     out = capsys.readouterr().out
     assert "| MaC-Cal | 0.9 | 1 | – |" in out  # no ECE to show, the other metrics are there
-    assert "no finished trial for: vanilla" in out
+    assert "no finished trial for: Vanilla" in out
     assert (tmp_path / "figures" / "sensitivity_gamma_digits-noisy_small_cnn.png").exists()
 
 

@@ -97,9 +97,11 @@ def test_param_and_set_of_one_field_are_refused(tmp_path, monkeypatch, capsys):
     args = ["--store", str(tmp_path), *TINY, "--methods", "HB-EM", "--param", "histogram_binning.num_bins=5",
             "--set", "method.num_bins=7"]
     code, err = run_refused("posthoc.py", args, monkeypatch, capsys)
-    assert code == 2 and "both set histogram_binning's num_bins: give one" in err, err
+    # histogram_binning is the former name of histogram_binning_equal_mass (HB-EM): the message names it now
+    assert code == 2 and "both set histogram_binning_equal_mass's num_bins: give one" in err, err
     code, err = run_refused("posthoc.py", [*args[:-2], "--param", "histogram_binning.bins=5"], monkeypatch, capsys)
-    assert code == 2 and "error: `--param histogram_binning.bins=5`: histogram_binning has no field 'bins'" in err
+    assert code == 2 and ("error: `--param histogram_binning.bins=5`: histogram_binning_equal_mass has no field "
+                          "'bins'") in err
 
 
 @pytest.mark.ray
