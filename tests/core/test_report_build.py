@@ -41,7 +41,11 @@ def test_no_published_column_off_the_papers_setups():
 
 def test_published_values_are_table1():
     assert published_ece("cifar100", "resnet110", "MaC-Cal") == 1.44  # the headline 17.85 → 1.44
-    assert published_ece("cifar100", "resnet110", "Vanilla (CE)") == 17.85
+    assert published_ece("cifar100", "resnet110", "Vanilla (CE)") == published_ece("cifar100", "resnet110",
+                                                                                   "Vanilla") == 17.85
+    # the three rows of MaC-Cal Table 1 that came with issue 53 (docs/methods.md §9.1)
+    assert [published_ece("cifar10", "resnet50", row) for row in ("CPC", "PLP", "BalCAL")] == [3.92, 2.97, 1.32]
+    assert published_ece("tiny-imagenet", "resnet50_tiny", "PLP") == 11.07
     assert len(PUBLISHED_ECE) == 9  # every column of Table 1
     assert published_ece("cifar10", "densenet121", "MaC-Cal") == 1.05
     assert published_ece("tiny-imagenet", "resnet50_tiny", "MbLS") == 10.17
