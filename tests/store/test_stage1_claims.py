@@ -439,8 +439,9 @@ def test_a_clean_stop_hands_the_training_over_then_releases_its_claim_and_the_ne
             assert claim_file.exists() and not handover.exists()  # training, nothing handed over yet
             study.stop = True
             deadline = time.monotonic() + 30
-            while study.answered_stop < 2 and time.monotonic() < deadline:  # the claim has seen it
+            while not study.answered_stop and time.monotonic() < deadline:  # the claim's thread has asked
                 time.sleep(0.01)
+            time.sleep(0.3)  # ...and marked the stop (the next statement of that thread), three of its ticks ago
 
     def ended_by_tune(state):  # Tune ends the trial once it has handed over
         if state["epoch"] == 1:
