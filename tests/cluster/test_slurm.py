@@ -246,6 +246,16 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
     continued = [line for line in said if line.startswith("[sensitivity_gamma] trial ") and "continuing the training"
                  in line]
     assert takeovers and len(continued) >= 2, "\n".join(said)
+    # The clean stop before the time limit handed its trainings over and released their claims: start 2 takes them
+    # at once (no claim to take over, no wait for one), while the requeue's SIGTERM stopped Ray too (start 3 takes
+    # the dead holders' claims over).
+    start1 = next(i for i, line in enumerate(said) if "start 1 of at most 3" in line)
+    start2 = next(i for i, line in enumerate(said) if "start 2 of at most 3" in line)
+    start3 = next(i for i, line in enumerate(said) if "start 3 of at most 3" in line)
+    assert any("Stage-I training" in line and "handed over" in line for line in said[start1:start2]), \
+        "\n".join(said)
+    assert not [line for line in said[start2:start3] if "takes it over" in line or "is being trained by" in line], \
+        "\n".join(said)
     # One Ray log per node and start, none overwritten.
     ray_logs = sorted(p.name for p in (run_dir / "slurm").glob(f"{job}-*.log"))
     assert ray_logs == sorted(f"{job}-start{start}-ray-{node.name}.log" for start in (1, 2, 3) for node in lab.nodes)
