@@ -36,7 +36,7 @@ from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.row_file import default_row, row_of_config, write_row_file
-from calib.study.rows import print_row_tables, run_rows
+from calib.study.rows import METHOD_ROWS, print_row_tables, run_rows
 from calib.study.settings import study_settings, with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
@@ -88,7 +88,7 @@ def write_chosen(chosen, space, replicates: Replicates, objectives: list[str], s
     files = []
     for _, trial in chosen.iterrows():
         row = row_of_config(json.loads(configs[trial["trial_id"]]), keys)
-        label = f"{default_row(row)[0]} (tuned: {study} #{trial['search_trial']})"
+        label = f"{default_row(row, METHOD_ROWS)[0]} (tuned: {study} #{trial['search_trial']})"
         name = f"{study}.yaml" if len(chosen) == 1 else f"{study}_trial{trial['search_trial']}.yaml"
         path = write_row_file(paths.outputs / "rows" / name, label, row, {
             "study": study, "store": str(paths.store), "search_trial": int(trial["search_trial"]),
@@ -106,7 +106,7 @@ def confirm(args, files: list, study: str, searched_seeds: list[int]) -> tuple[i
     preset = preset_of(args)
     used = set(searched_seeds) | set(read_trials(study_paths(args).store, study=study, columns=["seed"])["seed"])
     seeds = fresh_seeds(args.seeds or list(preset.seeds), used, args.confirm)
-    default_label, default = default_row(files[0][1])
+    default_label, default = default_row(files[0][1], METHOD_ROWS)
     rows = {default_label: default, **dict(files)}
     print(f"\n[{study}] confirming on {args.confirm} fresh seeds {' '.join(map(str, seeds))} (the search used "
           f"{' '.join(map(str, sorted(used)))}) beside {default_label} at its defaults: study {study}_confirm")

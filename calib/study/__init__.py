@@ -6,6 +6,8 @@
   line);
 - :mod:`calib.study.settings`: ``--set KEY=VALUE`` and ``--stage2-seeds`` applied to the trial configs a study built;
 - :mod:`calib.study.flags`: the flags every study shares and the parser;
+- :mod:`calib.study.row`: a table's row (a loss, a method, Stage-I changes);
+- :mod:`calib.study.row_file`: a row written to and read from a file (a search's choice, ``--row FILE``);
 - :mod:`calib.study.rows`: row-based studies (a table's rows from the registries, run and print them);
 - :mod:`calib.study.ablation`: ablation ladders;
 - :mod:`calib.study.main`: a study script's exits (``guarded_main``, ``study_exit_code``).

@@ -18,7 +18,7 @@ from calib._config import ConfigError
 from calib.config import parse_trial_config
 from calib.presets import PRESETS, base_config
 from calib.registries import LOSSES, METHODS
-from calib.study.rows import METHOD_ROWS, Row
+from calib.study.row import Row
 
 __all__ = ["ROW_FILE_KEYS", "add_row_args", "default_row", "file_rows", "read_row_file", "row_control", "row_of_config",
            "write_row_file"]
@@ -43,7 +43,7 @@ def row_of_config(config: Mapping[str, Any], keys: Sequence[str]) -> Row:
     return Row(loss=sections["loss"], method=sections["method"], stage1=sections["stage1"])
 
 
-def default_row(row: Row, rows: Mapping[str, Row] = METHOD_ROWS) -> tuple[str, Row]:
+def default_row(row: Row, rows: Mapping[str, Row]) -> tuple[str, Row]:
     """The table's row of ``row``'s method and loss at their defaults (its label and row), or, where the table
     has none, the method and loss by name labelled ``"<method> (defaults)"``."""
     for label, candidate in rows.items():

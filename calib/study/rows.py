@@ -8,8 +8,7 @@ aggregates the finished trials of this run per row.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -26,21 +25,14 @@ from calib.search import CheckedOnly, StudyRun, run_grid
 from calib.store import read_finished
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
+from calib.study.row import Row
+from calib.study.row_file import file_rows
 from calib.study.settings import with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 __all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "MIXING_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "PROCEDURE_ROWS",
            "STAGE1_ROWS", "TABLE_MIXUP_ALPHA", "RegistryRows", "Row", "loss_row", "method_row", "mit_row", "mixup_row",
            "print_row_tables", "row_label", "run_rows", "with_file_rows"]
-
-@dataclass(frozen=True)
-class Row:
-    """One labelled config variant: a loss, a method and Stage-I changes (each ``{"name": ..., **fields}``)."""
-
-    loss: Mapping[str, Any] = field(default_factory=lambda: {"name": "cross_entropy"})
-    method: Mapping[str, Any] = field(default_factory=lambda: {"name": "vanilla"})
-    stage1: Mapping[str, Any] = field(default_factory=dict)
-
 
 class RegistryRows(Mapping[str, Any]):
     """A read-only mapping built from the method and loss registries, and built again whenever one of them changed,
@@ -176,13 +168,11 @@ GIVEN_STAGE1_ROWS: Mapping[str, Row] = RegistryRows(_given_stage1_rows, "rows on
 method and every labelled Stage-II method."""
 
 
-def with_file_rows(args: argparse.Namespace, rows: Mapping[str, Row]) -> dict[str, Row]:
-    """``rows`` and the ``--row`` files' rows after them (:mod:`calib.study.row_file`); a ``ConfigError`` for a
-    label a row already has."""
-    from calib.study.row_file import file_rows  # it builds on this module's Row
-
+def with_file_rows(files: Sequence[tuple[str, Row]], rows: Mapping[str, Row]) -> dict[str, Row]:
+    """``rows`` and the ``--row`` files' rows (:func:`calib.study.row_file.file_rows`) after them; a
+    ``ConfigError`` for a label a row already has."""
     out = dict(rows)
-    for label, row in file_rows(args):
+    for label, row in files:
         if label in out:
             raise ConfigError(f"--row: the label {label!r} is already a row of this table; give the file another "
                               f"one: --row FILE LABEL.")
@@ -204,8 +194,9 @@ def run_rows(
     table when ``rows`` is a user's selection of it (the study's manifest is computed from the table,
     so runs of different selections extend one study). The ``--row`` files' rows (:func:`with_file_rows`) join
     both. ``--check-only``: the run's :class:`CheckedOnly`."""
-    rows = with_file_rows(args, rows)
-    table = with_file_rows(args, table) if table is not None else None
+    files = file_rows(args)  # read once: the run's rows and the table's
+    rows = with_file_rows(files, rows)
+    table = with_file_rows(files, table) if table is not None else None
     preset = preset_of(args)
     paths = study_paths(args)
     setups = study_setups(args, preset)
