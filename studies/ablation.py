@@ -17,12 +17,14 @@ import pyarrow.dataset as pads
 
 from calib._config import ConfigError
 from calib.presets import base_config, with_preset_stage2
-from calib.report import mixed_trainings, report_step, summarize, to_markdown
+from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.figures import plot_retention
+from calib.report.policy import compare_setup
+from calib.report.significance_tables import MARKS
 from calib.search import CheckedOnly, run_grid
 from calib.store import read_finished, read_history
 from calib.study.ablation import MODES, load_ladder
-from calib.study.flags import study_parser
+from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
@@ -37,6 +39,7 @@ METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="ablation")
+    add_table_args(parser)
     parser.add_argument("--ladder", default=str(DEFAULT_LADDER), help="ladder file (YAML)")
     parser.add_argument("--mode", default="incremental", choices=MODES, help="how components are combined")
     add_row_args(parser)
@@ -87,14 +90,21 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     trials["step"] = pd.Categorical(trials["label"], categories=order, ordered=True)
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"table for {dataset} · {arch}"):
-            table = summarize(group, ["step"], list(METRICS))
+            comparison = compare_setup(group, METRICS, args.control or order[0], store=paths.store, study=args.study,
+                                       test=args.test)
+            table = comparison.summary()
             first = table["test_ece_mean"].iloc[0]
             reference = table["test_ece_mean"].shift(1) if args.mode == "incremental" else first
             delta = 100 * (table["test_ece_mean"] - reference)
             table["step"] = [f"{s} (Δ ECE {d:+.2f})" if pd.notna(d) and i > 0 else str(s)
-                             for i, (s, d) in enumerate(zip(table["step"], delta, strict=True))]
+                             for i, (s, d) in enumerate(zip(table["label"], delta, strict=True))]
+            shown = dict(zip(table["label"], table["step"], strict=True))
+            marks = {(shown[label], metric): MARKS[verdict]
+                     for (label, metric), verdict in comparison.markers().items()}
             print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds (percent)\n")
-            print(to_markdown(table, ["step"], METRICS))
+            print(to_markdown(table, ["step"], METRICS, marks=marks))
+            for line in comparison.legend:
+                print(f"\n{line}")
             if note := mixed_trainings(group):
                 print(f"\n{note}")
             missing = [step for step in order if not (group["step"] == step).any()]

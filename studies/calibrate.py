@@ -32,7 +32,7 @@ from calib.report import report_step
 from calib.report.build import FULL, pooled_bins
 from calib.report.figures import plot_reliability
 from calib.search import CheckedOnly
-from calib.study.flags import add_predictions_args, study_parser
+from calib.study.flags import add_predictions_args, add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.rows import GIVEN_STAGE1_ROWS, METHOD_ROWS, RegistryRows, print_row_tables, row_label, run_rows
@@ -50,6 +50,7 @@ CHOICES = RegistryRows(lambda: {**ROWS, **{label: row for label, row in METHOD_R
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="calibrate")
+    add_table_args(parser)
     parser.add_argument("--methods", nargs="+", default=None, choices=CHOICES, type=row_label, metavar="ROW",
                         help="rows to run: the uncalibrated model, the post-hoc and the Stage-II methods (default: all "
                              "of them; with --predictions, the post-hoc ones); from: %(choices)s (the rows that "
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     if isinstance(result, CheckedOnly):
         return result
     trials, run = result
-    print_row_tables(trials, METRICS, study=args.study)
+    print_row_tables(trials, METRICS, study=args.study, control=args.control, test=args.test,
+                     store=study_paths(args).store)
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"reliability diagrams of {dataset} · {arch}"):
             bins = pooled_bins(group.assign(label=group["row"].astype(str)))

@@ -7,10 +7,10 @@ artifact and retrains only the head. Prints Acc / ECE / AECE (mean ± 95% CI ove
 from __future__ import annotations
 
 from calib.search import CheckedOnly
-from calib.study.flags import study_parser
+from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.row_file import add_row_args, row_control
+from calib.study.row_file import add_row_args
 from calib.study.rows import STAGE1_ROWS, Row, method_row, print_row_tables, row_label, run_rows
 
 METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
@@ -29,6 +29,7 @@ def rows(names: list[str]) -> dict[str, Row]:
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="combine")
+    add_table_args(parser)
     parser.add_argument("--losses", nargs="+", default=None, choices=STAGE1_ROWS, type=row_label, metavar="LOSS",
                         help="Stage-I rows, from: %(choices)s (default: all of them)")
     add_row_args(parser)
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     if isinstance(result, CheckedOnly):
         return result
     trials, run = result
-    print_row_tables(trials, METRICS, study=args.study, control=row_control(args, selected))
+    print_row_tables(trials, METRICS, study=args.study, control=args.control, test=args.test,
+                     store=study_paths(args).store)
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from calib.report.build import FULL
 from calib.search import CheckedOnly
-from calib.study.flags import study_parser
+from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.row_file import add_row_args, row_control
+from calib.study.row_file import add_row_args
 from calib.study.rows import METHOD_ROWS, print_row_tables, row_label, run_rows
 
 METRICS = FULL
@@ -22,6 +22,7 @@ METRICS = FULL
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="compare_methods")
+    add_table_args(parser)
     parser.add_argument("--methods", nargs="+", default=None, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help="rows to run, from: %(choices)s (default: all of them)")
     add_row_args(parser)
@@ -31,7 +32,8 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     if isinstance(result, CheckedOnly):
         return result
     trials, run = result
-    print_row_tables(trials, METRICS, study=args.study, control=row_control(args, selected))
+    print_row_tables(trials, METRICS, study=args.study, control=args.control, test=args.test,
+                     store=study_paths(args).store)
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 

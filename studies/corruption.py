@@ -27,10 +27,10 @@ from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
 from calib.search import CheckedOnly
-from calib.study.flags import study_parser
+from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.row_file import add_row_args, row_control
+from calib.study.row_file import add_row_args
 from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, row_label, run_rows
 
 ROWS = [UNCALIBRATED_LABEL, *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal"]
@@ -54,6 +54,7 @@ def evaluation_for(args: argparse.Namespace):
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="corruption")
+    add_table_args(parser)
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help=f"rows to run, from: %(choices)s (default: {', '.join(ROWS)})")
     add_row_args(parser)
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
         trials[f"corrupted_ece_s{severity}"] = trials["corrupted_ece_by_severity"].map(lambda v, i=i: v[i])
         metrics[f"corrupted_ece_s{severity}"] = f"ECE s{severity}"
     print_row_tables(trials, {**metrics, "corrupted_accuracy": "Acc (all)", "test_ece": "ECE clean"},
-                     study=args.study, control=row_control(args, {label: METHOD_ROWS[label] for label in args.methods}))
+                     study=args.study, control=args.control, test=args.test, store=study_paths(args).store)
     long = pd.DataFrame([{"row": row, "dataset": d, "arch": a, "severity": s, "ece": eces[s - 1]}
                          for row, d, a, eces in zip(trials["row"], trials["dataset"], trials["arch"],
                                                     trials["corrupted_ece_by_severity"], strict=True)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.search import CheckedOnly
-from calib.study.flags import study_parser
+from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.row_file import add_row_args, row_control
+from calib.study.row_file import add_row_args
 from calib.study.rows import POSTHOC_ROWS, Row, loss_row, method_row, print_row_tables, row_label, run_rows
 
 TABLE4_LOSSES = ("label_smoothing", "fedlas_ls", "mbls", "fedlas_mbls")
@@ -24,6 +24,7 @@ METRICS = {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="decompose")
+    add_table_args(parser)
     parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=list(ROWS), type=row_label, metavar="ROW",
                         help=f"rows to run, from: {', '.join(ROWS)} (default: all of them)")
     add_row_args(parser)
@@ -32,8 +33,8 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     if isinstance(result, CheckedOnly):
         return result
     trials, run = result
-    print_row_tables(trials, METRICS, study=args.study,
-                     control=row_control(args, {label: ROWS[label] for label in args.methods}))
+    print_row_tables(trials, METRICS, study=args.study, control=args.control, test=args.test,
+                     store=study_paths(args).store)
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 

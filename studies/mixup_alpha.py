@@ -9,7 +9,7 @@ from __future__ import annotations
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
 from calib.search import CheckedOnly
-from calib.study.flags import study_parser
+from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.rows import MIXING_ROWS, Row, method_row, mixup_row, print_row_tables, run_rows
@@ -31,13 +31,15 @@ def rows(alphas: list[float]) -> dict[str, Row]:
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="mixup_alpha")
+    add_table_args(parser)
     parser.add_argument("--alphas", type=float, nargs="+", default=list(DEFAULT_ALPHAS), help="Beta(α, α) values")
     args = parser.parse_args(argv)
     result = run_rows(args, rows(args.alphas))
     if isinstance(result, CheckedOnly):
         return result
     trials, run = result
-    print_row_tables(trials, METRICS, study=args.study)
+    print_row_tables(trials, METRICS, study=args.study, control=args.control, test=args.test,
+                     store=study_paths(args).store)
     trials["family"] = trials["row"].astype(str).str.split(" α=").str[0]
     trials["alpha"] = trials["stage1_mixup_alpha"].fillna(trials["stage1_mit_alpha"])
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):

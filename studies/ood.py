@@ -12,10 +12,10 @@ from calib._config import ConfigError
 from calib.datasets import DEFAULT_OOD, OOD_SETS
 from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.search import CheckedOnly
-from calib.study.flags import study_parser
+from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
-from calib.study.row_file import add_row_args, row_control
+from calib.study.row_file import add_row_args
 from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, row_label, run_rows
 
 ROWS = [UNCALIBRATED_LABEL, *POSTHOC_ROWS, "PLP", "TST", "V-TST", "BalCAL", "MaC-Cal", "DFL", "AdaFocal", "ACLS",
@@ -25,6 +25,7 @@ ROWS = [UNCALIBRATED_LABEL, *POSTHOC_ROWS, "PLP", "TST", "V-TST", "BalCAL", "MaC
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser = study_parser(__doc__, study="ood")
+    add_table_args(parser)
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help=f"rows to run, from: %(choices)s (default: {', '.join(ROWS)})")
     add_row_args(parser)
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
         trials[f"ood_auroc_{name}"] = trials["ood_auroc_per_dataset"].map(lambda values, i=i: values[i])
         metrics[f"ood_auroc_{name}"] = f"AUROC {name}"
     print_row_tables(trials, {**metrics, "test_accuracy": "Acc", "test_ece": "ECE"}, study=args.study,
-                     control=row_control(args, {label: METHOD_ROWS[label] for label in args.methods}))
+                     control=args.control, test=args.test, store=study_paths(args).store)
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 

@@ -5,7 +5,8 @@ reliability diagrams with per-bin counts, and each study's figure (γ sensitivit
 ablation bars). A study that is not in the store is skipped with one line saying how to run it.
 
 Which differences are real: a cell is marked ▲ / ▼ when its row is significantly better / worse than the
-control row over seeds (paired t-test on seed, Holm over the rows); a study over two or more setups
+control row (the one policy of calib.report.policy, the same as the studies' printouts: >= 3 seeds, a paired t-test
+on seed; fewer, a bootstrap over seeds and kept test predictions; Holm over the rows); a study over two or more setups
 (datasets × architectures) also gets a rank table (average ranks, Friedman and Iman–Davenport tests,
 Nemenyi's critical difference, Holm against the control) and a critical-difference diagram per metric.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 from calib._config import check
 from calib._help import HelpFormatter
 from calib.report.build import build_report
-from calib.report.significance import CONTROL_CANDIDATES
+from calib.report.significance import PAIRED_TESTS
 from calib.study.main import guarded_main
 from calib.study.paths import StudyPaths
 
@@ -32,7 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spread", default="ci", choices=["ci", "std"], help="± 95%% CI or ± std over seeds")
     parser.add_argument("--control", default=None, metavar="LABEL",
                         help="the row the significance markers and Holm's test compare against (default: the "
-                             f"study's TS row, {' / '.join(CONTROL_CANDIDATES)}; no markers where it is absent)")
+                             "study's own: its TS row, an ablation's first rung, a confirm table's default row)")
+    parser.add_argument("--test", default="t-test", choices=PAIRED_TESTS,
+                        help="the paired test over seeds where a setup has >= 3 seeds (fewer: a bootstrap over seeds "
+                             "and kept test predictions; calib.report.policy)")
     parser.add_argument("--alpha", type=float, default=0.05,
                         help="significance level of the markers, Holm's test and Nemenyi's CD (default: 0.05)")
     args = parser.parse_args(argv)
@@ -40,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = StudyPaths(args.store, None, ".")
     store = paths.store
     out = Path(args.out).resolve() if args.out else paths.outputs / "report"
-    written = build_report(store, out, spread=args.spread, control=args.control, alpha=args.alpha)
+    written = build_report(store, out, spread=args.spread, control=args.control, alpha=args.alpha,
+                           test=args.test)
     print(f"report: {out} ({sum(p.suffix == '.md' for p in written)} tables, "
           f"{sum(p.suffix == '.png' for p in written)} figures)")
     return 0

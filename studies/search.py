@@ -115,7 +115,8 @@ def confirm(args, files: list, study: str, searched_seeds: list[int]) -> tuple[i
     if isinstance(result, CheckedOnly):
         return result
     trials, run = result
-    print_row_tables(trials, CONFIRM_METRICS, study=f"{study}_confirm", control=default_label)
+    print_row_tables(trials, CONFIRM_METRICS, study=f"{study}_confirm", control=default_label,
+                     store=study_paths(args).store)
     return run.failed, len(trials)
 
 

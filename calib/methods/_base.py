@@ -78,6 +78,8 @@ class MethodSpec:
     config (its params against the rest), raising ``ConfigError``; run when the config is parsed.
     ``former_name``: the name the method was registered under before it was renamed: its trials' identity keeps
     it, so the trials stored under it keep their ids (``METHODS`` accepts it as an alias of the new name).
+    ``draws``: whether the method draws random numbers in Stage II (so ``stage2_seed`` changes its result); a study's
+    ``--stage2-seeds`` runs a method that does not (the uncalibrated model) once per seed, not once per Stage-II seed.
     """
 
     config: type
@@ -93,6 +95,7 @@ class MethodSpec:
     added_fields: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[Any, Any], None] | None = None
     former_name: str | None = None
+    draws: bool = True
 
     def __post_init__(self) -> None:
         if (self.run_population is None) != (self.population_key is None):

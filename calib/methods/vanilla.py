@@ -36,4 +36,4 @@ def run_vanilla(
 
 METHODS.register("vanilla")(
     MethodSpec(VanillaConfig, run_vanilla, "the Stage-I model, no recalibration", logits_only=True,
-               label=UNCALIBRATED_LABEL, order=0))
+               label=UNCALIBRATED_LABEL, order=0, draws=False))

@@ -21,11 +21,11 @@ import pyarrow.dataset as pads
 from calib.datasets import DATASETS
 from calib.metrics import clopper_pearson
 from calib.report import figures
-from calib.report.bootstrap import bootstrap_markers
+from calib.report.policy import compare_setup, default_control, row_order
 from calib.report.published import published_ece
 from calib.report.rescored import rescored_headers, with_rescored
-from calib.report.significance import CONTROL_CANDIDATES, RankComparison, default_control, rank_comparison
-from calib.report.significance_tables import LATEX_MARKS, MARKS, cell_markers, rank_latex, rank_markdown
+from calib.report.significance import RankComparison, rank_comparison
+from calib.report.significance_tables import LATEX_MARKS, MARKS, rank_latex, rank_markdown
 from calib.report.steps import report_step
 from calib.report.tables import (
     PREDICTION_CHANGE_COLUMNS,
@@ -82,10 +82,17 @@ Spread = Literal["ci", "std"]
 
 def _labelled(trials: pd.DataFrame) -> pd.DataFrame:
     """Rows without a study label (stores written before labels existed) are labelled by method; equal-mass histogram
-    binning stored as "HB" is "HB-EM" (:func:`~calib.report.tables.with_current_labels`)."""
+    binning stored as "HB" is "HB-EM" (:func:`~calib.report.tables.with_current_labels`). A search's trials are one
+    row per config, never a pool of configs: ``<study> #<Optuna trial>`` (its replicates are that row's seeds)."""
     trials = with_current_labels(trials)
-    return trials.assign(label=trials["label"].replace("", None).fillna(trials["method"]).astype(str),
-                         label_rank=trials["label_rank"].fillna(0).astype("int64"))
+    labels = trials["label"].replace("", None).fillna(trials["method"]).astype(str)
+    ranks = trials["label_rank"].fillna(0).astype("int64")
+    if "search_trial" in trials and trials["search_trial"].notna().any():
+        searched = trials["search_trial"].notna()
+        number = trials["search_trial"].fillna(-1).astype("int64")
+        labels = labels.where(~searched, trials["study"].astype(str) + " #" + number.astype(str))
+        ranks = ranks.where(~searched, number)
+    return trials.assign(label=labels, label_rank=ranks)
 
 
 def _ordered_summary(trials: pd.DataFrame, metrics: dict[str, str]) -> pd.DataFrame:
@@ -284,12 +291,14 @@ def build_report(
     spread: Spread = "ci",
     control: str | None = None,
     alpha: float = 0.05,
+    test: str = "t-test",
     log: Callable[[str], None] = print,
 ) -> list[Path]:
     """Write every table and figure the store supports into ``out``; returns the files written.
 
-    ``control``: the row the significance markers and Holm's test compare against (default: each study's TS
-    row, :func:`~calib.report.significance.default_control`); ``alpha``: their level, and the Nemenyi CD's."""
+    ``control``: the row the significance markers and Holm's test compare against (default: each study's own,
+    :func:`~calib.report.policy.default_control`); ``alpha``: their level, and the Nemenyi CD's; ``test``: the
+    paired test over seeds (``t-test`` or ``wilcoxon``; :mod:`calib.report.policy` says when each applies)."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
     out = Path(out)
@@ -304,12 +313,12 @@ def build_report(
             log(f"skipped {study}: not in the store (run: python {script} --store {store})")
             continue
         rows = _labelled(rows)
-        study_control = _study_control(study, _row_order(rows), control, log)
+        study_control = _study_control(study, row_order(rows), control, log)
         for (dataset, arch), group in rows.groupby(["dataset", "arch"], observed=True, sort=True):
             name = f"{study} · {dataset} · {arch}"
             with report_step(study, f"tables of {dataset} · {arch}", log=log):
                 written += _tables(study, str(dataset), str(arch), group, metrics, spread, out / "tables",
-                                   control=study_control, alpha=alpha, log=log, store=str(store))
+                                   control=study_control, alpha=alpha, test=test, log=log, store=str(store))
             if note := mixed_trainings(group):
                 log(f"{name}: {note}")
             with report_step(study, f"reliability diagram of {dataset} · {arch}", log=log):
@@ -326,20 +335,15 @@ def build_report(
     return written
 
 
-def _row_order(rows: pd.DataFrame) -> list[str]:
-    """The labels of a study's rows in its order (each label at its lowest ``label_rank``)."""
-    first = rows.groupby("label")["label_rank"].min().reset_index()
-    return list(first.sort_values(["label_rank", "label"], kind="stable")["label"])
-
-
 def _study_control(study: str, labels: list[str], control: str | None, log: Callable[[str], None]) -> str | None:
     """The row the study's markers compare against: ``control`` if it is a row of the study, else (no
-    ``control``) its TS row; None, with one line saying so, when there is none."""
+    ``control``) the study's own (:func:`calib.report.policy.default_control`); None, with one line saying so,
+    when there is none."""
     if control is None:
-        chosen = default_control(labels)
+        chosen = default_control(study, labels)
         if chosen is None:
-            log(f"[{study}] no significance markers: no TS row ({', '.join(CONTROL_CANDIDATES)}) to compare "
-                "against; name one with --control LABEL")
+            log(f"[{study}] no significance markers: no control row (a TS row: CE+TS, TS, TS · all; or the default "
+                "row of a tuned --row) to compare against; name one with --control LABEL")
         return chosen
     if control not in labels:
         shown = ", ".join(labels[:8]) + (", ..." if len(labels) > 8 else "")
@@ -349,7 +353,7 @@ def _study_control(study: str, labels: list[str], control: str | None, log: Call
 
 
 def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: dict[str, str], spread: Spread,
-            out: Path, *, control: str | None = None, alpha: float = 0.05,
+            out: Path, *, control: str | None = None, alpha: float = 0.05, test: str = "t-test",
             log: Callable[[str], None] = print, store: str | None = None) -> list[Path]:
     """The study's Markdown and LaTeX tables of one (dataset, architecture), with the markers of the cells
     significantly better / worse than ``control`` over seeds, and the cost table of the method comparison."""
@@ -365,9 +369,10 @@ def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: d
     caption += f" · {note}" if note else ""
     markers, legend = None, []
     if control is not None and (group["label"] == control).any():
-        tested = {m: h for m, h in metrics.items() if m != "method_seconds"}
-        bootstrapped = None if store is None else bootstrap_markers(store, study, group, tested, control, alpha=alpha)
-        markers, legend = bootstrapped or cell_markers(group, tested, control, alpha=alpha)
+        comparison = compare_setup(group, metrics, control, alpha=alpha, store=store, study=study, test=test)
+        table = table.drop(columns=[c for c in table if c != "label_rank" and c != "label"]).merge(
+            comparison.summary(), on="label", how="left")
+        markers, legend = comparison.markers(), comparison.legend
     elif control is not None:
         log(f"{study} · {dataset} · {arch}: no significance markers: the control {control} has no trial here")
     markdown = markdown_table(table, metrics, spread, published, markers)
@@ -402,7 +407,7 @@ def _rank_outputs(study: str, rows: pd.DataFrame, metrics: dict[str, str], contr
         log(f"[{study}] no rank table: 1 setup ({setups[0]}); average ranks and the Friedman test need >= 2 "
             "setups (datasets × architectures), or a predictions file's >= 2 splits")
         return []
-    order = _row_order(rows)
+    order = row_order(rows)
     ranked = {m: header for m, header in metrics.items() if m not in UNRANKED}
     comparisons = {m: rank_comparison(blocks, m, order, control=control, alpha=alpha) for m in ranked}
     wins = win_rates(rows, order)

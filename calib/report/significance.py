@@ -14,13 +14,13 @@ Over the setups (dataset × architecture) of a study, per metric (Demšar 2006, 
 - against a control c (Demšar §3.2.2): z_j = (R_j − R_c) / √(k(k+1) / (6N)), two-sided normal p-values,
   Holm's step-down procedure over the k − 1 comparisons.
 
-Per setup, each method against the control over seeds: a paired t-test on the seeds both have (each seed's
+Per setup, each method against the control over seeds: a paired test on the seeds both have (each seed's
 value: the mean over its trials), Holm-adjusted over the methods of the setup. Pairing on seed pairs the
-runs that share a Stage I, data split and initialisation. A t-test because nothing distribution-free can
-reject with the few seeds studies run: the exact sign-flip (or Wilcoxon signed-rank) test of n seeds has its
+runs that share a Stage I, data split and initialisation. A t-test by default because nothing distribution-free can
+reject with the few seeds studies run: the exact Wilcoxon signed-rank (or sign-flip) test of n seeds has its
 smallest two-sided p-value at 2 / 2ⁿ, 0.25 for 3 seeds and 0.0625 for 5, so it never reaches p < 0.05 below
 6 seeds. The t-test's price is its assumption: seed-to-seed differences roughly normal, which 3 seeds cannot
-check.
+check; ``test="wilcoxon"`` trades it for that floor. Which test a table uses, and when: :mod:`calib.report.policy`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,23 @@ from scipy import stats
 
 from calib.report.tables import column_higher_is_better, comparison_values
 
-__all__ = ["CONTROL_CANDIDATES", "Friedman", "RankComparison", "average_ranks", "default_control", "friedman_test",
-           "holm", "holm_against_control", "iman_davenport", "nemenyi_critical_difference", "not_different_groups",
-           "paired_against_control", "rank_comparison", "setup_means"]
+__all__ = [
+    "CONTROL_CANDIDATES",
+    "PAIRED_TESTS",
+    "Friedman",
+    "RankComparison",
+    "average_ranks",
+    "default_control",
+    "friedman_test",
+    "holm",
+    "holm_against_control",
+    "iman_davenport",
+    "nemenyi_critical_difference",
+    "not_different_groups",
+    "paired_against_control",
+    "rank_comparison",
+    "setup_means",
+]
 
 CONTROL_CANDIDATES = ("CE+TS", "TS", "TS · all")
 """The temperature-scaling rows the studies label (compare_methods, calibrate, posthoc): the default control."""
@@ -222,15 +236,29 @@ def rank_comparison(trials: pd.DataFrame, metric: str, order: Sequence[str], *, 
                           not_different_groups(ranks, cd), control, holm, notes, all_equal)
 
 
-def paired_against_control(trials: pd.DataFrame, metric: str, control: str, *, alpha: float) -> pd.DataFrame:
+PAIRED_TESTS = ("t-test", "wilcoxon")
+"""The paired tests over seeds: Student's t-test (the default) and the Wilcoxon signed-rank test (exact p)."""
+
+
+def _paired_difference_interval(d: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """The Student-t interval of the mean of the paired differences ``d`` (a point when they are all equal)."""
+    half = stats.t.ppf((1 + confidence) / 2, d.size - 1) * d.std(ddof=1) / np.sqrt(d.size)
+    return float(d.mean() - half), float(d.mean() + half)
+
+
+def paired_against_control(trials: pd.DataFrame, metric: str, control: str, *, alpha: float, min_seeds: int = 3,
+                           test: str = "t-test") -> pd.DataFrame:
     """Each label of one setup's ``trials`` against ``control`` over the seeds both have a value for: a paired
-    t-test of the per-seed values, Holm-adjusted over the labels tested.
+    test of the per-seed values (``test``: :data:`PAIRED_TESTS`), Holm-adjusted over the labels tested.
 
     Index: the labels other than the control (those of ``trials``). Columns: ``seeds`` (common seeds),
-    ``difference`` (mean of label − control), ``t``, ``p``, ``p_holm`` and ``verdict`` ("better", "worse" or
-    "" by the metric's direction), and ``reason`` when untested ("fewer than 2 common seeds") or trivially so
-    ("equal on every seed": p = 1). Differences identical on every seed give t = ±∞, p = 0.
+    ``difference`` (mean of label − control) with ``difference_low`` / ``difference_high`` (its 95% Student-t
+    interval), ``t`` (the t or Wilcoxon statistic), ``p``, ``p_holm`` and ``verdict`` ("better", "worse" or "" by
+    the metric's direction), and ``reason`` when untested ("fewer than ``min_seeds`` common seeds") or trivially
+    so ("equal on every seed": p = 1). Under the t-test, differences identical on every seed give t = ±∞, p = 0.
     """
+    if test not in PAIRED_TESTS:
+        raise ValueError(f"unknown paired test {test!r}; allowed: {', '.join(PAIRED_TESTS)}")
     values = _seed_values(trials, metric, ["label"]).unstack("label")
     higher = column_higher_is_better(metric)
     rows = {}
@@ -238,22 +266,27 @@ def paired_against_control(trials: pd.DataFrame, metric: str, control: str, *, a
         if label == control:
             continue
         both = values[[label, control]].dropna() if control in values and label in values else pd.DataFrame()
-        row = {"seeds": len(both), "difference": np.nan, "t": np.nan, "p": np.nan, "reason": ""}
-        if len(both) < 2:
-            row["reason"] = "fewer than 2 common seeds"
+        row = {"seeds": len(both), "difference": np.nan, "difference_low": np.nan, "difference_high": np.nan,
+               "t": np.nan, "p": np.nan, "reason": ""}
+        if len(both) < min_seeds:
+            row["reason"] = f"fewer than {min_seeds} common seeds"
         else:
             d = (both[label] - both[control]).to_numpy(dtype=float)
             row["difference"] = float(d.mean())
+            row["difference_low"], row["difference_high"] = _paired_difference_interval(d)
             if (d == 0).all():
                 row.update(t=0.0, p=1.0, reason="equal on every seed")
+            elif test == "wilcoxon":
+                result = stats.wilcoxon(d)
+                row.update(t=float(result.statistic), p=float(result.pvalue))
             elif np.allclose(d, d[0], rtol=1e-9, atol=0):
                 row.update(t=float(np.copysign(np.inf, d[0])), p=0.0)
             else:
                 result = stats.ttest_rel(both[label], both[control])
                 row.update(t=float(result.statistic), p=float(result.pvalue))
         rows[label] = row
-    table = pd.DataFrame.from_dict(rows, orient="index",
-                                   columns=["seeds", "difference", "t", "p", "reason"]).astype({"seeds": int})
+    columns = ["seeds", "difference", "difference_low", "difference_high", "t", "p", "reason"]
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=columns).astype({"seeds": int})
     table["p_holm"], table["verdict"] = np.nan, ""
     tested = table["p"].notna()
     if tested.any():
@@ -261,4 +294,5 @@ def paired_against_control(trials: pd.DataFrame, metric: str, control: str, *, a
         table.loc[tested, "p_holm"] = adjusted
         good = table.loc[tested, "difference"] > 0 if higher else table.loc[tested, "difference"] < 0
         table.loc[tested, "verdict"] = np.where(rejected, np.where(good, "better", "worse"), "")
-    return table[["seeds", "difference", "t", "p", "p_holm", "verdict", "reason"]]
+    return table[["seeds", "difference", "difference_low", "difference_high", "t", "p", "p_holm", "verdict",
+                  "reason"]]

@@ -39,10 +39,17 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
 
 def summarize(df: pd.DataFrame, by: Sequence[str], metrics: Sequence[str]) -> pd.DataFrame:
     """One row per group of ``by``: ``n``, ``<metric>_mean``, ``<metric>_ci`` (95% CI half-width) and
-    ``<metric>_std`` (sample standard deviation) for every metric."""
+    ``<metric>_std`` (sample standard deviation) for every metric.
+
+    The unit of replication is the seed: where ``df`` has a ``seed`` column (and ``by`` does not group by it), the
+    trials of one seed (its Stage-II seeds, its calibration-set draws) are averaged first, ``n`` counts the distinct
+    seeds and the mean, CI and std are over the per-seed values."""
+    per_seed = "seed" in df and "seed" not in by
     rows = []
     for key, group in df.groupby(list(by), sort=True, dropna=False, observed=True):
         row = dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True))
+        if per_seed:
+            group = group.groupby("seed", sort=True, observed=True)[list(metrics)].mean()
         row["n"] = len(group)
         for m in metrics:
             values = group[m].to_numpy(dtype=float)

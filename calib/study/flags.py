@@ -14,11 +14,19 @@ from calib.config import Stage1Config
 from calib.methods import METHODS
 from calib.plugins import use_plugin
 from calib.presets import PRESETS, Preset
+from calib.report.significance import PAIRED_TESTS
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL
 from calib.study.sources import DEFAULT_CALIBRATION_FRACTION, DEFAULT_SPLITS
 
-__all__ = ["StudyParser", "add_common_args", "add_own_model_args", "add_predictions_args", "add_set_args",
-           "study_parser"]
+__all__ = [
+    "StudyParser",
+    "add_common_args",
+    "add_own_model_args",
+    "add_predictions_args",
+    "add_set_args",
+    "add_table_args",
+    "study_parser",
+]
 
 
 def study_parser(description: str | None, *, study: str | None, study_default: str | None = None
@@ -160,6 +168,17 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
                              f"says the size (default: {_per_preset(lambda p: p.keep_predictions)})")
     add_set_args(parser)
     add_own_model_args(parser)
+
+
+def add_table_args(parser: argparse.ArgumentParser) -> None:
+    """``--control`` and ``--test`` of a study that prints a table with ▲ / ▼ (calib.report.policy: the same markers
+    ``report.py`` gives on the same store)."""
+    parser.add_argument("--control", default=None, metavar="LABEL",
+                        help="the row the table's ▲ / ▼ compare against (default: the study's own: its TS row, an "
+                             "ablation's first rung, a confirm table's default row)")
+    parser.add_argument("--test", default="t-test", choices=PAIRED_TESTS,
+                        help="the paired test over seeds where a setup has >= 3 seeds (fewer: a bootstrap over seeds "
+                             "and kept test predictions)")
 
 
 def add_set_args(parser: argparse.ArgumentParser) -> None:

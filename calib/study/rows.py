@@ -19,7 +19,8 @@ from calib.methods.vanilla import FORMER_UNCALIBRATED_LABELS, UNCALIBRATED_LABEL
 from calib.presets import base_config
 from calib.registries import LOSSES, METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
-from calib.report.significance_tables import MARKS, cell_markers
+from calib.report.policy import compare_setup, default_control, row_order
+from calib.report.significance_tables import MARKS
 from calib.report.tables import PREDICTION_CHANGE_COLUMNS, with_current_labels
 from calib.search import CheckedOnly, StudyRun, run_grid
 from calib.store import read_finished
@@ -239,12 +240,15 @@ def run_rows(
 
 
 def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, study: str,
-                     by: tuple[str, ...] = ("row",), control: str | None = None, alpha: float = 0.05) -> None:
-    """One Markdown table per (dataset, architecture): mean ± 95% CI over seeds of ``metrics`` (in percent).
+                     by: tuple[str, ...] = ("row",), control: str | None = None, alpha: float = 0.05,
+                     store: str | None = None, test: str = "t-test") -> None:
+    """One Markdown table per (dataset, architecture): mean ± 95% CI over seeds of ``metrics`` (in percent), each
+    seed's trials (Stage-II seeds) averaged first, ``n`` the seeds.
 
-    ``control``: a row label; each cell significantly better / worse than its over the seeds gets ▲ / ▼
-    (:func:`calib.report.significance_tables.cell_markers`: paired t-test on seed, Holm over the rows), with
-    the legend under the table.
+    ``control``: a row label (default: the study's own, :func:`calib.report.policy.default_control`); each cell
+    significantly better / worse than its gets ▲ / ▼ under the one policy of :mod:`calib.report.policy` (the test
+    ``report.py`` uses on the same store: a paired test over seeds, or with fewer than 3 seeds the bootstrap over
+    seeds and the test samples the trials kept in ``store``), with the legend under the table.
 
     Rows with no finished trial are named in one line under the table, so a partial run shows what it has. ΔAcc and
     "changed" (:data:`~calib.report.tables.PREDICTION_CHANGE_COLUMNS`), where ``metrics`` has them, compare each
@@ -252,15 +256,23 @@ def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, study:
     """
     change = "; ΔAcc: accuracy minus the uncalibrated model's; changed: test predictions whose class the method " \
              "changed" if PREDICTION_CHANGE_COLUMNS.keys() & metrics.keys() else ""
+    control = control or default_control(study, row_order(trials))
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(study, f"table for {dataset} · {arch}"):
             print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds "
                   f"(percent; NLL in nats and Brier as they are{change})\n")
             marks, legend = {}, []
-            if control is not None and (group["label"] == control).any():
-                verdicts, legend = cell_markers(group, metrics, control, alpha=alpha)
-                marks = {key: MARKS[verdict] for key, verdict in verdicts.items()}
-            print(to_markdown(summarize(group, list(by), list(metrics)), list(by), metrics, marks=marks))
+            if control is not None:
+                comparison = compare_setup(group, metrics, control, alpha=alpha, store=store, study=study, test=test)
+                marks = {key: MARKS[verdict] for key, verdict in comparison.markers().items()}
+                legend = comparison.legend
+                if comparison.test == "bootstrap":  # the cells' intervals come from the bootstrap's draws
+                    summary = comparison.summary().rename(columns={"label": by[0]})
+                else:
+                    summary = summarize(group, list(by), list(metrics))
+            else:
+                summary = summarize(group, list(by), list(metrics))
+            print(to_markdown(summary, list(by), metrics, marks=marks))
             for line in legend:
                 print(f"\n{line}")
             if note := mixed_trainings(group):

@@ -11,6 +11,7 @@ from typing import Any
 from calib._config import ConfigError
 from calib.config import SEED_LIMIT
 from calib.overrides import ABSENT, ConfigSetting, apply_settings, current_value, parse_setting
+from calib.registries import METHODS
 
 __all__ = ["STUDY_KEYS", "study_settings", "with_settings"]
 
@@ -49,7 +50,8 @@ def with_settings(args: argparse.Namespace, configs: Sequence[dict[str, Any]], *
                   ) -> list[dict[str, Any]]:
     """``configs`` with the ``--set`` values applied to each (a ``method.``/``loss.`` one to those whose method
     (loss) has the field), then one copy per ``--stage2-seeds`` value (Stage II's seed; without the flag each
-    trial's Stage II uses its ``seed``). A key whose value the study varies between the rows of one setup and seed
+    trial's Stage II uses its ``seed``; a method that draws nothing in Stage II runs once). A key whose value the
+    study varies between the rows of one setup and seed
     (γ of sensitivity_gamma, the sizes of posthoc, Mixup's α in compare_methods; a method's or loss's field between
     rows of that method or loss) is a :class:`ConfigError`: one value would make those rows one. ``say``: print one
     line of what each setting applied to."""
@@ -59,11 +61,21 @@ def with_settings(args: argparse.Namespace, configs: Sequence[dict[str, Any]], *
     out = apply_settings(configs, settings)
     stage2_seeds = list(dict.fromkeys(getattr(args, "stage2_seeds", None) or ()))
     if stage2_seeds:
-        out = [{**config, "stage2_seed": seed} for config in out for seed in stage2_seeds]
+        out = [copy for config in out for copy in _per_stage2_seed(config, stage2_seeds)]
     if settings and say:
         print(f"[{getattr(args, 'study', None) or 'calib'}] " + "; ".join(_applied(s, out) for s in settings),
               flush=True)
     return out
+
+
+def _per_stage2_seed(config: dict[str, Any], stage2_seeds: list[int]) -> list[dict[str, Any]]:
+    """One copy of ``config`` per Stage-II seed; one copy, its Stage II seeded by its seed, for a method that draws
+    nothing in Stage II (the uncalibrated model: ``MethodSpec.draws``), whose copies would be the same trial."""
+    method = config.get("method") or {}
+    name = method if isinstance(method, str) else method.get("name")
+    if name in METHODS and not METHODS.get(name).draws:
+        return [config]
+    return [{**config, "stage2_seed": seed} for seed in stage2_seeds]
 
 
 def _check_not_varied(setting: ConfigSetting, configs: Sequence[dict[str, Any]]) -> None:

@@ -69,7 +69,7 @@ def test_markers_rank_table_and_diagrams(store, tmp_path):
         "| MaC-Cal | 3 | **3.10 ± 1.12** ▲ | **1.55 ± 0.56** ▲ | **1.55 ± 0.56** ▲ | 90.00 ± 0.00 |",
         "",
         "▲ / ▼: significantly better / worse than CE+TS over the seeds of this setup (paired t-test on seed, Holm "
-        "over the rows of each column, α = 0.05).",
+        "over the rows of each column, α = 0.05); n: seeds, each seed's trials averaged first.",
         "Equal to CE+TS on every seed (p = 1): every row (Acc)."]
     tex = (tmp_path / "report" / "tables" / "decompose_digits-noisy_resnet20.tex").read_text()
     assert r"MaC-Cal & 3 & \textbf{3.10 $\pm$ 1.12}$^{\blacktriangle}$ &" in tex
@@ -96,9 +96,10 @@ def test_markers_rank_table_and_diagrams(store, tmp_path):
     assert "[decompose] ranks over 4 setups: decompose_ranks.md, critical-difference diagrams of ECE, O-ECE, " \
            "U-ECE" in lines
 
-    # no TS row and one setup: one line each, tables without markers
-    assert "[ablation] no significance markers: no TS row (CE+TS, TS, TS · all) to compare against; name one " \
-           "with --control LABEL" in lines
+    # an ablation is compared against its first rung; with 1 seed and no kept predictions nothing can be tested
+    ablation = (tmp_path / "report" / "tables" / "ablation_digits_small_cnn.md").read_text()
+    assert ("No markers: Vanilla has 1 seed here (a paired test over seeds needs >= 3) and not every trial kept its "
+            "test predictions (--keep-predictions) for the bootstrap over seeds and test samples.") in ablation
     assert "[ablation] no rank table: 1 setup (digits · small_cnn); average ranks and the Friedman test need >= 2 " \
            "setups (datasets × architectures), or a predictions file's >= 2 splits" in lines
     assert "▲" not in (tmp_path / "report" / "tables" / "ablation_digits_small_cnn.md").read_text()
@@ -109,7 +110,8 @@ def test_markers_rank_table_and_diagrams(store, tmp_path):
             "digits · small_cnn).") in combine
     assert "No Friedman test: 2 setups and 1 method ranked; it needs >= 2 setups and >= 3 methods." in combine
     combine_setup = (tmp_path / "report" / "tables" / "combine_digits_small_cnn.md").read_text()
-    assert "Equal to CE+TS on every seed (p = 1): every row." in combine_setup
+    # 2 seeds and no kept predictions: no test under the policy (a t-test on 2 seeds has 1 degree of freedom)
+    assert "No markers: CE+TS has 2 seeds here (a paired test over seeds needs >= 3)" in combine_setup
     assert not any(name.startswith("combine_") and name.endswith("_cd.png") for name in names)
 
 

@@ -251,8 +251,8 @@ def test_paired_test_edge_cases():
                           for s, v in [(1, 0.01), (1, 0.03), (2, 0.02), (3, 0.05), (3, 0.01)]])
     tests = paired_against_control(pd.concat([trials, other_seeds, drawn]), "test_ece", "TS", alpha=0.05)
     assert tests.loc["same", ["seeds", "p", "reason"]].tolist() == [3, 1.0, "equal on every seed"]
-    assert tests.loc["one seed", ["seeds", "reason"]].tolist() == [1, "fewer than 2 common seeds"]
-    assert tests.loc["elsewhere", ["seeds", "reason"]].tolist() == [0, "fewer than 2 common seeds"]
+    assert tests.loc["one seed", ["seeds", "reason"]].tolist() == [1, "fewer than 3 common seeds"]
+    assert tests.loc["elsewhere", ["seeds", "reason"]].tolist() == [0, "fewer than 3 common seeds"]
     assert math.isnan(tests.at["one seed", "p_holm"]) and tests.at["one seed", "verdict"] == ""
     # draws of one seed are averaged first: drawn's seeds are 0.02, 0.02, 0.03
     expected = stats.ttest_rel([0.02, 0.02, 0.03], [0.10, 0.12, 0.11])
