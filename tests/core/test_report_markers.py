@@ -148,3 +148,46 @@ def test_rank_table_marks_holm_against_the_control():
     assert lines[11] == "| Nemenyi CD | 1.25 |"
     assert ("▲ / ▼: average rank significantly better / worse than C4.5's (z from average ranks, Holm over the "
             "other methods, α = 0.05).") in lines
+
+
+def test_a_study_printout_and_the_report_mark_the_same_cells(store, tmp_path, capsys):
+    """One policy: the table a study prints (print_row_tables) and report.py's table of the same store carry the same
+    markers and the same legend."""
+    from calib.report.build import _labelled
+    from calib.store import read_trials
+    from calib.study.rows import print_row_tables
+
+    metrics = {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE", "test_accuracy": "Acc"}
+    trials = _labelled(read_trials(store, study="decompose"))
+    setup = trials[(trials["dataset"] == "digits-noisy") & (trials["arch"] == "resnet20")]
+    print_row_tables(setup.assign(row=setup["label"]), metrics, study="decompose", store=str(store))
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| ", "▲", "Equal"))]
+    build_report(store, tmp_path / "report", log=lambda line: None)
+    report = (tmp_path / "report" / "tables" / "decompose_digits-noisy_resnet20.md").read_text().splitlines()
+
+    def marks(lines: list[str]) -> dict[str, list[str]]:
+        return {line.split(" | ")[0].strip("| "): [c[-1] for c in line.split(" | ")[2:] if c[-1] in "▲▼"]
+                for line in lines if line.startswith("| ") and not line.startswith("| row")}
+
+    assert marks(printed) == marks(report) == {"Vanilla": ["▼"] * 3, "CE+TS": [], "CE+HB": [], "MaC-Cal": ["▲"] * 3}
+    assert [line for line in printed if not line.startswith("| ")] == [
+        line for line in report if line.startswith(("▲", "Equal"))]
+
+
+def test_a_search_study_is_one_row_per_config_with_its_replicates_as_seeds(tmp_path):
+    """A search's replicates are one config: the report's rows are its Optuna trials (``<study> #<trial>``), each with
+    n = its replicate seeds, never one row pooling every config of a method."""
+    store = tmp_path / "results"
+    for number in range(3):
+        for seed in (1, 2):
+            config = parse_trial_config({**tiny_config(tmp_path, study="search_x", seed=seed,
+                                                       method={"name": "vanilla"}), "search_trial": number})
+            write_result(store, TrialResult(config=config, trial_id=f"{number:08x}{seed:08x}", stage1_id="0" * 16,
+                                            metrics={"test_ece": 0.01 * (number + seed), "test_accuracy": 0.9}))
+    build_report(store, tmp_path / "report", log=lambda line: None)
+    (table,) = (tmp_path / "report" / "tables").glob("search_x_*.md")
+    body = [line for line in table.read_text().splitlines() if line.startswith("| search_x")]
+    assert [line.split(" | ")[:2] for line in body] == [["| search_x #0", "2"], ["| search_x #1", "2"],
+                                                       ["| search_x #2", "2"]]
+    # #1: seeds 0.02 and 0.03: mean 2.50 %
+    assert " 2.50 ± " in body[1]
