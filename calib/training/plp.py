@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 from torch import nn
 
 __all__ = ["OFFICIAL_CUTS", "PLP_STAGES", "PLPSchedule", "cut_points", "peel_order", "stage_of", "stage_starts"]
@@ -67,8 +68,10 @@ def cut_points(arch: str, model: nn.Module, stages: int = PLP_STAGES) -> tuple[i
 
 
 def stage_starts(epochs: int, gamma: float, stages: int = PLP_STAGES) -> tuple[int, ...]:
-    """The first epoch of each stage, ⌊(k/S)^γ · E⌋ (the official ``epoch_froze``)."""
-    return tuple(int((k / stages) ** gamma * epochs) for k in range(stages))
+    """The first epoch of each stage, ⌊(k/S)^γ · E⌋, in the official code's floating point (``epoch_froze``:
+    ``np.linspace(0, 1, S + 1) ** γ * E``, truncated): at γ = 2, E = 121 it starts stage 3 at epoch 8, not the exact
+    9, and the same float steps ``(k / S) ** γ`` would give 24 and 99 for stages 5 and 10 where it gives 25 and 100."""
+    return tuple(int(start) for start in (np.linspace(0, 1, stages + 1) ** gamma * epochs)[:stages])
 
 
 def stage_of(epoch: int, starts: Sequence[int]) -> int:

@@ -65,6 +65,16 @@ def test_coinciding_starts_still_peel():
     assert stage_of(0, starts) == 5 and stage_of(1, starts) == 10
 
 
+def test_stage_starts_are_the_official_codes_floating_point():
+    """The official ``epoch_froze = np.linspace(0, 1, 12) ** gamma * epochs`` (then int), written out here: at γ = 2
+    and E = 121 (and its multiples) the exact ⌊(k/11)² · E⌋ would start stages 3 and 6 at 9 and 36, the official float
+    arithmetic at 8 and 35; ``int((k / 11) ** 2 * 121)`` would give 24 and 99 for stages 5 and 10, not 25 and 100."""
+    assert stage_starts(121, 2.0) == (0, 1, 4, 8, 16, 25, 35, 49, 64, 81, 100)
+    for epochs in (242, 363, 350):
+        grid = [k * (1 / 11) if k < 11 else 1.0 for k in range(12)]  # numpy.linspace: start + k · step, the end exact
+        assert stage_starts(epochs, 2.0) == tuple(int(g ** 2.0 * epochs) for g in grid[:11])
+
+
 def official_sgd_step(params, grads, buffers, idx, lr, momentum, weight_decay):
     """my_sgd.SGD.step(idx): only params[:idx] move (and keep momentum)."""
     for i, (param, grad) in enumerate(zip(params, grads, strict=True)):
