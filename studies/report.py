@@ -9,6 +9,10 @@ control row (the one policy of calib.report.policy, the same as the studies' pri
 on seed; fewer, a bootstrap over seeds and kept test predictions; Holm over the rows); a study over two or more setups
 (datasets × architectures) also gets a rank table (average ranks, Friedman and Iman–Davenport tests,
 Nemenyi's critical difference, Holm against the control) and a critical-difference diagram per metric.
+
+--table FILE: one paper table from its spec (tables/*.yaml: studies, rows, setups × metrics, control, caption,
+label): writes <name>.tex, <name>.md and <name>.csv (one line per cell) into --out (default <store>/report/paper)
+and prints the Markdown. A spec naming an unknown study, row, metric or setup exits 2 and writes nothing.
 """
 
 from __future__ import annotations
@@ -19,9 +23,13 @@ from pathlib import Path
 from calib._config import check
 from calib._help import HelpFormatter
 from calib.report.build import build_report
+from calib.report.paper import load_spec, write_table
 from calib.report.significance import PAIRED_TESTS
 from calib.study.main import guarded_main
 from calib.study.paths import StudyPaths
+from calib.study.table_rows import STUDY_COMMANDS, row_catalogs
+
+LADDERS = Path(__file__).resolve().parent / "ladders"
 
 
 @guarded_main
@@ -37,18 +45,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", default="t-test", choices=PAIRED_TESTS,
                         help="the paired test over seeds where a setup has >= 3 seeds (fewer: a bootstrap over seeds "
                              "and kept test predictions; calib.report.policy)")
+    parser.add_argument("--table", action="append", default=[], metavar="FILE",
+                        help="a paper table's spec (tables/*.yaml): write its .tex, .md and .csv and print the "
+                             "Markdown instead of the whole report; repeatable")
+    parser.add_argument("--correct-across", action="store_true",
+                        help="with --table: Holm over every tested cell of the table (setups × metrics × rows) "
+                             "instead of over the rows of each column")
     parser.add_argument("--alpha", type=float, default=0.05,
                         help="significance level of the markers, Holm's test and Nemenyi's CD (default: 0.05)")
     args = parser.parse_args(argv)
     check(0 < args.alpha < 1, "--alpha", args.alpha, "lie in (0, 1)", "e.g. --alpha 0.05")
     paths = StudyPaths(args.store, None, ".")
     store = paths.store
+    if args.table:
+        return paper_tables(args, store, Path(args.out).resolve() if args.out else paths.outputs / "report" / "paper")
+    check(not args.correct_across, "--correct-across", True, "come with --table FILE")
     out = Path(args.out).resolve() if args.out else paths.outputs / "report"
     written = build_report(store, out, spread=args.spread, control=args.control, alpha=args.alpha,
                            test=args.test)
     print(f"report: {out} ({sum(p.suffix == '.md' for p in written)} tables, "
           f"{sum(p.suffix == '.png' for p in written)} figures)")
     return 0
+
+
+def paper_tables(args: argparse.Namespace, store: str, out: Path) -> int:
+    """Every --table spec checked first (exit 2 on an unknown name, nothing written), then each written; 1 when a
+    spec's studies are not in the store (its line names the command that runs them)."""
+    catalogs = row_catalogs(sorted(LADDERS.glob("*.yaml")))
+    specs = [load_spec(path, catalogs) for path in args.table]
+    status = 0
+    for spec in specs:
+        commands = {study: STUDY_COMMANDS[study if study in STUDY_COMMANDS else "*_confirm"] for study in spec.studies}
+        written, text = write_table(spec, store, out, commands=commands, control=args.control, alpha=args.alpha,
+                                    correct_across=args.correct_across, test=args.test)
+        if text is None:
+            status = 1
+            continue
+        print(text)
+        print(f"{spec.name}: {', '.join(str(path) for path in written)}")
+    return status
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -173,12 +174,32 @@ def with_current_labels(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$", "{": r"\{",
-          "}": r"\}", "±": r"$\pm$", "–": "--", "∞": r"$\infty$", "≥": r"$\geq$", "α": r"$\alpha$",
-          "β": r"$\beta$", "γ": r"$\gamma$", "θ": r"$\theta$", "χ²_F": r"$\chi^2_F$", "F_F": r"$F_F$",
+          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "–": "--", "—": "---",
+          "−": "$-$", "∞": r"$\infty$", "≥": r"$\geq$", "≤": r"$\leq$", "×": r"$\times$", "·": r"$\cdot$",
+          "→": r"$\rightarrow$", "←": r"$\leftarrow$", "↑": r"$\uparrow$", "↓": r"$\downarrow$", "≈": r"$\approx$",
+          "√": r"$\surd$", "°": r"$^{\circ}$", "²": r"$^2$", "³": r"$^3$", "†": r"$^{\dagger}$", "…": r"\ldots{}",
+          "‘": "`", "’": "'", "“": "``", "”": "''", "Δ": r"$\Delta$", "α": r"$\alpha$", "β": r"$\beta$",
+          "γ": r"$\gamma$", "δ": r"$\delta$", "ε": r"$\varepsilon$", "η": r"$\eta$", "θ": r"$\theta$",
+          "κ": r"$\kappa$", "λ": r"$\lambda$", "μ": r"$\mu$", "π": r"$\pi$", "ρ": r"$\rho$", "σ": r"$\sigma$",
+          "τ": r"$\tau$", "φ": r"$\phi$", "χ": r"$\chi$", "ω": r"$\omega$", "χ²_F": r"$\chi^2_F$", "F_F": r"$F_F$",
           "▲": r"$^{\blacktriangle}$", "▼": r"$^{\blacktriangledown}$"}
 _LATEX_TOKEN = re.compile("|".join(re.escape(token) for token in sorted(_LATEX, key=len, reverse=True)))
+_ACCENTS = {"\u0301": "'", "\u0300": "`", "\u0308": '"', "\u0302": "^", "\u0303": "~", "\u0327": "c", "\u030c": "v"}
+
+
+def _ascii(char: str) -> str:
+    """A character :data:`_LATEX` does not name, as ASCII LaTeX: an accented letter with its accent command
+    (``é`` → ``\\'{e}``), anything else as its code point in text (``[U+2713]``), so the output is pure ASCII."""
+    if char.isascii():
+        return char
+    base, *marks = unicodedata.normalize("NFD", char)
+    if base.isascii() and len(marks) == 1 and marks[0] in _ACCENTS:
+        return rf"\{_ACCENTS[marks[0]]}{{{base}}}"
+    return f"[U+{ord(char):04X}]"
 
 
 def latex_escape(text: str) -> str:
-    """``text`` for a LaTeX table: its special characters escaped, ±, α, γ, χ²_F, ▲/▼ (amssymb) … as math."""
-    return _LATEX_TOKEN.sub(lambda match: _LATEX[match.group(0)], text)
+    """``text`` for a LaTeX table, in pure ASCII: its special characters escaped, ±, Δ, γ, χ²_F, ▲/▼ (amssymb) …
+    as math, an accented letter with its accent, any other non-ASCII character as its code point."""
+    escaped = _LATEX_TOKEN.sub(lambda match: _LATEX[match.group(0)], text)
+    return escaped if escaped.isascii() else "".join(map(_ascii, escaped))

@@ -1,0 +1,191 @@
+"""Paper tables from table specs (tables/*.yaml, ``studies/report.py --table``): every shipped spec on a small store
+written row by row (the quick preset's one setup, 2-3 seeds), its CSV one line per cell with n = the seeds, the
+Markdown against a hand-built table, spec errors as one line and exit 2 with nothing written, the LaTeX pure ASCII
+and compiled by pdflatex."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from trial_fixtures import tiny_config
+
+from calib.config import parse_trial_config
+from calib.report.paper import CSV_COLUMNS, load_spec
+from calib.report.tables import latex_escape
+from calib.store import write_result
+from calib.study.table_rows import row_catalogs
+from calib.trial_result import TrialResult
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = sorted((ROOT / "tables").glob("*.yaml"))
+METRICS = ("test_accuracy", "test_ece", "test_aece", "test_mce", "test_oece", "test_uece", "test_nll")
+SEEDS = {"compare_methods": 3, "combine": 3, "ablation": 2, "decompose": 3, "sensitivity_gamma": 3}
+
+
+def report_main():
+    spec = importlib.util.spec_from_file_location("_paper_report", ROOT / "studies" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def write_rows(store: Path, tmp: Path, study: str, labels: list[str], seeds: int, values=None) -> None:
+    """One ok trial per (label, seed) of ``study`` on digits-noisy · small_cnn; metric values made up (``values``:
+    label -> the test ECE per seed), distinct per row and seed."""
+    for rank, label in enumerate(labels):
+        for seed in range(1, seeds + 1):
+            config = parse_trial_config({**tiny_config(tmp, study=study, seed=seed, method={"name": "vanilla"}),
+                                         "label": label, "label_rank": rank})
+            metrics = {m: 0.02 + 0.001 * (i + 1) * (rank + 1) + 0.003 * seed for i, m in enumerate(METRICS)}
+            metrics["test_accuracy"] = 0.9 - 0.002 * rank + 0.001 * seed
+            if values is not None:
+                metrics["test_ece"] = values[label][seed - 1]
+            trial_id = hashlib.sha1(f"{study}/{label}/{seed}".encode()).hexdigest()[:16]
+            write_result(store, TrialResult(config=config, trial_id=trial_id, stage1_id="0" * 16, metrics=metrics))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    """Every shipped spec's rows in the study it reads first (the γ table's too), 2 or 3 seeds."""
+    tmp = tmp_path_factory.mktemp("paper")
+    store = tmp / "store"
+    rows: dict[str, list[str]] = {}
+    for path in SPECS:
+        spec = load_spec(path, _catalogs())
+        study = spec.studies[0] if spec.studies[0] in SEEDS else spec.studies[-1]
+        rows.setdefault(study, [])
+        rows[study] += [row.label for row in spec.rows if row.label not in rows[study]]
+    for study, labels in rows.items():
+        write_rows(store, tmp, study, labels, SEEDS[study])
+    return store
+
+
+def _catalogs():
+    return row_catalogs(sorted((ROOT / "studies" / "ladders").glob("*.yaml")))
+
+
+def test_a_spec_ships_for_every_seed_table():
+    assert {p.stem for p in SPECS} == {"mac_cal_table1", "mac_cal_table3", "mac_cal_table5", "fedlas_table1",
+                                       "fedlas_table4", "smart_posthoc", "gamma_sensitivity"}
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_every_shipped_spec_writes_its_tables(path, store, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert report_main()(["--table", str(path), "--store", str(store), "--out", str(out)]) == 0
+    spec = load_spec(path, _catalogs())
+    printed = capsys.readouterr().out
+    assert {p.name for p in out.iterdir()} == {f"{spec.name}.{suffix}" for suffix in ("tex", "md", "csv")}
+    assert (out / f"{spec.name}.md").read_text() in printed
+    cells = pd.read_csv(out / f"{spec.name}.csv", keep_default_na=False)
+    assert list(cells.columns) == CSV_COLUMNS
+    study = next(s for s in spec.studies if s in SEEDS)
+    # every row of the spec, every metric, the store's one setup (no paper setup in a quick store)
+    assert len(cells) == len(spec.rows) * len(spec.metrics)
+    assert set(cells["setup"]) == {"digits-noisy/small_cnn"} and set(cells["study"]) == {study}
+    assert set(cells["n"]) == {SEEDS[study]}
+    assert list(dict.fromkeys(cells["row"])) == [row.name for row in spec.rows]
+    tex = (out / f"{spec.name}.tex").read_text()
+    assert tex.isascii()
+    assert rf"\label{{{latex_escape(spec.label)}}}" in tex and r"\caption{" in tex and r"\cmidrule(lr)" in tex
+
+
+def test_the_csv_holds_the_policy_numbers_of_a_hand_computed_table(tmp_path, capsys):
+    """Two rows over 3 seeds: A's ECE 1, 2, 3 %, B's (the control) 2, 4, 6 %: A 2.00 ± t(0.975, 2)·1/√3 = 2.48,
+    B 4.00 ± 4.97; the paired differences −1, −2, −3 % (t = −3.46, p = 0.074 > 0.05: no marker); A in bold."""
+    store = tmp_path / "store"
+    write_rows(store, tmp_path, "compare_methods", ["CE+TS", "LS"], 3,
+               values={"LS": [0.01, 0.02, 0.03], "CE+TS": [0.02, 0.04, 0.06]})
+    spec = tmp_path / "two.yaml"
+    spec.write_text("name: two\ncaption: Two rows.\nlabel: tab:two\nstudies: [compare_methods]\n"
+                    "rows: [{label: LS, name: A}, {label: CE+TS, name: B}]\nmetrics: {test_ece: ECE}\n"
+                    "difference: true\n")
+    assert report_main()(["--table", str(spec), "--store", str(store), "--out", str(tmp_path / "out")]) == 0
+    lines = (tmp_path / "out" / "two.md").read_text().splitlines()
+    assert lines[:6] == [
+        "Two rows. mean ± 95% CI over n = 3 seeds; fractions in percent. Δ: paired difference from B with its 95% CI.",
+        "",
+        "| Method | digits-noisy · small_cnn · ECE | digits-noisy · small_cnn · ΔECE vs B [CI] |",
+        "|---|---:|---:|",
+        "| A | **2.00 ± 2.48** | -2.00 [-4.48, +0.48] |",
+        "| B | 4.00 ± 4.97 | – |"]
+    cells = pd.read_csv(tmp_path / "out" / "two.csv").set_index("row")
+    assert cells.loc["A", "p"] == pytest.approx(0.07418, abs=1e-4) and cells.loc["A", "test"] == "t-test"
+    assert cells.loc["A", "mean"] == pytest.approx(0.02) and cells.loc["A", "ci_high"] == pytest.approx(0.044841, 1e-4)
+    assert pd.isna(cells.loc["A", "marker"]) and pd.isna(cells.loc["B", "p"])
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ("studies: [compare_method]", "unknown study 'compare_method'"),
+    ("rows: [Vanilla, LSS]", "unknown row 'LSS'"),
+    ("metrics: {test_ecee: ECE}", "unknown metric column 'test_ecee'"),
+    ("setups: [{dataset: cifar11, arch: resnet50}]", "unknown dataset 'cifar11'"),
+    ("setups: [{dataset: cifar10, arch: resnet51}]", "unknown architecture 'resnet51'"),
+])
+def test_an_unknown_name_is_one_line_and_exit_2_with_nothing_written(change, named, store, tmp_path, capsys):
+    key = change.split(":")[0]
+    base = {"studies": "studies: [compare_methods]", "rows": "rows: [Vanilla, LS]",
+            "metrics": "metrics: {test_ece: ECE}", "setups": "setups: []"}
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: bad\ncaption: c\nlabel: tab:bad\n" + "\n".join({**base, key: change}.values()) + "\n")
+    out = tmp_path / "out"
+    assert report_main()(["--table", str(spec), "--store", str(store), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and named in err[0]
+    assert not out.exists()
+
+
+def test_a_missing_study_names_the_command_that_runs_it(tmp_path, capsys):
+    write_rows(tmp_path / "store", tmp_path, "combine", ["LS"], 2)
+    code = report_main()(["--table", str(ROOT / "tables" / "fedlas_table4.yaml"), "--store",
+                          str(tmp_path / "store"), "--out", str(tmp_path / "out")])
+    assert code == 1 and not (tmp_path / "out").exists()
+    assert (f"[fedlas_table4] no trial of decompose / compare_methods in {tmp_path / 'store'}; run: python "
+            f"studies/decompose.py --store {tmp_path / 'store'}") in capsys.readouterr().out
+
+
+def test_a_missing_row_names_the_command_that_runs_it(tmp_path, capsys):
+    write_rows(tmp_path / "store", tmp_path, "compare_methods", ["Vanilla", "LS"], 2)
+    spec = tmp_path / "rows.yaml"
+    spec.write_text("name: rows\ncaption: c\nlabel: tab:rows\nstudies: [compare_methods]\n"
+                    "rows: [Vanilla, LS, CE+TS]\nmetrics: {test_ece: ECE}\n")
+    assert report_main()(["--table", str(spec), "--store", str(tmp_path / "store"), "--out",
+                          str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert (f"[rows] row 'CE+TS' not in the store; run: python studies/compare_methods.py --methods CE+TS "
+            f"--store {tmp_path / 'store'}") in out
+    assert "| CE+TS | – |" in out
+
+
+def test_latex_escape_is_total_and_ascii():
+    assert latex_escape("ΔECE ± 95% · γ=0.8 ▲") == r"$\Delta$ECE $\pm$ 95\% $\cdot$ $\gamma$=0.8 $^{\blacktriangle}$"
+    assert latex_escape("café ✓ a_b") == r"caf\'{e} [U+2713] a\_b"
+    assert all(latex_escape(chr(c)).isascii() for c in range(0x80, 0x3000))
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None and not os.environ.get("CALIB_CI"),
+                    reason="pdflatex is not installed (apt-get install texlive-latex-base texlive-latex-recommended); "
+                           ".ci/run installs it, runs this")
+def test_every_shipped_spec_compiles_with_pdflatex(store, tmp_path):
+    """Each shipped spec's .tex, \\input into a plain article with booktabs, amssymb and graphicx, through pdflatex
+    -halt-on-error: any LaTeX error fails. Never skipped in CI (.ci/run sets CALIB_CI and installs TeX Live)."""
+    assert shutil.which("pdflatex"), "pdflatex is not installed: apt-get install texlive-latex-base " \
+                                     "texlive-latex-recommended"
+    out = tmp_path / "tables"
+    args = [a for path in SPECS for a in ("--table", str(path))]
+    assert report_main()([*args, "--store", str(store), "--out", str(out)]) == 0
+    inputs = "\n".join(rf"\input{{{path.stem}.tex}}\clearpage" for path in SPECS)
+    (out / "paper.tex").write_text("\\documentclass{article}\n\\usepackage{booktabs,amssymb,graphicx}\n"
+                                   f"\\begin{{document}}\n{inputs}\n\\end{{document}}\n")
+    done = subprocess.run(["pdflatex", "-halt-on-error", "-interaction=nonstopmode", "paper.tex"], cwd=out,
+                          capture_output=True, text=True, timeout=120)
+    errors = [line for line in done.stdout.splitlines() if line.startswith("!")]
+    assert done.returncode == 0 and not errors, "\n".join(errors) or done.stdout[-2000:]
+    assert (out / "paper.pdf").stat().st_size > 0
