@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", default="t-test", choices=PAIRED_TESTS,
                         help="the paired test over seeds where a setup has >= 3 seeds (fewer: a bootstrap over seeds "
                              "and kept test predictions; calib.report.policy)")
-    parser.add_argument("--table", action="append", default=[], metavar="FILE",
-                        help="a paper table's spec (tables/*.yaml): write its .tex, .md and .csv and print the "
-                             "Markdown instead of the whole report; repeatable")
+    parser.add_argument("--table", action="extend", nargs="+", default=[], metavar="FILE",
+                        help="paper tables' specs (tables/*.yaml): write each one's .tex, .md and .csv into --out "
+                             "(default <store>/report/paper) and print its Markdown, instead of the whole report")
     parser.add_argument("--correct-across", action="store_true",
                         help="with --table: Holm over every tested cell of the table (setups × metrics × rows) "
                              "instead of over the rows of each column")
@@ -77,13 +77,19 @@ def paper_tables(args: argparse.Namespace, store: str, out: Path) -> int:
     for spec in specs:
         commands = {study: STUDY_COMMANDS[study if study in STUDY_COMMANDS else "*_confirm"] for study in spec.studies}
         written, text = write_table(spec, store, out, commands=commands, control=args.control, alpha=args.alpha,
-                                    correct_across=args.correct_across, test=args.test)
+                                    correct_across=args.correct_across, test=args.test,
+                                    shown_store=args.store)
         if text is None:
             status = 1
             continue
         print(text)
-        print(f"{spec.name}: {', '.join(str(path) for path in written)}")
+        print(f"{spec.name}: {', '.join(_shown(path) for path in written)}")
     return status
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it."""
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 if __name__ == "__main__":

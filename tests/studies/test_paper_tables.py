@@ -110,9 +110,10 @@ def test_the_csv_holds_the_policy_numbers_of_a_hand_computed_table(tmp_path, cap
     assert report_main()(["--table", str(spec), "--store", str(store), "--out", str(tmp_path / "out")]) == 0
     lines = (tmp_path / "out" / "two.md").read_text().splitlines()
     assert lines[:6] == [
-        "Two rows. mean ± 95% CI over n = 3 seeds; fractions in percent. Δ: paired difference from B with its 95% CI.",
+        "Two rows. mean ± 95% CI over n = 3 seeds; fractions in percent. Δ: paired difference from B with its 95% CI."
+        " Setup: digits-noisy · small_cnn.",
         "",
-        "| Method | digits-noisy · small_cnn · ECE | digits-noisy · small_cnn · ΔECE vs B [CI] |",
+        "| Method | ECE | ΔECE vs B [CI] |",
         "|---|---:|---:|",
         "| A | **2.00 ± 2.48** | -2.00 [-4.48, +0.48] |",
         "| B | 4.00 ± 4.97 | – |"]
@@ -189,3 +190,24 @@ def test_every_shipped_spec_compiles_with_pdflatex(store, tmp_path):
     errors = [line for line in done.stdout.splitlines() if line.startswith("!")]
     assert done.returncode == 0 and not errors, "\n".join(errors) or done.stdout[-2000:]
     assert (out / "paper.pdf").stat().st_size > 0
+
+
+def test_correct_across_is_holm_over_every_tested_cell_of_the_table(tmp_path):
+    """--correct-across: the CSV's adjusted p is Holm (statsmodels) over the 4 tested cells (2 rows × 2 metrics)
+    together, not over the rows of each column; the legend says so."""
+    from statsmodels.stats.multitest import multipletests
+
+    # Not at the top: statsmodels is only this test's independent reference.
+    store = tmp_path / "store"
+    values = {"CE+TS": [0.02, 0.04, 0.06], "LS": [0.01, 0.025, 0.03], "FL": [0.05, 0.06, 0.09]}
+    write_rows(store, tmp_path, "compare_methods", list(values), 3, values=values)
+    spec = tmp_path / "across.yaml"
+    spec.write_text("name: across\ncaption: c\nlabel: tab:across\nstudies: [compare_methods]\n"
+                    "rows: [CE+TS, LS, FL]\nmetrics: {test_ece: ECE, test_nll: NLL}\n")
+    out = tmp_path / "out"
+    assert report_main()(["--table", str(spec), "--store", str(store), "--out", str(out), "--correct-across"]) == 0
+    cells = pd.read_csv(out / "across.csv")
+    tested = cells[cells["p"].notna()]
+    assert len(tested) == 4
+    assert tested["p_adjusted"].tolist() == pytest.approx(list(multipletests(tested["p"], method="holm")[1]))
+    assert "Holm over every tested cell of this table (4 tests" in (out / "across.md").read_text()

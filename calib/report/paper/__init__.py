@@ -44,14 +44,15 @@ def missing_lines(spec: TableSpec, stored: Mapping[str, set[str]], commands: Map
 
 def write_table(spec: TableSpec, store: str | os.PathLike, out: str | os.PathLike, *,
                 commands: Mapping[str, str] | None = None, control: str | None = None, alpha: float = 0.05,
-                correct_across: bool = False, test: str = "t-test",
+                correct_across: bool = False, test: str = "t-test", shown_store: str | None = None,
                 log: Callable[[str], None] = print) -> tuple[list[Path], str | None]:
     """Write ``<out>/<name>.{tex,md,csv}`` of ``spec`` from ``store``; returns the files and the Markdown, or no
-    file and None (with the line saying which command to run) when none of its studies is in the store."""
+    file and None (with the line saying which command to run) when none of its studies is in the store.
+    ``shown_store``: the store as the commands in those lines name it (default: ``store``)."""
     trials = read_trials(store, study=list(spec.studies), filters=pads.field("status") == "ok")
     labelled = with_current_labels(trials)
     stored = {study: set(labelled.loc[labelled["study"] == study, "label"].astype(str)) for study in spec.studies}
-    for line in missing_lines(spec, stored, commands or {}, str(store)):
+    for line in missing_lines(spec, stored, commands or {}, shown_store or str(store)):
         log(line)
     if not any(stored.values()):
         return [], None

@@ -104,8 +104,11 @@ def table_cells(spec: TableSpec, trials: pd.DataFrame, *, control: str | None = 
     cells = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CSV_COLUMNS)
     if correct_across and not cells.empty:
         cells = policy.adjust_across(cells, alpha)
-        legend.append(f"p adjusted by Holm over every tested cell of this table ({int(cells['p'].notna().sum())} "
-                      f"tests: setups × metrics × rows), α = {alpha:g}.")
+        tests = int(cells["p"].notna().sum())
+        across = f"Holm over every tested cell of this table ({tests} tests: setups × metrics × rows)"
+        legend = [line.replace("Holm over the rows of each column", across) for line in legend]
+        if not any(across in line for line in legend):
+            legend.append(f"p adjusted by {across}, α = {alpha:g}.")
     order = {row.label: i for i, row in enumerate(spec.rows)}
     columns = {column: i for i, column in enumerate(spec.metrics)}
     setup_order = {f"{s.dataset}/{s.arch}": i for i, s in enumerate(setups)}

@@ -108,9 +108,12 @@ def caption_of(spec: TableSpec, table: TableCells) -> str:
 
 
 def markdown(spec: TableSpec, table: TableCells) -> str:
-    """The table in Markdown: one column per setup × metric (headed ``<setup> · <metric>``), the legend under it."""
-    header = ["Method"] + [f"{setup} · {h}" for setup, headers in column_headers(spec, table) for h in headers]
-    lines = [caption_of(spec, table), "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    """The table in Markdown: one column per setup × metric (headed ``<setup> · <metric>``; the metric alone, and the
+    setup in the caption, for one setup), the legend under it."""
+    groups = column_headers(spec, table)
+    caption = caption_of(spec, table) + (f" Setup: {groups[0][0]}." if len(groups) == 1 else "")
+    header = ["Method"] + [h if len(groups) == 1 else f"{setup} · {h}" for setup, headers in groups for h in headers]
+    lines = [caption, "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for name, cells in table_grid(spec, table):
         shown = [(f"**{text}**" if bold else text) + (f" {MARKS[mark]}" if mark else "") for text, bold, mark in cells]
         lines.append("| " + " | ".join([name, *shown]) + " |")
@@ -141,6 +144,7 @@ def latex(spec: TableSpec, table: TableCells) -> str:
         lines.append(" & ".join([latex_escape(name), *shown]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}}"]
     if table.legend:
-        lines.append(r"\par\smallskip{\footnotesize " + " ".join(map(latex_escape, table.legend)) + "}")
+        legend = " ".join(map(latex_escape, table.legend))
+        lines.append(r"\par\smallskip{\footnotesize\raggedright " + legend + r"\par}")
     lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"

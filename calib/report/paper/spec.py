@@ -180,8 +180,11 @@ def load_spec(path: str | Path, catalogs: Mapping[str, Callable[[tuple[str, ...]
     decimals = data.get("decimals", 2)
     if not isinstance(decimals, int) or isinstance(decimals, bool) or not 0 <= decimals <= 6:
         raise ConfigError(f"{where}: `decimals` must be an integer in 0..6, got {decimals!r}")
+    name = _text(data.get("name", path.stem), "name", where)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ConfigError(f"{where}: `name` names the written files: letters, digits, _ . - only, got {name!r}")
     return TableSpec(
-        name=_text(data.get("name", path.stem), "name", where), path=path, studies=tuple(studies), rows=rows,
+        name=name, path=path, studies=tuple(studies), rows=rows,
         setups=_setups(data.get("setups", []), where), metrics={str(k): str(v) for k, v in metrics.items()},
         caption=_text(data.get("caption"), "caption", where), label=_text(data.get("label"), "label", where),
         control=control, spread=_choice(data, "spread", "ci", SPREADS, where), decimals=decimals,
