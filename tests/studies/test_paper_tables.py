@@ -211,3 +211,33 @@ def test_correct_across_is_holm_over_every_tested_cell_of_the_table(tmp_path):
     assert len(tested) == 4
     assert tested["p_adjusted"].tolist() == pytest.approx(list(multipletests(tested["p"], method="holm")[1]))
     assert "Holm over every tested cell of this table (4 tests" in (out / "across.md").read_text()
+
+
+def test_a_paper_setup_in_the_store_gets_the_papers_layout_and_its_published_numbers(tmp_path, capsys):
+    """MaC-Cal Table 1's spec on a store with one of its setups (CIFAR-10 × ResNet-110): that setup only, headed as
+    the paper heads it, the published ECE beside ours (4.06 and 1.25, docs/methods.md §9.1), the other setups named
+    as left out, and each absent row as one line."""
+    store = tmp_path / "store"
+    for rank, label in enumerate(["Vanilla", "MaC-Cal"]):
+        for seed in (1, 2, 3):
+            config = parse_trial_config({**tiny_config(tmp_path, study="compare_methods", seed=seed,
+                                                       method={"name": "vanilla"}),
+                                         "dataset": "cifar10", "arch": "resnet110", "label": label,
+                                         "label_rank": rank})
+            write_result(store, TrialResult(config=config, trial_id=f"{rank}{seed:015x}", stage1_id="0" * 16,
+                                            metrics={"test_ece": 0.04 - 0.02 * rank + 0.001 * seed}))
+    out = tmp_path / "out"
+    assert report_main()(["--table", str(ROOT / "tables" / "mac_cal_table1.yaml"), "--store", str(store),
+                          "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "[mac_cal_table1] not in the store, left out: cifar10/resnet50, cifar10/wrn26_10" in printed
+    assert f"[mac_cal_table1] row 'ACLS' not in the store; run: python studies/compare_methods.py --methods ACLS " \
+           f"--store {store}" in printed
+    lines = (out / "mac_cal_table1.md").read_text().splitlines()
+    assert lines[0].endswith("Setup: C10 R110.")
+    assert lines[2] == "| Method | ECE | ECE (paper) |"
+    assert lines[4] == "| Vanilla | 4.20 ± 0.10 | 4.06 |"  # spread: std over seeds 4.1, 4.2, 4.3 %
+    assert lines[5] == "| ACLS | – | – |"
+    assert lines[19] == "| MaC-Cal | **2.20 ± 0.10** ▲ | 1.25 |"
+    tex = (out / "mac_cal_table1.tex").read_text()
+    assert r"\multicolumn{2}{c}{C10 R110}" in tex and r"\cmidrule(lr){2-3}" in tex
