@@ -160,7 +160,7 @@ def test_a_missing_row_names_the_command_that_runs_it(tmp_path, capsys):
     assert report_main()(["--table", str(spec), "--store", str(tmp_path / "store"), "--out",
                           str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert (f"[rows] row 'CE+TS' not in the store; run: python studies/compare_methods.py --methods CE+TS "
+    assert (f"[rows] row CE+TS not in the store; run: python studies/compare_methods.py --methods CE+TS "
             f"--store {tmp_path / 'store'}") in out
     assert "| CE+TS | – |" in out
 
@@ -231,8 +231,9 @@ def test_a_paper_setup_in_the_store_gets_the_papers_layout_and_its_published_num
                           "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "[mac_cal_table1] not in the store, left out: cifar10/resnet50, cifar10/wrn26_10" in printed
-    assert f"[mac_cal_table1] row 'ACLS' not in the store; run: python studies/compare_methods.py --methods ACLS " \
-           f"--store {store}" in printed
+    assert ("[mac_cal_table1] rows ACLS, LS, MbLS, Mixup, MIT, FL, FLSD-53, DFL, CPC, MMCE, PLP, TST, V-TST, BalCAL "
+            "not in the store; run: python studies/compare_methods.py --methods ACLS LS MbLS Mixup MIT FL FLSD-53 DFL "
+            f"CPC MMCE PLP TST V-TST BalCAL --store {store}") in printed
     lines = (out / "mac_cal_table1.md").read_text().splitlines()
     assert lines[0].endswith("Setup: C10 R110.")
     assert lines[2] == "| Method | ECE | ECE (paper) |"

@@ -27,8 +27,8 @@ __all__ = ["CSV_COLUMNS", "RowCatalog", "RowSpec", "SetupSpec", "TableCells", "T
 
 def missing_lines(spec: TableSpec, stored: Mapping[str, set[str]], commands: Mapping[str, str],
                   store: str) -> list[str]:
-    """One line per study of the spec absent from the store, and per row none of its studies holds, each naming
-    the command that runs it (``commands``: study -> its command; ``{rows}`` in it stands for the rows' option,
+    """One line when none of the spec's studies is in the store, else one naming the rows none of them holds, each
+    with the command that runs them (``commands``: study -> its command; ``{rows}`` in it stands for the rows' option,
     e.g. ``--methods {rows}``, left out for a study). ``stored``: study -> the labels it holds."""
     def command(study: str, rows: str = "") -> str:
         text = commands.get(study, f"studies/{study}.py")
@@ -38,8 +38,12 @@ def missing_lines(spec: TableSpec, stored: Mapping[str, set[str]], commands: Map
     held = [study for study in spec.studies if stored.get(study)]
     if not held:
         return [f"[{spec.name}] no trial of {' / '.join(spec.studies)} in {store}; run: {command(spec.studies[0])}"]
-    return [f"[{spec.name}] row {row.label!r} not in the store; run: {command(held[0], shlex.quote(row.label))}"
-            for row in spec.rows if not any(row.label in stored[study] for study in held)]
+    missing = [row.label for row in spec.rows if not any(row.label in stored[study] for study in held)]
+    if not missing:
+        return []
+    rows = " ".join(map(shlex.quote, missing))
+    return [f"[{spec.name}] {'rows' if len(missing) > 1 else 'row'} {', '.join(missing)} not in the store; run: "
+            f"{command(held[0], rows)}"]
 
 
 def write_table(spec: TableSpec, store: str | os.PathLike, out: str | os.PathLike, *,
