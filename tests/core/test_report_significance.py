@@ -266,8 +266,9 @@ def test_default_control_and_latex_escape():
     assert default_control(["Uncalibrated", "TS", "TST"]) == "TS"
     assert default_control(["Uncalibrated", "TS · n=50", "TS · all"]) == "TS · all"
     assert default_control(["vanilla", "MaC-Cal γ=0.9"]) is None
+    # every non-ASCII character escaped (the middle dot too: pdflatex stops at a raw one)
     assert latex_escape("a_b ± 1 · χ²_F, F_F & α = 5% ▲ ▼ γ=0.9 – ∞") == (
-        r"a\_b $\pm$ 1 · $\chi^2_F$, $F_F$ \& $\alpha$ = 5\% $^{\blacktriangle}$ $^{\blacktriangledown}$ "
+        r"a\_b $\pm$ 1 $\cdot$ $\chi^2_F$, $F_F$ \& $\alpha$ = 5\% $^{\blacktriangle}$ $^{\blacktriangledown}$ "
         r"$\gamma$=0.9 -- $\infty$")
 
 
