@@ -129,6 +129,8 @@ def test_the_csv_holds_the_policy_numbers_of_a_hand_computed_table(tmp_path, cap
     ("metrics: {test_ecee: ECE}", "unknown metric column 'test_ecee'"),
     ("setups: [{dataset: cifar11, arch: resnet50}]", "unknown dataset 'cifar11'"),
     ("setups: [{dataset: cifar10, arch: resnet51}]", "unknown architecture 'resnet51'"),
+    ("colour: red", "unknown key 'colour'"),
+    ("control: CE+TS", "the control 'CE+TS' is not one of the spec's rows"),
 ])
 def test_an_unknown_name_is_one_line_and_exit_2_with_nothing_written(change, named, store, tmp_path, capsys):
     key = change.split(":")[0]
@@ -242,3 +244,22 @@ def test_a_paper_setup_in_the_store_gets_the_papers_layout_and_its_published_num
     assert lines[19] == "| MaC-Cal | **2.20 ± 0.10** ▲ | 1.25 |"
     tex = (out / "mac_cal_table1.tex").read_text()
     assert r"\multicolumn{2}{c}{C10 R110}" in tex and r"\cmidrule(lr){2-3}" in tex
+
+
+def test_a_search_confirmation_table_takes_its_rows_from_the_row_files(tmp_path, capsys):
+    """A `<search>_confirm` study: the method's default row and the chosen row named by its row file; the control
+    is the study's own (the default row, its first); a label no row file names is unknown (exit 2)."""
+    row_file = tmp_path / "chosen.yaml"
+    row_file.write_text("label: MaC-Cal (tuned)\nmethod: {name: mac_cal, accuracy_weight: 0.9}\n")
+    store = tmp_path / "store"
+    write_rows(store, tmp_path, "search_mac_cal_confirm", ["MaC-Cal", "MaC-Cal (tuned)"], 3)
+    spec = tmp_path / "confirm.yaml"
+    text = ("name: confirm\ncaption: c\nlabel: tab:confirm\nstudies: [search_mac_cal_confirm]\n"
+            f"row_files: [{row_file}]\nmetrics: {{test_ece: ECE}}\n")
+    spec.write_text(text + "rows: [MaC-Cal, MaC-Cal (tuned)]\n")
+    assert report_main()(["--table", str(spec), "--store", str(store), "--out", str(tmp_path / "out")]) == 0
+    cells = pd.read_csv(tmp_path / "out" / "confirm.csv").set_index("label")
+    assert set(cells["n"]) == {3} and pd.isna(cells.loc["MaC-Cal", "p"]) and cells.loc["MaC-Cal (tuned)", "p"] >= 0
+    spec.write_text(text + "rows: [MaC-Cal, MaC-Cal (tuned 2)]\n")
+    assert report_main()(["--table", str(spec), "--store", str(store), "--out", str(tmp_path / "out2")]) == 2
+    assert "unknown row 'MaC-Cal (tuned 2)'" in capsys.readouterr().err
