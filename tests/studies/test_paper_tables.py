@@ -263,3 +263,32 @@ def test_a_search_confirmation_table_takes_its_rows_from_the_row_files(tmp_path,
     spec.write_text(text + "rows: [MaC-Cal, MaC-Cal (tuned 2)]\n")
     assert report_main()(["--table", str(spec), "--store", str(store), "--out", str(tmp_path / "out2")]) == 2
     assert "unknown row 'MaC-Cal (tuned 2)'" in capsys.readouterr().err
+
+
+def test_two_setups_are_two_column_groups_and_a_setups_own_legend_line_names_it(tmp_path):
+    """Two setups of the spec in the store: two column groups in the spec's order (`<setup> · <metric>` in Markdown,
+    a \\multicolumn and \\cmidrule each in LaTeX); the line only one setup has (its control has 2 seeds and no kept
+    predictions: no markers) is prefixed by that setup's header."""
+    store = tmp_path / "store"
+    for seeds, (dataset, arch) in ((3, ("digits-noisy", "small_cnn")), (2, ("cifar10", "resnet50"))):
+        for rank, label in enumerate(["CE+TS", "LS"]):
+            for seed in range(1, seeds + 1):
+                config = parse_trial_config({**tiny_config(tmp_path, study="compare_methods", seed=seed,
+                                                           method={"name": "vanilla"}),
+                                             "dataset": dataset, "arch": arch, "label": label, "label_rank": rank})
+                write_result(store, TrialResult(config=config, trial_id=f"{len(dataset) % 10}{rank}{seed:014x}",
+                                                stage1_id="0" * 16, metrics={"test_ece": 0.05 + 0.01 * rank * seed}))
+    spec = tmp_path / "two.yaml"
+    spec.write_text("name: two\ncaption: c\nlabel: tab:two\nstudies: [compare_methods]\nrows: [CE+TS, LS]\n"
+                    "metrics: {test_ece: ECE}\nsetups: [{dataset: cifar10, arch: resnet50, header: C10},\n"
+                    "  {dataset: digits-noisy, arch: small_cnn, header: Digits}]\n")
+    assert report_main()(["--table", str(spec), "--store", str(store), "--out", str(tmp_path / "out")]) == 0
+    lines = (tmp_path / "out" / "two.md").read_text().splitlines()
+    assert lines[2] == "| Method | C10 · ECE | Digits · ECE |"
+    # LS's ECE: 6, 7 % on C10 (± t(0.975, 1)·0.707/√2 = 6.35); 6, 7, 8 % on Digits (± 2.48; p = 0.074: no marker)
+    assert lines[4:6] == ["| CE+TS | **5.00 ± 0.00** | **5.00 ± 0.00** |", "| LS | 6.50 ± 6.35 | 7.00 ± 2.48 |"]
+    assert lines[7].startswith("C10: No markers: CE+TS has 2 seeds here")
+    assert lines[8].startswith("Digits: ▲ / ▼: significantly better / worse than CE+TS")
+    tex = (tmp_path / "out" / "two.tex").read_text()
+    assert r"& \multicolumn{1}{c}{C10} & \multicolumn{1}{c}{Digits} \\" in tex
+    assert r"\cmidrule(lr){2-2} \cmidrule(lr){3-3}" in tex

@@ -66,6 +66,12 @@ def _control(spec: TableSpec, control: str | None, present: list[str], log: Call
     return chosen
 
 
+def _legend(legends: dict[str, list[str]]) -> list[str]:
+    """The lines under the table: a line every setup has once, any other after its setup's header."""
+    shared = [line for line in next(iter(legends.values()), []) if all(line in lines for lines in legends.values())]
+    return shared + [f"{header}: {line}" for header, lines in legends.items() for line in lines if line not in shared]
+
+
 def table_cells(spec: TableSpec, trials: pd.DataFrame, *, control: str | None = None, alpha: float = 0.05,
                 correct_across: bool = False, store: str | None = None, test: str = "t-test",
                 log: Callable[[str], None] = print) -> TableCells:
@@ -79,7 +85,7 @@ def table_cells(spec: TableSpec, trials: pd.DataFrame, *, control: str | None = 
     setups = _setups(spec, trials, log)
     present = [row.label for row in spec.rows if (trials["label"] == row.label).any()]
     control = _control(spec, control, present, log)
-    frames, legend, published = [], [], {}
+    frames, legends, published = [], {}, {}
     for setup in setups:
         group = _setup_trials(spec, trials, setup)
         if group.empty:
@@ -89,19 +95,20 @@ def table_cells(spec: TableSpec, trials: pd.DataFrame, *, control: str | None = 
         comparison = policy.compare_setup(group, spec.metrics, here_control, alpha=alpha, store=store, study=study,
                                             test=test)
         studies = group.groupby("label")["study"].first()
-        cells = comparison.cells.assign(study=lambda c: c["label"].map(studies).astype(str),  # noqa: B023
-                                        setup=f"{setup.dataset}/{setup.arch}", dataset=setup.dataset,
-                                        arch=setup.arch, row=lambda c: c["label"].map(spec.name_of))
-        frames.append(cells)
+        labels = comparison.cells["label"]
+        frames.append(comparison.cells.assign(study=labels.map(studies).astype(str),
+                                              setup=f"{setup.dataset}/{setup.arch}", dataset=setup.dataset,
+                                              arch=setup.arch, row=labels.map(spec.name_of)))
         named = spec.name_of(here_control) if here_control is not None else ""
-        for line in comparison.legend:  # the legend names the control as the table does
-            line = line.replace(f" {here_control} ", f" {named} ") if here_control and named != here_control else line
-            legend += [line] if line not in legend else []
+        # the legend names the control as the table does
+        legends[setup.header] = [line.replace(f" {here_control} ", f" {named} ") if here_control else line
+                                 for line in comparison.legend]
         if spec.published and "test_ece" in spec.metrics:
             for label in group["label"].unique():
                 if (value := published_ece(setup.dataset, setup.arch, str(label))) is not None:
                     published[(setup.header, str(label))] = value
     cells = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=CSV_COLUMNS)
+    legend = _legend(legends)
     if correct_across and not cells.empty:
         cells = policy.adjust_across(cells, alpha)
         tests = int(cells["p"].notna().sum())
