@@ -234,7 +234,8 @@ def test_the_report_shows_rescored_columns_and_bootstrap_markers(quick_study, tm
     (table,) = (tmp_path / "report" / "tables").glob("compare_methods_*.md")
     text = table.read_text()
     assert "ECE (10 bins)" in text.splitlines()[2]
-    assert "paired bootstrap over the 630 test samples (1000 resamples, seed 0" in text
+    assert ("paired bootstrap over the 630 test samples (1 seed: the seeds' own variation is not in the test) "
+            "(1000 draws, seed 0") in text
 
 
 def test_rescore_refuses_an_unknown_metric_with_one_line(base: TrialResult, tmp_path: Path, capsys):

@@ -60,7 +60,8 @@ def test_the_row_file_is_the_chosen_config_in_compare_methods(searched):
                       "--store", str(store), *TINY)
     assert table.returncode == 0, table.stdout[-3000:] + table.stderr[-3000:]
     assert f"| {written['label']} | 2 |" in table.stdout
-    assert "significantly better / worse than MaC-Cal over the seeds" in table.stdout
+    # 2 seeds with kept predictions: the policy's two-level bootstrap, against the tuned row's default row
+    assert "significantly better / worse than MaC-Cal by a paired bootstrap over the 2 seeds and the" in table.stdout
     compared = read_trials(str(store), study="compare_methods")
     tuned = compared[compared["label"] == written["label"]]
     assert sorted(tuned["seed"]) == [4, 5]
@@ -78,7 +79,7 @@ def test_confirm_runs_on_seeds_the_search_never_used(searched):
     assert "confirming on 2 fresh seeds 3 4 (the search used 1 2)" in out.stdout
     label = yaml.safe_load((store / "rows" / f"{STUDY}.yaml").read_text())["label"]
     assert set(confirmed["label"]) == {"MaC-Cal", label}
-    assert "significantly better / worse than MaC-Cal over the seeds" in out.stdout
+    assert "significantly better / worse than MaC-Cal by a paired bootstrap over the 2 seeds and the" in out.stdout
 
 
 @pytest.mark.parametrize(("text", "message"), [
