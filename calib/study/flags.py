@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from calib._config import field_types
-from calib._help import HelpFormatter
+from calib._help import CommandParser, HelpFormatter
 from calib.config import Stage1Config
 from calib.methods import METHODS
 from calib.plugins import use_plugin
@@ -30,10 +30,10 @@ def study_parser(description: str | None, *, study: str | None, study_default: s
     return parser
 
 
-class StudyParser(argparse.ArgumentParser):
+class StudyParser(CommandParser):
     """A study's parser: it imports the ``--plugin`` modules of the command line before it reads any other flag, so
     the methods, losses and datasets they register are valid in every flag and listed in ``--help``, wherever
-    ``--plugin`` stands on the command line."""
+    ``--plugin`` stands on the command line; a bad flag is one ``error:`` line and exit 2."""
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
                          ) -> tuple[argparse.Namespace, list[str]]:
