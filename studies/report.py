@@ -12,12 +12,12 @@ Nemenyi's critical difference, Holm against the control) and a critical-differen
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from calib._config import check
-from calib._help import HelpFormatter
+from calib._help import CommandParser, HelpFormatter
 from calib.report.build import build_report
+from calib.report.figure_options import FIGURE_FORMATS, add_figure_args, figure_options_of, use_figure_options
 from calib.report.significance import CONTROL_CANDIDATES
 from calib.study.main import guarded_main
 from calib.study.paths import StudyPaths
@@ -25,7 +25,7 @@ from calib.study.paths import StudyPaths
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--store", default="results", help="result-store directory or s3:// URI")
     parser.add_argument("--out", default=None,
                         help="report directory (default: <store>/report; ./results/report for a remote store)")
@@ -35,14 +35,16 @@ def main(argv: list[str] | None = None) -> int:
                              f"study's TS row, {' / '.join(CONTROL_CANDIDATES)}; no markers where it is absent)")
     parser.add_argument("--alpha", type=float, default=0.05,
                         help="significance level of the markers, Holm's test and Nemenyi's CD (default: 0.05)")
+    add_figure_args(parser)
     args = parser.parse_args(argv)
+    use_figure_options(figure_options_of(args))
     check(0 < args.alpha < 1, "--alpha", args.alpha, "lie in (0, 1)", "e.g. --alpha 0.05")
     paths = StudyPaths(args.store, None, ".")
     store = paths.store
     out = Path(args.out).resolve() if args.out else paths.outputs / "report"
     written = build_report(store, out, spread=args.spread, control=args.control, alpha=args.alpha)
     print(f"report: {out} ({sum(p.suffix == '.md' for p in written)} tables, "
-          f"{sum(p.suffix == '.png' for p in written)} figures)")
+          f"{sum(p.suffix[1:] in FIGURE_FORMATS for p in written)} figures)")
     return 0
 
 
