@@ -32,5 +32,6 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         text = " ".join(message.split())
-        print(f"error: {text} ({self.prog} --help lists the flags)", file=sys.stderr, flush=True)
+        command = f"{self.prog} --help" if self.prog.startswith("python ") else "--help"  # a script's is its file
+        print(f"error: {text} ({command} lists the flags)", file=sys.stderr, flush=True)
         sys.exit(ExitCode.BAD_INPUT)
