@@ -19,7 +19,9 @@ import functools
 import math
 import numbers
 import os
+import re
 import types
+import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -32,7 +34,9 @@ __all__ = [
     "checked_field",
     "coerce",
     "field_rules",
+    "field_symbols",
     "field_types",
+    "fields_of_symbol",
     "from_dict",
     "integer",
     "load_yaml",
@@ -40,6 +44,7 @@ __all__ = [
     "number",
     "one_of",
     "or_null",
+    "symbol_name",
 ]
 
 C = TypeVar("C")
@@ -230,6 +235,30 @@ def named_section(data: Any, key: str) -> tuple[Any, dict[str, Any]]:
     return params.pop("name"), params
 
 
+_ATTRIBUTE_LINE = re.compile(r"^\s+([a-z_][a-z0-9_]*): ([\u0370-\u03ff][^\s,:(]*)")
+
+
+def symbol_name(text: str) -> str:
+    """``text`` (a paper's symbol or its spelling) as compared: Greek letters spelled out, no ``_``, lower case
+    (``θ_0``, ``theta_0`` and ``Theta0`` are all ``theta0``)."""
+    spelled = "".join(unicodedata.name(c).split()[-1].lower() if "\u0370" <= c <= "\u03ff" else c for c in text)
+    return spelled.replace("_", "").lower().replace("lamda", "lambda")  # Unicode's name of λ
+
+
+def field_symbols(cls: type) -> dict[str, str]:
+    """The paper's symbol of each field of the config dataclass ``cls`` that its docstring gives one
+    (``accuracy_weight: γ, ...`` under Attributes): field -> symbol."""
+    return {m.group(1): m.group(2).rstrip(".;") for line in (cls.__doc__ or "").splitlines()
+            if (m := _ATTRIBUTE_LINE.match(line)) and m.group(1) in field_types(cls)}
+
+
+def fields_of_symbol(cls: type, text: str, prefix: str = "") -> list[str]:
+    """The fields of ``cls`` whose symbol ``text`` spells (``gamma``, ``γ``, ``theta_0``), each as a "did you mean"
+    names it: ``'<prefix><field>' (<symbol>)``."""
+    return [f"{prefix + field!r} ({symbol})" for field, symbol in field_symbols(cls).items()
+            if symbol_name(symbol) == symbol_name(text)]
+
+
 def from_dict(cls: type[C], data: Mapping[str, Any], *, prefix: str = "") -> C:
     """Build ``cls`` from ``data``; unknown keys, wrong types and bad ranges raise :class:`ConfigError`."""
     if not isinstance(data, Mapping):
@@ -238,8 +267,9 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, prefix: str = "") -> C:
     types_ = field_types(cls)
     unknown = sorted(set(data) - set(types_), key=str)
     if unknown:
-        close = [prefix + c for k in unknown for c in difflib.get_close_matches(str(k), types_, n=1)]
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        close = [repr(prefix + c) for k in unknown for c in difflib.get_close_matches(str(k), types_, n=1)]
+        close = [f for k in unknown for f in fields_of_symbol(cls, str(k), prefix)] or close
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
         valid = f"Valid keys: {', '.join(prefix + k for k in types_)}." if types_ else f"{cls.__name__} has no keys."
         raise ConfigError(
             f"Unknown key{'s' if len(unknown) > 1 else ''} "

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from calib._config import ConfigError, coerce, field_types
+from calib._config import ConfigError, coerce, field_types, fields_of_symbol
 from calib.config import Stage1Config, TrialConfig, set_dotted
 from calib.registries import LOSSES, METHODS
 from calib.stage1_source import Stage1Source
@@ -69,9 +69,25 @@ def settable_keys(reserved: Mapping[str, str] = {}) -> list[str]:
     return [k for k in keys if k not in reserved]
 
 
+def _symbol_fields(key: str) -> list[str]:
+    """The fields whose paper's symbol the field of ``key`` spells (``method.gamma``, ``method.θ_0``), each with its
+    symbol and, for a method's or a loss's field, the ones whose config has it: ``'method.accuracy_weight' (γ of
+    mac_cal)``."""
+    section, _, field = key.rpartition(".")
+    if section in _COMPONENTS:
+        registry = _COMPONENTS[section]
+        found: dict[str, list[str]] = {}
+        for name in registry.names():
+            for hint in fields_of_symbol(registry.get(name).config, field, f"{section}."):
+                found.setdefault(hint, []).append(name)
+        return [f"{hint[:-1]} of {', '.join(names)})" for hint, names in found.items()]
+    classes = {"stage1": [Stage1Config], "source": [Stage1Source], "": [TrialConfig]}.get(section, [])
+    return [hint for cls in classes for hint in fields_of_symbol(cls, field, f"{section}." if section else "")]
+
+
 def _bad_key(key: str, why: str, allowed: Sequence[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, allowed, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    close = _symbol_fields(key) or [repr(c) for c in difflib.get_close_matches(key, allowed, n=1)]
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
     return ConfigError(f"`--set {key}`: {why}.{hint} Allowed keys: {', '.join(allowed)}.")
 
 

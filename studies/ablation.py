@@ -38,7 +38,7 @@ METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="ablation")
+    parser = study_parser(__doc__, study="ablation", figures=True)
     add_table_args(parser)
     parser.add_argument("--ladder", default=str(DEFAULT_LADDER), help="ladder file (YAML)")
     parser.add_argument("--mode", default="incremental", choices=MODES, help="how components are combined")

@@ -49,7 +49,7 @@ CHOICES = RegistryRows(lambda: {**ROWS, **{label: row for label, row in METHOD_R
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="calibrate")
+    parser = study_parser(__doc__, study="calibrate", figures=True)
     add_table_args(parser)
     parser.add_argument("--methods", nargs="+", default=None, choices=CHOICES, type=row_label, metavar="ROW",
                         help="rows to run: the uncalibrated model, the post-hoc and the Stage-II methods (default: all "

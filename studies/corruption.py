@@ -53,7 +53,7 @@ def evaluation_for(args: argparse.Namespace):
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="corruption")
+    parser = study_parser(__doc__, study="corruption", figures=True)
     add_table_args(parser)
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help=f"rows to run, from: %(choices)s (default: {', '.join(ROWS)})")
@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     for (dataset, arch), group in (long.groupby(["dataset", "arch"]) if not long.empty else []):
         with report_step(args.study, f"severity figure for {dataset} · {arch}"):
             figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}_{arch}.png"
-            plot_metric_against(summarize(group, ["row", "severity"], ["ece"]), "severity", "ece", "row", figure,
-                                xlabel="corruption severity", ylabel="ECE (%), mean over corruptions",
-                                title=f"corruptions · {dataset} · {arch}")
+            figure = plot_metric_against(summarize(group, ["row", "severity"], ["ece"]), "severity", "ece", "row",
+                                         figure, xlabel="corruption severity", ylabel="ECE (%), mean over corruptions",
+                                         title=f"corruptions · {dataset} · {arch}")
             print(f"figure: {figure}")
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 

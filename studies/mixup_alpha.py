@@ -30,7 +30,7 @@ def rows(alphas: list[float]) -> dict[str, Row]:
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="mixup_alpha")
+    parser = study_parser(__doc__, study="mixup_alpha", figures=True)
     add_table_args(parser)
     parser.add_argument("--alphas", type=float, nargs="+", default=list(DEFAULT_ALPHAS), help="Beta(α, α) values")
     args = parser.parse_args(argv)
@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"α figure for {dataset} · {arch}"):
             figure = study_paths(args).outputs / "figures" / f"{args.study}_{dataset}_{arch}.png"
-            plot_metric_against(summarize(group, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece", "family",
-                                figure, xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
-                                title=f"Mixup α · {dataset} · {arch}")
+            figure = plot_metric_against(summarize(group, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece",
+                                         "family", figure, xlabel="α of Beta(α, α)", ylabel="test ECE (%)",
+                                         log_x=True, title=f"Mixup α · {dataset} · {arch}")
             print(f"figure: {figure}")
     return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 

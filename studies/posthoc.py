@@ -159,7 +159,7 @@ def table_rank(label: str, size: int | None) -> int:
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="posthoc")
+    parser = study_parser(__doc__, study="posthoc", figures=True)
     parser.add_argument("--methods", nargs="+", default=None, choices=POSTHOC_METHODS, metavar="METHOD",
                         help="post-hoc methods, from: %(choices)s (default: all)")
     parser.add_argument("--sizes", nargs="+", type=calibration_size, default=None, metavar="N",

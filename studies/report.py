@@ -21,10 +21,11 @@ import argparse
 from pathlib import Path
 
 from calib._config import check
-from calib._help import HelpFormatter
+from calib._help import CommandParser, HelpFormatter
 from calib.report.build import build_report
+from calib.report.figure_options import FIGURE_FORMATS, add_figure_args, figure_options_of, use_figure_options
 from calib.report.paper import load_spec, write_table
-from calib.report.significance import PAIRED_TESTS
+from calib.study.flags import add_table_args
 from calib.study.main import guarded_main
 from calib.study.paths import StudyPaths
 from calib.study.table_rows import STUDY_COMMANDS, row_catalogs
@@ -34,17 +35,12 @@ LADDERS = Path(__file__).resolve().parent / "ladders"
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--store", default="results", help="result-store directory or s3:// URI")
     parser.add_argument("--out", default=None,
                         help="report directory (default: <store>/report; ./results/report for a remote store)")
     parser.add_argument("--spread", default="ci", choices=["ci", "std"], help="± 95%% CI or ± std over seeds")
-    parser.add_argument("--control", default=None, metavar="LABEL",
-                        help="the row the significance markers and Holm's test compare against (default: the "
-                             "study's own: its TS row, an ablation's first rung, a confirm table's default row)")
-    parser.add_argument("--test", default="t-test", choices=PAIRED_TESTS,
-                        help="the paired test over seeds where a setup has >= 3 seeds (fewer: a bootstrap over seeds "
-                             "and kept test predictions; calib.report.policy)")
+    add_table_args(parser)
     parser.add_argument("--table", action="extend", nargs="+", default=[], metavar="FILE",
                         help="paper tables' specs (tables/*.yaml): write each one's .tex, .md and .csv into --out "
                              "(default <store>/report/paper) and print its Markdown, instead of the whole report")
@@ -53,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
                              "instead of over the rows of each column")
     parser.add_argument("--alpha", type=float, default=0.05,
                         help="significance level of the markers, Holm's test and Nemenyi's CD (default: 0.05)")
+    add_figure_args(parser)
     args = parser.parse_args(argv)
+    use_figure_options(figure_options_of(args))
     check(0 < args.alpha < 1, "--alpha", args.alpha, "lie in (0, 1)", "e.g. --alpha 0.05")
     paths = StudyPaths(args.store, None, ".")
     store = paths.store
@@ -64,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     written = build_report(store, out, spread=args.spread, control=args.control, alpha=args.alpha,
                            test=args.test)
     print(f"report: {out} ({sum(p.suffix == '.md' for p in written)} tables, "
-          f"{sum(p.suffix == '.png' for p in written)} figures)")
+          f"{sum(p.suffix[1:] in FIGURE_FORMATS for p in written)} figures)")
     return 0
 
 

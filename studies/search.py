@@ -201,7 +201,8 @@ def report_search(trials, completed, space, objective: str, study: str, paths) -
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study=None, study_default="search_<name of the space file>")
+    parser = study_parser(__doc__, study=None, study_default="search_<name of the space file>",
+                          figures=True)
     add_search_args(parser)
     args = parser.parse_args(argv)
     check_search_args(parser, args)

@@ -85,7 +85,7 @@ def print_report(trials: pd.DataFrame, *, study: str, store: str, figures: Path,
             history = read_history(store, study=study, filters=in_run & (pads.field("stage") == "stage2"))
             v = summarize(vanilla, ["method"], ["test_ece"]) if not vanilla.empty else None
             figure = figures / f"{study}_{dataset}_{arch}.png"
-            plot_gamma_sensitivity(
+            figure = plot_gamma_sensitivity(
                 summarize(mac, ["method_accuracy_weight"], ["test_ece"]),
                 history.merge(mac[["trial_id", "method_accuracy_weight"]], on="trial_id"), figure,
                 vanilla=None if v is None else (v["test_ece_mean"].iloc[0], v["test_ece_ci"].iloc[0]),
@@ -107,7 +107,7 @@ def with_estimated_gamma(trials: pd.DataFrame, store: str, study: str) -> pd.Dat
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="sensitivity_gamma")
+    parser = study_parser(__doc__, study="sensitivity_gamma", figures=True)
     parser.add_argument("--gammas", type=float, nargs="+", default=list(DEFAULT_GAMMAS), help="γ values")
     parser.add_argument("--estimated-gamma", action="store_true",
                         help="add a MaC-Cal row whose γ is estimated from the data: the Stage-I model's validation "

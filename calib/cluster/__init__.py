@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from calib._config import ConfigError
-from calib._help import HelpFormatter
+from calib._help import CommandParser, HelpFormatter
 from calib.cluster import nodes, onprem, slurm, token, validate
 from calib.cluster.launcher import Launcher
 from calib.cluster.onprem import SHARED_CALIB_KEYS, SHARED_KEYS, render_onprem
@@ -42,7 +42,7 @@ LAUNCHERS: tuple[Launcher, ...] = (validate.LAUNCHER, onprem.LAUNCHER, token.LAU
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m calib.cluster", description=__doc__.split("\n\n")[0],
+    parser = CommandParser(prog="python -m calib.cluster", description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for launcher in LAUNCHERS:

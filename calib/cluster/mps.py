@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from calib._config import ConfigError
+from calib._help import CommandParser
 from calib.exit_codes import ExitCode
 
 __all__ = ["MPS_CONTROL", "default_dir", "main", "parse_switch", "run", "start", "start_for_ray", "stop", "watch",
@@ -195,7 +196,7 @@ def watch(directory: Path, raylets: list[int], *, poll: float = 2.0) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The node's CLI, kept apart from ``python -m calib.cluster``'s launchers (it runs on every node, in 0.2 s).
     The command's exit code; 2 with one ``error:`` line for bad input."""
-    parser = argparse.ArgumentParser(prog="python -m calib.cluster.mps", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="python -m calib.cluster.mps", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["start", "run", "stop", "watch"],
                         help="start: MPS, then COMMAND (ray start), MPS kept while this node's Ray runs; run: MPS "
                              "while COMMAND runs; stop: stop it (watch: what start leaves running)")

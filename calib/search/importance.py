@@ -119,50 +119,40 @@ def _fanova(rows: pd.DataFrame, space: SearchSpace, objective: str, notes: list[
     return {key: float(value) for key, value in importances.items()}
 
 
-def _slice_plot(rows: pd.DataFrame, space: SearchSpace, objective: str, path: Path, notes: list[str]) -> bool:
-    # lazy: matplotlib takes seconds to import; only a figure needs it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    # lazy: pyplot after the Agg backend is chosen; optuna loads only for a search
-    import matplotlib.pyplot as plt
-    import optuna
-    from optuna.visualization.matplotlib import plot_slice
+def _slice_plot(rows: pd.DataFrame, space: SearchSpace, objective: str, path: Path, notes: list[str]) -> Path | None:
+    """The slice plot at ``path`` (its suffix the figure format's): the path written, or None with a note saying
+    why it was not drawn."""
+    # lazy: calib.report.figures imports matplotlib, seconds; only a figure needs it
+    from calib.report.figures import plot_slices
 
     if rows.empty:
         notes.append("slice plot not drawn: no trial to plot")
-        return False
+        return None
+    values = pd.DataFrame({key: [_value(v, d.kind) for v in rows[_column(key)]] for key, d in space.parameters.items()})
+    values[objective] = rows[objective].to_numpy(dtype=float)
+    log = [key for key, d in space.parameters.items() if d.kind == "loguniform" or d.spec.get("log")]
+    categorical = [key for key, d in space.parameters.items() if d.kind in ("categorical", "grid")]
     try:
-        with warnings.catch_warnings():
-            # optuna's ExperimentalWarning, and matplotlib's for a parameter that took one value
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with warnings.catch_warnings():  # matplotlib's, for a parameter that took one value
             warnings.simplefilter("ignore", UserWarning)
-            axes = plot_slice(optuna_study_from_trials(rows, space, objective), params=list(space.parameters))
-        fig = (axes.flat[0] if hasattr(axes, "flat") else axes).get_figure()
-        tmp = path.with_name(f".{path.name}.tmp.png")
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        os.replace(tmp, path)
-    except Exception as err:
-        plt.close("all")
+            return plot_slices(values, objective, path, log=log, categorical=categorical)
+    except Exception as err:  # a figure never stops the report: the table is written all the same
         notes.append(f"slice plot not drawn: {type(err).__name__}: {err}".splitlines()[0])
-        return False
-    return True
+        return None
 
 
 def importance_report(
     trials: pd.DataFrame, space: SearchSpace, objective: str, out: str | os.PathLike, name: str
 ) -> ImportanceReport:
     """fANOVA importances of the parameters for ``objective`` and a slice plot, written under ``out``
-    as ``<name>_importances.md`` and ``<name>_slices.png``. Never raises for degenerate trials: what
-    cannot be made is named in ``notes``."""
+    as ``<name>_importances.md`` and ``<name>_slices.<format>`` (``--format``). Never raises for degenerate
+    trials: what cannot be made is named in ``notes``."""
     report = ImportanceReport()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = _usable(trials, space, objective, report.notes)
     report.importances = _fanova(rows, space, objective, report.notes)
-    figure = out / f"{name}_slices.png"
-    drawn = _slice_plot(rows, space, objective, figure, report.notes)
+    drawn = _slice_plot(rows, space, objective, out / f"{name}_slices.png", report.notes)
     table = out / f"{name}_importances.md"
     lines = [f"fANOVA importance of each parameter for {objective} ({len(rows)} trials)", ""]
     if report.importances:
@@ -170,5 +160,5 @@ def importance_report(
         lines += [f"| {key} | {value:.3f} |" for key, value in report.importances.items()]
     lines += [f"- {note}" for note in report.notes]
     table.write_text("\n".join(lines) + "\n")
-    report.files = [table, figure] if drawn else [table]
+    report.files = [table, drawn] if drawn else [table]
     return report

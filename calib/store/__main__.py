@@ -13,7 +13,7 @@ import sys
 
 from calib import storage
 from calib._config import ConfigError
-from calib._help import HelpFormatter
+from calib._help import CommandParser, HelpFormatter
 from calib.exit_codes import COMPACT_EXIT_CODES, ExitCode, exit_codes_epilog
 from calib.store.compaction import compact, stored_studies
 from calib.store.rescore import check_metric, rescore
@@ -29,7 +29,7 @@ EXIT_CODES = exit_codes_epilog(COMPACT_EXIT_CODES, {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m calib.store", description=__doc__.split("\n\n")[0],
+    parser = CommandParser(prog="python -m calib.store", description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("compact", formatter_class=HelpFormatter, help="compact a result store (all its studies)",

@@ -9,11 +9,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from calib._config import field_types
-from calib._help import HelpFormatter
+from calib._help import CommandParser, HelpFormatter
 from calib.config import Stage1Config
 from calib.methods import METHODS
 from calib.plugins import use_plugin
 from calib.presets import PRESETS, Preset
+from calib.report.figure_options import add_figure_args, figure_options_of, use_figure_options
 from calib.report.significance import PAIRED_TESTS
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL
 from calib.study.sources import DEFAULT_CALIBRATION_FRACTION, DEFAULT_SPLITS
@@ -29,19 +30,23 @@ __all__ = [
 ]
 
 
-def study_parser(description: str | None, *, study: str | None, study_default: str | None = None
-                 ) -> argparse.ArgumentParser:
-    """The argument parser of a study script: its docstring as description, the common flags.
+def study_parser(description: str | None, *, study: str | None, study_default: str | None = None,
+                 figures: bool = False) -> argparse.ArgumentParser:
+    """The argument parser of a study script: its docstring as description, the common flags, and with
+    ``figures`` (a study that draws) ``--format``, ``--dpi`` and ``--figure-width``, in use once parsed.
     ``study_default`` describes the study name when ``study`` is None (derived from other flags)."""
     parser = StudyParser(description=description, formatter_class=HelpFormatter)
     add_common_args(parser, study=study, study_default=study_default)
+    if figures:
+        add_figure_args(parser)
     return parser
 
 
-class StudyParser(argparse.ArgumentParser):
+class StudyParser(CommandParser):
     """A study's parser: it imports the ``--plugin`` modules of the command line before it reads any other flag, so
     the methods, losses and datasets they register are valid in every flag and listed in ``--help``, wherever
-    ``--plugin`` stands on the command line."""
+    ``--plugin`` stands on the command line; a bad flag is one ``error:`` line and exit 2. The figure flags, where
+    the study has them, are in use once parsed (:func:`~calib.report.figure_options.use_figure_options`)."""
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
                          ) -> tuple[argparse.Namespace, list[str]]:
@@ -51,7 +56,10 @@ class StudyParser(argparse.ArgumentParser):
                 use_plugin(argv[i + 1])
             elif arg.startswith("--plugin="):
                 use_plugin(arg.removeprefix("--plugin="))
-        return super().parse_known_args(argv, namespace)
+        args, rest = super().parse_known_args(argv, namespace)
+        if hasattr(args, "figure_format"):
+            use_figure_options(figure_options_of(args))
+        return args, rest
 
 
 def _per_preset(value_of: Callable[[Preset], object]) -> str:
