@@ -1,8 +1,10 @@
-"""Parameter importances (fANOVA) and slice plots of a finished search, rebuilt from the store.
+"""Parameter importances (fANOVA), slice and history plots of a finished search, rebuilt from its trials.
 
-The search's trials are re-created as an in-memory Optuna study (parameters from the store's typed
-columns, the validation objective as value), so importances can be computed for any search in the
-store, also one whose Ray driver is long gone.
+The search's trials are re-created as an in-memory Optuna study (parameters from typed columns, the
+validation objective as value), so importances can be computed for any search in the store, also one
+whose Ray driver is long gone. A search passes one row per Optuna trial with the value Optuna saw
+(:func:`calib.search.chosen.completed_trials`: a replicated search's aggregate over its replicates),
+so the importances, slices and history are those of the objective the search optimised.
 
 A search's trials are stored before this report runs, so the report never fails: where importances
 or the plot cannot be made (one trial, equal objective values, nothing varied, NaN objectives), the
@@ -119,7 +121,8 @@ def _fanova(rows: pd.DataFrame, space: SearchSpace, objective: str, notes: list[
     return {key: float(value) for key, value in importances.items()}
 
 
-def _slice_plot(rows: pd.DataFrame, space: SearchSpace, objective: str, path: Path, notes: list[str]) -> bool:
+def _plot(rows: pd.DataFrame, space: SearchSpace, objective: str, path: Path, notes: list[str], kind: str) -> bool:
+    """Draw Optuna's ``kind`` plot ("slice" or "history") of ``rows`` to ``path``; whether it was drawn."""
     # lazy: matplotlib takes seconds to import; only a figure needs it
     import matplotlib
 
@@ -127,17 +130,19 @@ def _slice_plot(rows: pd.DataFrame, space: SearchSpace, objective: str, path: Pa
     # lazy: pyplot after the Agg backend is chosen; optuna loads only for a search
     import matplotlib.pyplot as plt
     import optuna
-    from optuna.visualization.matplotlib import plot_slice
+    from optuna.visualization.matplotlib import plot_optimization_history, plot_slice
 
     if rows.empty:
-        notes.append("slice plot not drawn: no trial to plot")
+        notes.append(f"{kind} plot not drawn: no trial to plot")
         return False
     try:
         with warnings.catch_warnings():
             # optuna's ExperimentalWarning, and matplotlib's for a parameter that took one value
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             warnings.simplefilter("ignore", UserWarning)
-            axes = plot_slice(optuna_study_from_trials(rows, space, objective), params=list(space.parameters))
+            study = optuna_study_from_trials(rows, space, objective)
+            axes = plot_slice(study, params=list(space.parameters)) if kind == "slice" \
+                else plot_optimization_history(study, target_name=objective)
         fig = (axes.flat[0] if hasattr(axes, "flat") else axes).get_figure()
         tmp = path.with_name(f".{path.name}.tmp.png")
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
@@ -145,30 +150,37 @@ def _slice_plot(rows: pd.DataFrame, space: SearchSpace, objective: str, path: Pa
         os.replace(tmp, path)
     except Exception as err:
         plt.close("all")
-        notes.append(f"slice plot not drawn: {type(err).__name__}: {err}".splitlines()[0])
+        notes.append(f"{kind} plot not drawn: {type(err).__name__}: {err}".splitlines()[0])
         return False
     return True
 
 
 def importance_report(
-    trials: pd.DataFrame, space: SearchSpace, objective: str, out: str | os.PathLike, name: str
+    trials: pd.DataFrame, space: SearchSpace, objective: str, out: str | os.PathLike, name: str,
+    value: str = "",
 ) -> ImportanceReport:
-    """fANOVA importances of the parameters for ``objective`` and a slice plot, written under ``out``
-    as ``<name>_importances.md`` and ``<name>_slices.png``. Never raises for degenerate trials: what
+    """fANOVA importances of the parameters for ``objective``, a slice plot and an optimisation-history plot of
+    ``trials`` (one row per Optuna trial, in trial order: ``search_trial`` when it has one), written under ``out``
+    as ``<name>_importances.md``, ``<name>_slices.png`` and ``<name>_history.png``. ``value``: what a trial's
+    value is, when not one run's (``"each the mean of 2 replicates"``). Never raises for degenerate trials: what
     cannot be made is named in ``notes``."""
     report = ImportanceReport()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if "search_trial" in trials:
+        trials = trials.sort_values("search_trial", kind="stable")
     rows = _usable(trials, space, objective, report.notes)
     report.importances = _fanova(rows, space, objective, report.notes)
-    figure = out / f"{name}_slices.png"
-    drawn = _slice_plot(rows, space, objective, figure, report.notes)
+    figures = [out / f"{name}_slices.png", out / f"{name}_history.png"]
+    drawn = [f for f, kind in zip(figures, ("slice", "history"), strict=True)
+             if _plot(rows, space, objective, f, report.notes, kind)]
     table = out / f"{name}_importances.md"
-    lines = [f"fANOVA importance of each parameter for {objective} ({len(rows)} trials)", ""]
+    lines = [f"fANOVA importance of each parameter for {objective} ({len(rows)} trials"
+             f"{', ' + value if value else ''})", ""]
     if report.importances:
         lines += ["| parameter | importance |", "|---|---|"]
         lines += [f"| {key} | {value:.3f} |" for key, value in report.importances.items()]
     lines += [f"- {note}" for note in report.notes]
     table.write_text("\n".join(lines) + "\n")
-    report.files = [table, figure] if drawn else [table]
+    report.files = [table, *drawn]
     return report

@@ -39,7 +39,7 @@ def test_importance_ranks_the_driving_parameter_first(tmp_path):
     assert abs(sum(importances.values()) - 1.0) < 1e-9
     assert report.notes == []
     assert files[0].read_text().startswith("fANOVA importance of each parameter for val_ece (40 trials)")
-    assert files[1].read_bytes()[:4] == b"\x89PNG"
+    assert files[1].read_bytes()[:4] == b"\x89PNG" and files[2].read_bytes()[:4] == b"\x89PNG"
 
 
 # ------------------------------------------------------------------- degenerate searches never raise
@@ -73,7 +73,7 @@ def test_equal_objective_values_the_issues_search(tmp_path):
     assert report.importances == {}
     assert report.notes == ["importances not computed: every trial has val_ece = 0.0731, so no parameter "
                             "explains any of its variance"]
-    assert [f.name for f in report.files] == ["demo_importances.md", "demo_slices.png"]
+    assert [f.name for f in report.files] == ["demo_importances.md", "demo_slices.png", "demo_history.png"]
 
 
 def test_one_trial(tmp_path):
@@ -85,7 +85,7 @@ def test_one_trial(tmp_path):
 def test_no_trial(tmp_path):
     report = degenerate(tmp_path, clip_rows([]))
     assert report.notes == ["importances not computed: they need 2 trials with a finite val_ece, got none",
-                            "slice plot not drawn: no trial to plot"]
+                            "slice plot not drawn: no trial to plot", "history plot not drawn: no trial to plot"]
     assert [f.name for f in report.files] == ["demo_importances.md"]
 
 
