@@ -258,7 +258,7 @@ def confirm_rows(args) -> int:
 
 def checked_count(args, checked: CheckedOnly, study: str, setups: list) -> CheckedOnly:
     """``checked`` (the search's replicate trials) with the --confirm trials added: the default row, the chosen
-    config and the --confirm-against rows, on --confirm seeds of each setup."""
+    config and the --confirm-against rows, on --confirm seeds of each setup (at most: those stored do not run)."""
     if not args.confirm:
         return checked
     rows = confirm_rows(args)
@@ -266,7 +266,7 @@ def checked_count(args, checked: CheckedOnly, study: str, setups: list) -> Check
     each = " per chosen config" if len(args.objective) > 1 else ""
     plural = "s" if len(setups) > 1 else ""
     detail = (checked.detail[:-1] + ", then" if checked.detail else " (then") + \
-        f" {runs} confirm trials: {rows} rows × {args.confirm} seeds × {len(setups)} setup{plural}{each})"
+        f" at most {runs} confirm trials: {rows} rows × {args.confirm} seeds × {len(setups)} setup{plural}{each})"
     return CheckedOnly(study, checked.pending + runs, detail)
 
 

@@ -115,3 +115,26 @@ def test_a_categorical_parameter_with_one_value(tmp_path):
                                                                      "choices": [0.2]}}})
     nothing = degenerate(tmp_path, rows, only)
     assert nothing.notes == ["importances not computed: no parameter took two different values"]
+
+
+def test_a_replicated_search_is_counted_and_plotted_per_optuna_trial(tmp_path, monkeypatch):
+    # One row per Optuna trial (calib.search.chosen.completed_trials), out of order, with the value Optuna saw.
+    import optuna.visualization.matplotlib as plots
+
+    trials = store_rows(12).assign(search_trial=[5, 0, 3, 1, 2, 4, 11, 6, 9, 7, 8, 10])
+    seen = {}
+
+    def recording(kind, draw):
+        def plot(study, **kwargs):
+            seen[kind] = [(t.number, t.value) for t in study.trials]
+            return draw(study, **kwargs)
+        return plot
+
+    monkeypatch.setattr(plots, "plot_slice", recording("slice", plots.plot_slice))
+    monkeypatch.setattr(plots, "plot_optimization_history", recording("history", plots.plot_optimization_history))
+    report = importance_report(trials, SPACE, "val_ece", tmp_path, "demo", "each the mean of 2 replicates")
+    assert report.files[0].read_text().startswith(
+        "fANOVA importance of each parameter for val_ece (12 trials, each the mean of 2 replicates)")
+    in_order = trials.sort_values("search_trial")["val_ece"].tolist()
+    assert seen["slice"] == seen["history"] == list(enumerate(in_order))  # one point per Optuna trial, in order
+    assert [f.name for f in report.files] == ["demo_importances.md", "demo_slices.png", "demo_history.png"]
