@@ -2,15 +2,17 @@
 
 Samples configs from a search-space file until the study holds ``--num-trials`` finished trials,
 runs each as a trial into the store and prints the best trials by the validation objective(s) (for
-two objectives, the Pareto front), then the fANOVA importance of each parameter and a slice plot
-(written to <store>/report/). Re-running a study resumes it: its stored trials are told to the
-sampler first and only the missing ones run; a larger --num-trials extends it. The Optuna study is
-kept in <store>/optuna/ (optuna-dashboard opens it). --scheduler asha|hyperband stops unpromising
-trials during Stage I (stored as pruned). The test split never drives the search; its numbers are
-shown for the selected trials only. --replicates K runs each trial on K seeds of every setup and
-optimises their --aggregate. The chosen config (the best, or each of a Pareto front) is written as a
-row file under <store>/rows/ that the table studies take with --row FILE; --confirm N re-runs it
-beside its method's default row on N seeds the search never used.
+two objectives, the Pareto front), then the fANOVA importance of each parameter, a slice and a history
+plot (written to <store>/report/), all on the value Optuna saw: one point per Optuna trial.
+Re-running a study resumes it: its stored trials are told to the sampler first and only the missing
+ones run; a larger --num-trials extends it. The Optuna study is kept in <store>/optuna/
+(optuna-dashboard opens it). --scheduler asha|hyperband stops unpromising trials during Stage I
+(stored as pruned). The test split never drives the search; its numbers are shown for the selected
+trials only. --replicates K runs each trial on K seeds of every setup and optimises their
+--aggregate; --per-setup searches each setup on its own. The chosen config (the best, or each of a
+Pareto front) is written as a row file under <store>/rows/, with the seeds it was tuned on, that the
+table studies take with --row FILE (not on those seeds); --confirm N re-runs it beside its method's
+default row (and the --confirm-against rows) on N seeds the search never used.
 """
 
 from __future__ import annotations
