@@ -2,22 +2,27 @@
 
 Samples configs from a search-space file until the study holds ``--num-trials`` finished trials,
 runs each as a trial into the store and prints the best trials by the validation objective(s) (for
-two objectives, the Pareto front), then the fANOVA importance of each parameter and a slice plot
-(written to <store>/report/). Re-running a study resumes it: its stored trials are told to the
-sampler first and only the missing ones run; a larger --num-trials extends it. The Optuna study is
-kept in <store>/optuna/ (optuna-dashboard opens it). --scheduler asha|hyperband stops unpromising
-trials during Stage I (stored as pruned). The test split never drives the search; its numbers are
-shown for the selected trials only. --replicates K runs each trial on K seeds of every setup and
-optimises their --aggregate. The chosen config (the best, or each of a Pareto front) is written as a
-row file under <store>/rows/ that the table studies take with --row FILE; --confirm N re-runs it
-beside its method's default row on N seeds the search never used.
+two objectives, the Pareto front), then the fANOVA importance of each parameter, a slice and a history
+plot (written to <store>/report/), all on the value Optuna saw: one point per Optuna trial.
+Re-running a study resumes it: its stored trials are told to the sampler first and only the missing
+ones run; a larger --num-trials extends it. The Optuna study is kept in <store>/optuna/
+(optuna-dashboard opens it). --scheduler asha|hyperband stops unpromising trials during Stage I
+(stored as pruned). The test split never drives the search; its numbers are shown for the selected
+trials only. --replicates K runs each trial on K seeds of every setup and optimises their
+--aggregate; --per-setup searches each setup on its own. The chosen config (the best, or each of a
+Pareto front) is written as a row file under <store>/rows/, with the seeds it was tuned on, that the
+table studies take with --row FILE (not on those seeds); --confirm N re-runs it beside its method's
+default row (and the --confirm-against rows) on N seeds the search never used.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
+
+import pyarrow.dataset as pads
 
 from calib._config import ConfigError
 from calib.config import SEED_LIMIT, set_dotted
@@ -36,7 +41,7 @@ from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.row_file import default_row, row_of_config, write_row_file
-from calib.study.rows import METHOD_ROWS, print_row_tables, run_rows
+from calib.study.rows import METHOD_ROWS, print_row_tables, row_label, run_rows
 from calib.study.settings import study_settings, with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
@@ -81,10 +86,26 @@ def bases_with_settings(args, bases: list[dict], space) -> list[dict]:
     return with_settings(args, bases)
 
 
-def write_chosen(chosen, space, replicates: Replicates, objectives: list[str], study: str, paths) -> list:
-    """Each chosen trial as a row file under <store>/rows/ (a Pareto front: one file each): [(label, row)]."""
+def tuning_seeds(replicates: Replicates, study: str, paths) -> list[int]:
+    """The seeds a search chose on: its replicates', and those of every row of the study (a space may vary
+    ``seed``)."""
+    stored = read_trials(paths.store, study=study, columns=["seed"])["seed"]
+    return sorted({int(s) for s in [*(seed for _, _, seed in replicates.described()), *stored]})
+
+
+def configs_tried(completed, study: str, paths) -> int:
+    """The configs a search chose among: its complete Optuna trials and those a scheduler pruned (one row each:
+    a scheduler needs one replicate)."""
+    pruned = read_trials(paths.store, study=study, columns=["trial_id"], filters=pads.field("status") == "pruned")
+    return len(completed) + len(pruned)
+
+
+def write_chosen(chosen, completed, space, replicates: Replicates, objectives: list[str], study: str, paths) -> list:
+    """Each chosen trial as a row file under <store>/rows/ (a Pareto front: one file each), with the seeds it was
+    tuned on and how many configs were tried: [(label, row)]."""
     configs = read_finished(paths.store, study, list(chosen["trial_id"])).set_index("trial_id")["config_json"]
     keys = [*space.parameters, *space.base]
+    seeds, tried = tuning_seeds(replicates, study, paths), configs_tried(completed, study, paths)
     files = []
     for _, trial in chosen.iterrows():
         row = row_of_config(json.loads(configs[trial["trial_id"]]), keys)
@@ -93,24 +114,35 @@ def write_chosen(chosen, space, replicates: Replicates, objectives: list[str], s
         path = write_row_file(paths.outputs / "rows" / name, label, row, {
             "study": study, "store": str(paths.store), "search_trial": int(trial["search_trial"]),
             "trial_ids": list(trial["replicate_ids"]), "replicates": replicates.described(),
-            "aggregate": replicates.how, "objectives": {o: float(trial[o]) for o in objectives}})
+            "aggregate": replicates.how, "objectives": {o: float(trial[o]) for o in objectives}},
+            tuning_seeds=seeds, configs_tried=tried)
         print(f"chosen config #{trial['search_trial']} as a table row: {path} "
               f"(python studies/compare_methods.py --row {path})")
         files.append((label, row))
     return files
 
 
-def confirm(args, files: list, study: str, searched_seeds: list[int]) -> tuple[int, int] | CheckedOnly:
-    """Run the chosen rows and the default row of their method on --confirm fresh seeds (study <study>_confirm)
-    and print the table, each cell marked against the default row: the run's failed and finished trials."""
-    preset = preset_of(args)
+def confirm_seeds(args, preset, study: str, searched_seeds: list[int]) -> tuple[list[int], set[int]]:
+    """The --confirm seeds of a search (those of --seeds it did not use, then the integers after the largest),
+    and the seeds it used."""
     used = set(searched_seeds) | set(read_trials(study_paths(args).store, study=study, columns=["seed"])["seed"])
-    seeds = fresh_seeds(args.seeds or list(preset.seeds), used, args.confirm)
+    return fresh_seeds(args.seeds or list(preset.seeds), used, args.confirm), used
+
+
+def confirm(args, files: list, study: str, searched_seeds: list[int], setups: list) -> tuple[int, int] | CheckedOnly:
+    """Run the chosen rows, the default row of their method and the --confirm-against rows on --confirm fresh seeds
+    of ``setups`` (study <study>_confirm) and print the table, each cell marked against the default row: the run's
+    failed and finished trials."""
+    seeds, used = confirm_seeds(args, preset_of(args), study, searched_seeds)
     default_label, default = default_row(files[0][1], METHOD_ROWS)
-    rows = {default_label: default, **dict(files)}
+    against = {label: METHOD_ROWS[label] for label in args.confirm_against if label != default_label}
+    rows = {default_label: default, **against, **dict(files)}
     print(f"\n[{study}] confirming on {args.confirm} fresh seeds {' '.join(map(str, seeds))} (the search used "
-          f"{' '.join(map(str, sorted(used)))}) beside {default_label} at its defaults: study {study}_confirm")
-    confirm_args = argparse.Namespace(**{**vars(args), "study": f"{study}_confirm", "seeds": seeds, "row": []})
+          f"{' '.join(map(str, sorted(used)))}) beside {default_label} at its defaults"
+          + (f" and {', '.join(against)}" if against else "") + f": study {study}_confirm")
+    narrowed = {"datasets": [d for d, _ in setups], "archs": [a for _, a in setups]} if args.per_setup else {}
+    confirm_args = argparse.Namespace(**{**vars(args), "study": f"{study}_confirm", "seeds": seeds, "row": [],
+                                         **narrowed})
     result = run_rows(confirm_args, rows)
     if isinstance(result, CheckedOnly):
         return result
@@ -120,13 +152,12 @@ def confirm(args, files: list, study: str, searched_seeds: list[int]) -> tuple[i
     return run.failed, len(trials)
 
 
-def replicate_bases(args: argparse.Namespace, preset, space, study: str, paths) -> list[dict]:
+def replicate_bases(args: argparse.Namespace, preset, space, study: str, paths, setups: list) -> list[dict]:
     """The base config of each replicate: every setup × the first --replicates seeds, the space's base set."""
     seeds = args.seeds or list(preset.seeds)
     if args.replicates > len(seeds):
         raise ConfigError(f"--replicates {args.replicates} needs as many seeds; --seeds (or the preset's) has "
                           f"{len(seeds)}: {' '.join(map(str, seeds))}.")
-    setups = study_setups(args, preset)
     require_datasets(list(dict.fromkeys(d for d, _ in setups)), paths.data_root, args.download)
     bases = []
     for dataset, arch in setups:
@@ -159,6 +190,12 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
                         help="re-run the chosen config and its method's default row on N seeds the search never "
                              "used (those of --seeds after the searched ones, then the integers after the largest), "
                              "into a table with ▲/▼ against the default (study <study>_confirm); 0: none")
+    parser.add_argument("--confirm-against", nargs="+", default=[], choices=METHOD_ROWS, type=row_label,
+                        metavar="ROW", help="with --confirm: also run these rows of the method comparison (e.g. "
+                                            "CE+TS) on the fresh seeds, in the confirm table; from: %(choices)s")
+    parser.add_argument("--per-setup", action="store_true",
+                        help="search each setup of --datasets × --archs on its own (study <study>_<dataset>_<arch>, "
+                             "its replicates the seeds of that setup) and write one row file per setup")
     parser.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="Optuna sampler")
     parser.add_argument("--sampler-seed", type=int, default=0, help="seed of the Optuna sampler")
     parser.add_argument("--tpe-window", type=int, default=DEFAULT_TPE_WINDOW, metavar="N",
@@ -181,6 +218,9 @@ def check_search_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
                                ("--confirm", args.confirm, 0)):
         if value < least:
             parser.error(f"{flag} must be >= {least}, got {value}")
+    if args.confirm_against and not args.confirm:
+        parser.error(f"--confirm-against {' '.join(args.confirm_against)} needs --confirm N (the fresh seeds it runs "
+                     f"on)")
     if args.tpe_window < 0:
         parser.error(f"--tpe-window must be >= 0 (finished trials; 0: all), got {args.tpe_window}")
     if not 0 <= args.sampler_seed < SEED_LIMIT:
@@ -188,15 +228,88 @@ def check_search_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
                      f"it), got {args.sampler_seed}")
 
 
-def report_search(trials, completed, space, objective: str, study: str, paths) -> None:
+def report_search(completed, space, objective: str, replicates: Replicates, study: str, paths) -> None:
+    """Importances, slice and history plots of the objective Optuna saw: one point per Optuna trial (a replicated
+    search's aggregate over its replicates, not each replicate's value)."""
+    value = f"each the {replicates.how} of {len(replicates)} replicates" if len(replicates) > 1 else ""
     with report_step(study, "importances"):
-        importance = importance_report(trials, space, objective, paths.outputs / "report", study)
+        importance = importance_report(completed, space, objective, paths.outputs / "report", study, value)
         if importance.importances:
             print(f"\nfANOVA importance for {objective}: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in importance.importances.items()))
         for note in importance.notes:
             print(f"[{study}] {note}")
-        print(f"importances and slice plot: {', '.join(str(f) for f in importance.files)}")
+        print(f"importances, slice and history plots: {', '.join(str(f) for f in importance.files)}")
+
+
+def searched_setups(args, preset, study: str) -> list[tuple[str, list]]:
+    """(study, setups) of each search the command runs: one over every setup, or with --per-setup one per setup
+    (``<study>_<dataset>_<arch>``)."""
+    setups = study_setups(args, preset)
+    if not args.per_setup:
+        return [(study, setups)]
+    if preset.dataset_sources:
+        raise ConfigError(f"--per-setup searches the setups of --datasets × --archs; the preset {preset.name} "
+                          f"fixes its setups: run one search per setup with --datasets and --archs instead.")
+    return [(f"{study}_{re.sub(r'[^A-Za-z0-9_.-]', '-', f'{d}_{a}')}", [(d, a)]) for d, a in setups]
+
+
+def confirm_rows(args) -> int:
+    """The rows --confirm runs for one chosen config: it, its method's default row and the --confirm-against rows."""
+    return 2 + len(dict.fromkeys(args.confirm_against))
+
+
+def checked_count(args, checked: CheckedOnly, study: str, setups: list) -> CheckedOnly:
+    """``checked`` (the search's replicate trials) with the --confirm trials added: the default row, the chosen
+    config and the --confirm-against rows, on --confirm seeds of each setup (at most: those stored do not run)."""
+    if not args.confirm:
+        return checked
+    rows = confirm_rows(args)
+    runs = rows * args.confirm * len(setups)
+    each = " per chosen config" if len(args.objective) > 1 else ""
+    plural = "s" if len(setups) > 1 else ""
+    detail = (checked.detail[:-1] + ", then" if checked.detail else " (then") + \
+        f" at most {runs} confirm trials: {rows} rows × {args.confirm} seeds × {len(setups)} setup{plural}{each})"
+    return CheckedOnly(study, checked.pending + runs, detail)
+
+
+def search_one(args, space, study: str, setups: list, preset, paths) -> tuple[int, int] | CheckedOnly:
+    """Run the search ``study`` over ``setups``, report it, write its row files and --confirm them: its failed and
+    finished trials (--check-only: what would run)."""
+    bases = bases_with_settings(args, replicate_bases(args, preset, space, study, paths, setups), space)
+    replicates = Replicates(tuple(bases), args.aggregate)
+    options = execution_options(args, preset)
+    confirm_bases = [{**bases[0], "dataset": d, "arch": a, "seed": seed}
+                     for d, a in setups for seed in confirm_seeds(args, preset, study, [b["seed"] for b in bases])[0]
+                     for _ in range(confirm_rows(args) if args.confirm else 0)]
+    print(settings_line(study, preset, list(replicates.bases) * args.num_trials + confirm_bases, options))
+    shown = ", ".join(f"{d}/{a} seed {s}" for d, a, s in replicates.described())
+    print(f"[{study}] sampler {args.sampler} · objective {args.objective}"
+          + (f" ({args.aggregate} of {len(replicates)} replicates)" if len(replicates) > 1 else "")
+          + f" · {shown} · store {paths.store}")
+    scheduler = SchedulerSettings(args.scheduler, args.grace_period, args.reduction_factor)
+    run = run_search(replicates.bases[0], space, store=paths.store, study=study, num_trials=args.num_trials,
+                     objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
+                     options=options, scheduler=scheduler, tpe_window=args.tpe_window, replicates=replicates)
+    if isinstance(run, CheckedOnly):
+        return checked_count(args, run, study, setups)
+    trials = read_finished(paths.store, study, run.trial_ids)
+    completed = completed_trials(paths.store, study)
+    with report_step(study, "best-trials table"):
+        print_best(completed, space, args.objective, replicates)
+    report_search(completed, space, args.objective[0], replicates, study, paths)
+    chosen = chosen_trials(completed, args.objective)
+    files = write_chosen(chosen, completed, space, replicates, args.objective, study, paths) \
+        if not chosen.empty else []
+    print(f"\nstore: {paths.store} (study={study}, {len(trials)} finished trials; Optuna study: "
+          f"{journal_location(paths.store, study)})")
+    failed, finished = run.failed, len(trials)
+    if args.confirm and files:
+        confirmed = confirm(args, files, study, [s for _, _, s in replicates.described()], setups)
+        if isinstance(confirmed, CheckedOnly):
+            return confirmed
+        failed, finished = failed + confirmed[0], finished + confirmed[1]
+    return failed, finished
 
 
 @guarded_main
@@ -211,35 +324,20 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     preset = preset_of(args)
     paths = study_paths(args)
     args.study = study
-    bases = bases_with_settings(args, replicate_bases(args, preset, space, study, paths), space)
-    replicates = Replicates(tuple(bases), args.aggregate)
-    options = execution_options(args, preset)
-    print(settings_line(study, preset, list(replicates.bases), options))
-    shown = ", ".join(f"{d}/{a} seed {s}" for d, a, s in replicates.described())
-    print(f"[{study}] sampler {args.sampler} · objective {args.objective}"
-          + (f" ({args.aggregate} of {len(replicates)} replicates)" if len(replicates) > 1 else "")
-          + f" · {shown} · store {paths.store}")
-    scheduler = SchedulerSettings(args.scheduler, args.grace_period, args.reduction_factor)
-    run = run_search(replicates.bases[0], space, store=paths.store, study=study, num_trials=args.num_trials,
-                     objectives=args.objective, sampler=args.sampler, seed=args.sampler_seed,
-                     options=options, scheduler=scheduler, tpe_window=args.tpe_window, replicates=replicates)
-    if isinstance(run, CheckedOnly):
-        return run
-    trials = read_finished(paths.store, study, run.trial_ids)
-    completed = completed_trials(paths.store, study)
-    with report_step(study, "best-trials table"):
-        print_best(completed, space, args.objective, replicates)
-    report_search(trials, completed, space, args.objective[0], study, paths)
-    chosen = chosen_trials(completed, args.objective)
-    files = write_chosen(chosen, space, replicates, args.objective, study, paths) if not chosen.empty else []
-    print(f"\nstore: {paths.store} (study={study}, {len(trials)} finished trials; Optuna study: "
-          f"{journal_location(paths.store, study)})")
-    failed, finished = run.failed, len(trials)
-    if args.confirm and files:
-        confirmed = confirm(args, files, study, [s for _, _, s in replicates.described()])
-        if isinstance(confirmed, CheckedOnly):
-            return confirmed
-        failed, finished = failed + confirmed[0], finished + confirmed[1]
+    searches = searched_setups(args, preset, study)
+    failed, finished, checked = 0, 0, []
+    for name, setups in searches:
+        result = search_one(args, space, name, setups, preset, paths)
+        if isinstance(result, CheckedOnly):
+            checked.append(result)
+            continue
+        failed, finished = failed + result[0], finished + result[1]
+    if checked:
+        if len(checked) == 1:
+            return checked[0]
+        for one in checked:
+            print(one)
+        return CheckedOnly(study, sum(c.pending for c in checked), f" (in {len(checked)} searches, one per setup)")
     return study_exit_code(study, paths.store, failed, finished)
 
 

@@ -29,8 +29,8 @@ from matplotlib.ticker import FixedLocator, NullFormatter
 
 from calib.report.figure_options import figure_options
 
-__all__ = ["plot_bars", "plot_critical_difference", "plot_gamma_sensitivity", "plot_metric_against", "plot_reliability",
-           "plot_retention", "plot_slices", "save_figure", "tick_label_overlaps"]
+__all__ = ["plot_bars", "plot_critical_difference", "plot_gamma_sensitivity", "plot_history", "plot_metric_against",
+           "plot_reliability", "plot_retention", "plot_slices", "save_figure", "tick_label_overlaps"]
 
 F = TypeVar("F", bound=Callable[..., Path])
 
@@ -403,4 +403,24 @@ def plot_slices(values: pd.DataFrame, objective: str, path: str | os.PathLike, *
         fig.colorbar(points, ax=axes, label="trial", fraction=0.04, pad=0.02)
     if title:
         fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+@_styled
+def plot_history(values: pd.Series, objective: str, path: str | os.PathLike, *, minimize: bool = True,
+                 title: str = "") -> Path:
+    """A search's optimisation history: each trial's objective (``values``, indexed by trial number, in order)
+    and the best so far."""
+    fig, ax = plt.subplots(figsize=_figure_size(3.2, 2.4), layout="constrained")
+    numbers = np.asarray(values.index, dtype=float)
+    objective_values = values.to_numpy(dtype=float)
+    best = np.fmin.accumulate(objective_values) if minimize else np.fmax.accumulate(objective_values)
+    ax.scatter(numbers, objective_values, s=14, color="tab:blue", edgecolors="0.3", linewidths=0.4, label="trial")
+    ax.step(numbers, best, where="post", color="tab:red", label="best so far")
+    ax.set_xlabel("Optuna trial")
+    ax.set_ylabel(objective)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
     return save_figure(fig, path)

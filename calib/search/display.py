@@ -56,11 +56,15 @@ class ProgressDisplay:
         stream: where to print (default ``sys.stdout``).
         interactive: rewrite one line in place; default: whether ``stream`` is a terminal.
         clock: seconds, monotonic (tests pass a fake clock).
+        replicates: how many rows each Optuna trial runs (a replicated search); above 1 the best is the value
+            Optuna was told (:meth:`trial_told`: their aggregate), not one row's.
     """
 
     def __init__(self, study: str, total: int, objective: str, *, stream: TextIO | None = None,
-                 interactive: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 interactive: bool | None = None, clock: Callable[[], float] = time.monotonic,
+                 replicates: int = 1) -> None:
         self.study, self.total, self.objective = study, total, objective
+        self.replicates = replicates
         self.stream = stream if stream is not None else sys.stdout
         self.interactive = self.stream.isatty() if interactive is None else interactive
         self.clock = clock
@@ -92,12 +96,25 @@ class ProgressDisplay:
                 self.waiting.pop(key, None)
 
     def trial_finished(self, key: str, calib_id: str, value: float | None) -> None:
-        """A trial stored its row; ``value`` is its objective (None if it has none)."""
+        """A trial stored its row; ``value`` is its objective (None if it has none; a replicate's is not the
+        objective: :meth:`trial_told` is)."""
         self._ended(key)
         self.done += 1
-        if value is not None and math.isfinite(value) and (self.best is None or self.sign * value > self.best[0]):
-            self.best = (self.sign * value, calib_id)
+        if self.replicates == 1:
+            self._better(value, calib_id)
         self._update()
+
+    def trial_told(self, number: int, value: float) -> None:
+        """Optuna was told ``value`` for its trial ``number``: a replicated search's objective (the aggregate
+        of its replicates), the best the progress line shows."""
+        if self._better(value, f"trial #{number}, {self.replicates} replicates"):
+            self._update()
+
+    def _better(self, value: float | None, what: str) -> bool:
+        if value is not None and math.isfinite(value) and (self.best is None or self.sign * value > self.best[0]):
+            self.best = (self.sign * value, what)
+            return True
+        return False
 
     def trial_pruned(self, key: str) -> None:
         """A scheduler stopped the trial early."""

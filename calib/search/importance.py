@@ -1,8 +1,10 @@
-"""Parameter importances (fANOVA) and slice plots of a finished search, rebuilt from the store.
+"""Parameter importances (fANOVA), slice and history plots of a finished search, rebuilt from its trials.
 
-The search's trials are re-created as an in-memory Optuna study (parameters from the store's typed
-columns, the validation objective as value), so importances can be computed for any search in the
-store, also one whose Ray driver is long gone.
+The search's trials are re-created as an in-memory Optuna study (parameters from typed columns, the
+validation objective as value), so importances can be computed for any search in the store, also one
+whose Ray driver is long gone. A search passes one row per Optuna trial with the value Optuna saw
+(:func:`calib.search.chosen.completed_trials`: a replicated search's aggregate over its replicates),
+so the importances, slices and history are those of the objective the search optimised.
 
 A search's trials are stored before this report runs, so the report never fails: where importances
 or the plot cannot be made (one trial, equal objective values, nothing varied, NaN objectives), the
@@ -141,24 +143,48 @@ def _slice_plot(rows: pd.DataFrame, space: SearchSpace, objective: str, path: Pa
         return None
 
 
+def _history_plot(rows: pd.DataFrame, objective: str, path: Path, notes: list[str]) -> Path | None:
+    """The optimisation history at ``path`` (its suffix the figure format's): each Optuna trial's objective and the
+    best so far; the path written, or None with a note saying why it was not drawn."""
+    # lazy: calib.report.figures imports matplotlib, seconds; only a figure needs it
+    from calib.report.figures import plot_history
+
+    if rows.empty:
+        notes.append("history plot not drawn: no trial to plot")
+        return None
+    numbers = rows["search_trial"] if "search_trial" in rows else pd.Series(range(len(rows)), index=rows.index)
+    values = pd.Series(rows[objective].to_numpy(dtype=float), index=numbers.to_numpy())
+    try:
+        return plot_history(values, objective, path, minimize=not higher_is_better(objective.split("_", 1)[1]))
+    except Exception as err:  # a figure never stops the report: the table is written all the same
+        notes.append(f"history plot not drawn: {type(err).__name__}: {err}".splitlines()[0])
+        return None
+
 def importance_report(
-    trials: pd.DataFrame, space: SearchSpace, objective: str, out: str | os.PathLike, name: str
+    trials: pd.DataFrame, space: SearchSpace, objective: str, out: str | os.PathLike, name: str,
+    value: str = "",
 ) -> ImportanceReport:
-    """fANOVA importances of the parameters for ``objective`` and a slice plot, written under ``out``
-    as ``<name>_importances.md`` and ``<name>_slices.<format>`` (``--format``). Never raises for degenerate
-    trials: what cannot be made is named in ``notes``."""
+    """fANOVA importances of the parameters for ``objective``, a slice plot and an optimisation-history plot of
+    ``trials`` (one row per Optuna trial, in trial order: ``search_trial`` when it has one), written under ``out``
+    as ``<name>_importances.md``, ``<name>_slices.<format>`` and ``<name>_history.<format>`` (``--format``).
+    ``value``: what a trial's value is, when not one run's (``"each the mean of 2 replicates"``). Never raises for
+    degenerate trials: what cannot be made is named in ``notes``."""
     report = ImportanceReport()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if "search_trial" in trials:
+        trials = trials.sort_values("search_trial", kind="stable")
     rows = _usable(trials, space, objective, report.notes)
     report.importances = _fanova(rows, space, objective, report.notes)
-    drawn = _slice_plot(rows, space, objective, out / f"{name}_slices.png", report.notes)
+    drawn = [path for path in (_slice_plot(rows, space, objective, out / f"{name}_slices.png", report.notes),
+                               _history_plot(rows, objective, out / f"{name}_history.png", report.notes)) if path]
     table = out / f"{name}_importances.md"
-    lines = [f"fANOVA importance of each parameter for {objective} ({len(rows)} trials)", ""]
+    lines = [f"fANOVA importance of each parameter for {objective} ({len(rows)} trials"
+             f"{', ' + value if value else ''})", ""]
     if report.importances:
         lines += ["| parameter | importance |", "|---|---|"]
         lines += [f"| {key} | {value:.3f} |" for key, value in report.importances.items()]
     lines += [f"- {note}" for note in report.notes]
     table.write_text("\n".join(lines) + "\n")
-    report.files = [table, drawn] if drawn else [table]
+    report.files = [table, *drawn]
     return report

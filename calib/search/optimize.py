@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -273,16 +274,35 @@ class _Synced:
     resumed: list[tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=list)
 
 
+def _checked_copy(store: str, study: str) -> Any:
+    """An in-memory copy of the search's Optuna study (empty when the store has no journal of it): what
+    ``--check-only`` syncs with the store and counts, so that it writes nothing (no journal, no folder)."""
+    # lazy: these import optuna (seconds to import): loaded only when a study runs
+    import optuna
+
+    from calib.search.journal import journal_location, optuna_storage
+
+    memory = optuna.storages.InMemoryStorage()
+    if storage.exists(journal_location(store, study)):
+        try:  # reading the journal writes nothing to it
+            optuna.copy_study(from_study_name=study, from_storage=optuna_storage(store, study), to_storage=memory)
+        except KeyError:  # a journal without this study (an empty file): as if there were none
+            pass
+    return memory
+
+
 def _resumed_study(store: str, study: str, space: SearchSpace, objectives: Sequence[str], modes: Sequence[str],
-                   sampler: str, seed: int, tpe_window: int, replicates: Replicates) -> _Synced:
+                   sampler: str, seed: int, tpe_window: int, replicates: Replicates, check_only: bool = False
+                   ) -> _Synced:
     """The search's journal and Optuna study, synced with the store: the stored finished trials (``ok`` and
     ``pruned``) are told to the sampler; a replicated search also resumes the trials a killed run left
-    running (:func:`calib.search.searcher.sync_replicated_with_store`)."""
+    running (:func:`calib.search.searcher.sync_replicated_with_store`). ``check_only``: the same on an in-memory
+    copy of the journal (:func:`_checked_copy`), nothing written."""
     # lazy: these import ray and optuna (seconds to import): loaded only when a study runs
     from calib.search.journal import optuna_storage
     from calib.search.searcher import _stored_values, sync_replicated_with_store, sync_with_store
 
-    journal = optuna_storage(store, study)
+    journal = _checked_copy(store, study) if check_only else optuna_storage(store, study)
     optuna_study = _open_study(store, study, objectives, modes, None, journal, replicates)
     # A resumed search must not replay the first run's random draws: its sampler seed also depends on
     # the trials the study already holds (deterministic for a given history).
@@ -290,7 +310,7 @@ def _resumed_study(store: str, study: str, space: SearchSpace, objectives: Seque
     finished = read_trials(store, study=study, filters=pads.field("status").isin(["ok", "pruned"]),
                            columns=["trial_id", "status", "config_json", "pruned_epoch", *objectives])
     distributions = space.optuna_space()
-    with journal.batched():  # one journal append for all the trials told
+    with contextlib.nullcontext() if check_only else journal.batched():  # one journal append for all trials told
         if len(replicates) == 1:
             told = sync_with_store(optuna_study, finished, distributions, objectives)
             synced = _Synced(journal, optuna_study, distributions, told, len(finished), set(finished["trial_id"]))
@@ -299,8 +319,17 @@ def _resumed_study(store: str, study: str, space: SearchSpace, objectives: Seque
                                                               modes, replicates)
             synced = _Synced(journal, optuna_study, distributions, told, len(known), known,
                              _stored_values(finished, objectives), resumed)
-    journal.snapshot_if_due()  # the next run replays only what this one adds
+    if not check_only:
+        journal.snapshot_if_due()  # the next run replays only what this one adds
     return synced
+
+
+def _replicate_runs(remaining: int, synced: _Synced, replicates: Replicates) -> int:
+    """The store rows a search run runs: each resumed Optuna trial's replicates not stored yet (they run first),
+    then every replicate of each new one."""
+    resumed = synced.resumed[:remaining]
+    missing = sum(sum(i not in synced.stored_values for i in replicates.ids(params)) for _, params in resumed)
+    return missing + (remaining - len(resumed)) * len(replicates)
 
 
 def _remaining(num_trials: int, stored: int, space: SearchSpace, notes: list[str]) -> int:
@@ -408,35 +437,43 @@ def run_search(
         raise ConfigError(f"--scheduler {scheduler.name} stops single trials: it needs --replicates 1 and one setup, "
                           f"got {len(replicates)} replicates.")
     configs_per_trial = options.configs_per_trial or (1 if stage1_keys else DEFAULT_CONFIGS_PER_TRIAL)
-    synced = _resumed_study(store, study, space, objectives, modes, sampler, seed, tpe_window, replicates)
+    synced = _resumed_study(store, study, space, objectives, modes, sampler, seed, tpe_window, replicates,
+                            check_only=options.check_only)
     remaining = _remaining(num_trials, synced.finished, space, notes)
+    runs = _replicate_runs(remaining, synced, replicates)
+    replicated = len(replicates) > 1
     if options.verbose:
-        print(f"[{study}] {num_trials} trials: {synced.finished} already in the store"
+        print(f"[{study}] {num_trials} trials"
+              + (f" × {len(replicates)} replicates" if replicated else "")
+              + f": {synced.finished} already in the store"
               + (f" ({synced.told} told to the sampler now)" if synced.told else "")
               + (f" ({len(synced.resumed)} of them resumed)" if synced.resumed else "")
-              + (f" · {len(replicates)} replicates each" if len(replicates) > 1 else "")
-              + f", {remaining} to run" + (f", {configs_per_trial} per Ray trial" if configs_per_trial > 1 else "")
+              + f", {remaining} to run" + (f" ({runs} replicate trials)" if replicated else "")
+              + (f", {configs_per_trial} per Ray trial" if configs_per_trial > 1 else "")
               + (f" · scheduler {scheduler.name}" if scheduler.name != "none" else ""), flush=True)
         for note in notes:
             print(f"[{study}] {note}", flush=True)
     if options.check_only:
-        return CheckedOnly(study, remaining)
+        return CheckedOnly(study, runs, f" ({remaining} Optuna trials × {len(replicates)} replicates)"
+                           if replicated else "")
     if remaining == 0:
         compact_study_store(store, study, verbose=options.verbose)
         return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=synced.finished,
                         seconds=time.perf_counter() - start)
+    display = ProgressDisplay(study, runs, objectives[0],
+                              replicates=len(replicates)) if options.verbose else None
     searcher = PopulationSearcher(
         synced.study, synced.distributions, objectives=objectives, modes=modes, budget=remaining,
         configs_per_trial=configs_per_trial, calib_id_of=lambda params: trial_id(replicates.config(params)),
         stored=synced.known,
         stored_results=lambda ids: stored_summaries(store, study, ids),
         replicate_ids=replicates.ids, aggregate=replicates.how, stored_values=synced.stored_values,
-        resumed=synced.resumed)
+        resumed=synced.resumed,
+        on_told=(lambda number, values: display.trial_told(number, values[0])) if display else None)
     init_ray(options.address)
     if options.address is not None:  # a cluster: some node must fit each trial (or join within the wait)
         wait_for_resources(options)
     record_manifest(store, study, manifest)
-    display = ProgressDisplay(study, remaining * len(replicates), objectives[0]) if options.verbose else None
     tuner = _search_tuner(replicates, store, study, options, searcher,
                           scheduler.make(objectives[0], modes[0], parse_trial_config(probe).stage1.epochs),
                           -(-remaining * len(replicates) // configs_per_trial), display,

@@ -151,7 +151,8 @@ class PopulationSearcher(Searcher):
     whose id is in ``stored_values`` (its objective values in the store) is not run again. ``resumed``: the
     (number, params) of Optuna trials a killed search left running, run again first (their missing replicates
     only) and told by number. ``stored_results(ids)``: the summaries of those ids stored ``ok``, read when a
-    Tune trial errors (its configs that were stored before the error count).
+    Tune trial errors (its configs that were stored before the error count). ``on_told(number, values)``: called
+    with each Optuna trial told COMPLETE and its values (the progress line's best, :mod:`calib.search.display`).
     """
 
     def __init__(self, study: optuna.Study, space: dict[str, BaseDistribution], *, objectives: Sequence[str],
@@ -160,7 +161,8 @@ class PopulationSearcher(Searcher):
                  stored_results: Callable[[list[str]], dict[str, dict[str, Any]]] | None = None,
                  replicate_ids: Callable[[dict[str, Any]], list[str]] | None = None, aggregate: str = "mean",
                  stored_values: Mapping[str, list[float]] | None = None,
-                 resumed: Sequence[tuple[int, dict[str, Any]]] = ()) -> None:
+                 resumed: Sequence[tuple[int, dict[str, Any]]] = (),
+                 on_told: Callable[[int, list[float]], None] | None = None) -> None:
         single = len(objectives) == 1
         super().__init__(metric=objectives[0] if single else list(objectives), mode=modes[0] if single else list(modes))
         self.study, self.space = study, space
@@ -176,6 +178,7 @@ class PopulationSearcher(Searcher):
         self.stored_results = stored_results
         self.repeats = 0
         self._resumed = list(resumed)
+        self.on_told = on_told
         self._queue: list[_Unit] = []
         self._asked: dict[int, _Asked] = {}
         self._live: dict[str, list[_Unit]] = {}
@@ -260,6 +263,8 @@ class PopulationSearcher(Searcher):
             return
         values = aggregate_values(asked.values, self.aggregate, self.modes)
         _tell(self.study, target, values if len(values) > 1 else values[0])
+        if self.on_told is not None:
+            self.on_told(number, values)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         population = self._live.pop(trial_id, [])

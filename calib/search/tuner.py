@@ -33,9 +33,11 @@ class CheckedOnly:
     study: str
     pending: int
     """The trials the run would start."""
+    detail: str = ""
+    """What they are, when more than a count says (a replicated search: `` (4 Optuna trials × 2 replicates)``)."""
 
     def __str__(self) -> str:
-        return f"[{self.study}] checked: {self.pending} trials to run; nothing was started (--check-only)"
+        return f"[{self.study}] checked: {self.pending} trials to run{self.detail}; nothing was started (--check-only)"
 
 
 def trial_dirname(trial: Any) -> str:

@@ -1,8 +1,11 @@
 """A config as a table row in a file: what a search writes of its choice, and what ``--row FILE [LABEL]`` reads.
 
 The file (YAML) holds ``label``, ``method``, ``loss`` and ``stage1`` (the row's fields: a method and loss by
-name with the fields the search set, the Stage-I changes), and ``search`` (where it came from, not read).
-A table study runs it as one of its rows, on its own preset, setups and seeds, like its default rows.
+name with the fields the search set, the Stage-I changes), ``tuning_seeds`` (the seeds the search chose it on)
+and ``configs_tried`` (how many configs it was chosen among), and ``search`` (where it came from, not read).
+A table study runs it as one of its rows, on its own preset, setups and seeds, like its default rows; a run on
+any of its tuning seeds is refused (a row scored on the seeds it was tuned on looks better than it is) unless
+``--allow-tuning-seeds``. A file written before the tuning seeds were recorded has none to check: a note says so.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from calib.config import parse_trial_config
 from calib.presets import PRESETS, base_config
 from calib.registries import LOSSES, METHODS
 from calib.study.row import Row
+from calib.study.sources import preset_of
 
-__all__ = ["ROW_FILE_KEYS", "add_row_args", "default_row", "file_rows", "read_row_file", "row_control", "row_of_config",
-           "write_row_file"]
+__all__ = ["ROW_FILE_KEYS", "add_row_args", "check_tuning_seeds", "default_row", "file_rows", "read_row_file",
+           "row_of_config", "tuning_seeds", "write_row_file"]
 
-ROW_FILE_KEYS = ("label", "method", "loss", "stage1", "search")
+ROW_FILE_KEYS = ("label", "method", "loss", "stage1", "tuning_seeds", "configs_tried", "search")
 SECTIONS = ("method", "loss", "stage1")
 
 
@@ -54,10 +58,13 @@ def default_row(row: Row, rows: Mapping[str, Row]) -> tuple[str, Row]:
     return f"{METHODS.get(row.method['name']).label or row.method['name']} (defaults)", plain
 
 
-def write_row_file(path: Path, label: str, row: Row, search: Mapping[str, Any]) -> Path:
-    """Write ``row`` as a row file at ``path`` (folders made) and return it."""
+def write_row_file(path: Path, label: str, row: Row, search: Mapping[str, Any], *,
+                   tuning_seeds: Sequence[int] = (), configs_tried: int | None = None) -> Path:
+    """Write ``row`` as a row file at ``path`` (folders made) and return it: ``tuning_seeds``, the seeds the search
+    chose it on, ``configs_tried``, how many configs it was chosen among."""
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"label": label, "method": dict(row.method), "loss": dict(row.loss), "stage1": dict(row.stage1),
+            "tuning_seeds": sorted({int(s) for s in tuning_seeds}), "configs_tried": configs_tried,
             "search": dict(search)}
     header = ("# A searched config as a table row (docs/studies/search.md#from-a-search-to-a-table):\n"
               f"#   python studies/compare_methods.py --row {path} [LABEL]\n")
@@ -77,9 +84,8 @@ def _check_fields(path: str, row: Row) -> None:
         raise ConfigError(f"--row {path}: {err}") from None
 
 
-def read_row_file(path: str, label: str | None = None) -> tuple[str, Row]:
-    """The (label, row) of a row file (``label``: instead of the file's); a ``ConfigError`` naming the file and
-    what is wrong with it."""
+def _load(path: str) -> dict[str, Any]:
+    """The mapping a row file holds; a ``ConfigError`` naming the file when it is not one of known keys."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as err:
@@ -92,6 +98,24 @@ def read_row_file(path: str, label: str | None = None) -> tuple[str, Row]:
     if unknown:
         raise ConfigError(f"--row {path}: unknown key(s) {', '.join(map(str, unknown))}; a row file has "
                           f"{', '.join(ROW_FILE_KEYS)}.")
+    return data
+
+
+def tuning_seeds(path: str) -> list[int] | None:
+    """The seeds the row file's config was tuned on (None: a file written before they were recorded); a
+    ``ConfigError`` when its ``tuning_seeds`` is not a list of integers."""
+    seeds = _load(path).get("tuning_seeds")
+    if seeds is None:
+        return None
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError(f"--row {path}: `tuning_seeds` must be a list of integer seeds, got {seeds!r}.")
+    return seeds
+
+
+def read_row_file(path: str, label: str | None = None) -> tuple[str, Row]:
+    """The (label, row) of a row file (``label``: instead of the file's); a ``ConfigError`` naming the file and
+    what is wrong with it."""
+    data = _load(path)
     for section in SECTIONS:
         if not isinstance(data.get(section, {}), dict):
             raise ConfigError(f"--row {path}: `{section}` must be a mapping of its fields, got {data[section]!r}.")
@@ -119,14 +143,18 @@ class _RowAction(argparse.Action):
 
 
 def add_row_args(parser: argparse.ArgumentParser) -> None:
-    """``--row FILE [LABEL]`` (repeatable): a row file (a search's choice) as one more row of the table."""
+    """``--row FILE [LABEL]`` (repeatable): a row file (a search's choice) as one more row of the table;
+    ``--allow-tuning-seeds``: run it on the seeds it was tuned on too."""
     parser.add_argument("--row", nargs="+", action=_RowAction, default=[], metavar="FILE [LABEL]",
                         help="also run this row file as a row of the table (a search's chosen config: "
-                             "studies/search.py writes it), labelled LABEL or the file's label; repeatable")
+                             "studies/search.py writes it), labelled LABEL or the file's label; repeatable. Refused "
+                             "on the seeds the file was tuned on (its tuning_seeds)")
+    parser.add_argument("--allow-tuning-seeds", action="store_true",
+                        help="run --row files on the seeds they were tuned on too (their numbers there are biased "
+                             "towards them)")
 
 
-def file_rows(args: argparse.Namespace) -> list[tuple[str, Row]]:
-    """The (label, row) of each ``--row`` file, read and checked (a ``ConfigError`` naming the bad file)."""
+def _read_rows(args: argparse.Namespace) -> list[tuple[str, Row]]:
     out = []
     for entry in getattr(args, "row", None) or []:
         try:
@@ -136,11 +164,27 @@ def file_rows(args: argparse.Namespace) -> list[tuple[str, Row]]:
     return out
 
 
-def row_control(args: argparse.Namespace, rows: Mapping[str, Row]) -> str | None:
-    """The row the ``--row`` rows are marked against (▲/▼): the default row of the first file's method and
-    loss, when it is among ``rows``; None without ``--row``."""
-    files = file_rows(args)
-    if not files:
-        return None
-    label, _ = default_row(files[0][1], rows)
-    return label if label in rows else None
+def check_tuning_seeds(args: argparse.Namespace) -> None:
+    """A ``ConfigError`` naming a ``--row`` file and the seeds of this run it was tuned on (unless
+    ``--allow-tuning-seeds``); a note for a file that records none."""
+    seeds = args.seeds or list(preset_of(args).seeds)
+    for path, *_ in getattr(args, "row", None) or []:
+        tuned = tuning_seeds(path)
+        if tuned is None:
+            print(f"[{args.study}] note: --row {path} records no tuning seeds (written before row files did), so "
+                  f"nothing checks that --seeds {' '.join(map(str, seeds))} are not the ones it was tuned on")
+            continue
+        overlap = sorted(set(tuned) & set(seeds))
+        if overlap and not getattr(args, "allow_tuning_seeds", False):
+            raise ConfigError(
+                f"--row {path} was tuned on seeds {' '.join(map(str, tuned))}, and this run's seeds include "
+                f"{' '.join(map(str, overlap))}: a row scored on the seeds it was tuned on looks better than it is. "
+                f"Give --seeds without them, or --allow-tuning-seeds to run it there anyway.")
+
+
+def file_rows(args: argparse.Namespace) -> list[tuple[str, Row]]:
+    """The (label, row) of each ``--row`` file, read and checked (a ``ConfigError`` naming the bad file, or one
+    tuned on a seed of this run: :func:`check_tuning_seeds`)."""
+    out = _read_rows(args)
+    check_tuning_seeds(args)
+    return out

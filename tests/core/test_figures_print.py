@@ -109,9 +109,14 @@ def _search_report(path):
     return report.files[1]
 
 
+def _history(path):
+    values = pd.Series([0.12, 0.09, 0.11, 0.07, 0.08, 0.065] * 5, index=range(30))
+    return figures.plot_history(values, "val_ece", path, title="search_mac_cal")
+
+
 FIGURES = {"gamma_sensitivity": _gamma, "retention": _retention, "log_axis": _log_axis,
            "wide_log_axis": _wide_log_axis, "reliability": _reliability, "bars": _bars,
-           "critical_difference": _critical_difference, "slices": _slices}
+           "critical_difference": _critical_difference, "slices": _slices, "history": _history}
 
 
 @pytest.mark.parametrize("width", ["column", "page"])

@@ -160,3 +160,24 @@ def test_on_a_terminal_the_line_counts_the_waiting_configs_and_the_longest_wait_
     progress.trial_failed("q", "id-q", "Stage1WaitTimeout: gave up after 5 s")
     progress.stage1_event("q", WAITING, "trial id-q", "")  # arrived after its trial ended: not counted
     assert progress.waiting == {} and "waiting" not in out.getvalue().rsplit("\r\033[K", 1)[1]
+
+
+def test_a_replicated_search_shows_the_best_objective_not_a_replicate():
+    # The issue's search: replicates 6.88% and 11.04% make Optuna trial #0's mean 8.96%; the best is 8.96% (#0),
+    # not the better replicate; trial #1 (9.50% and 9.30%: 9.40%) does not beat it, trial #2 (7.12%) does.
+    out, clock = io.StringIO(), FakeClock()
+    progress = ProgressDisplay("demo", 4, "val_ece", stream=out, interactive=False, clock=clock, replicates=2)
+    progress.trial_started("a", 2)
+    progress.trial_finished("a", "id-a1", 0.0688)
+    progress.trial_finished("a", "id-a2", 0.1104)
+    assert "best" not in out.getvalue()  # a replicate's value is not the objective
+    progress.trial_told(0, (0.0688 + 0.1104) / 2)
+    assert out.getvalue().splitlines()[-1] == ("[demo] 2/4 done · 0 running · 0 failed · best val_ece 8.96% "
+                                               "(trial #0, 2 replicates) · 0s elapsed · ETA 0s")
+    progress.trial_started("b", 2)
+    progress.trial_finished("b", "id-b1", 0.0950)
+    progress.trial_finished("b", "id-b2", 0.0930)
+    progress.trial_told(1, 0.0940)
+    assert "best val_ece 8.96% (trial #0, 2 replicates)" in out.getvalue().splitlines()[-1]
+    progress.trial_told(2, 0.0712)
+    assert "best val_ece 7.12% (trial #2, 2 replicates)" in out.getvalue().splitlines()[-1]

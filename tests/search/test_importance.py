@@ -39,7 +39,7 @@ def test_importance_ranks_the_driving_parameter_first(tmp_path):
     assert abs(sum(importances.values()) - 1.0) < 1e-9
     assert report.notes == []
     assert files[0].read_text().startswith("fANOVA importance of each parameter for val_ece (40 trials)")
-    assert files[1].read_bytes()[:4] == b"\x89PNG"
+    assert files[1].read_bytes()[:4] == b"\x89PNG" and files[2].read_bytes()[:4] == b"\x89PNG"
 
 
 # ------------------------------------------------------------------- degenerate searches never raise
@@ -73,7 +73,7 @@ def test_equal_objective_values_the_issues_search(tmp_path):
     assert report.importances == {}
     assert report.notes == ["importances not computed: every trial has val_ece = 0.0731, so no parameter "
                             "explains any of its variance"]
-    assert [f.name for f in report.files] == ["demo_importances.md", "demo_slices.png"]
+    assert [f.name for f in report.files] == ["demo_importances.md", "demo_slices.png", "demo_history.png"]
 
 
 def test_one_trial(tmp_path):
@@ -85,7 +85,7 @@ def test_one_trial(tmp_path):
 def test_no_trial(tmp_path):
     report = degenerate(tmp_path, clip_rows([]))
     assert report.notes == ["importances not computed: they need 2 trials with a finite val_ece, got none",
-                            "slice plot not drawn: no trial to plot"]
+                            "slice plot not drawn: no trial to plot", "history plot not drawn: no trial to plot"]
     assert [f.name for f in report.files] == ["demo_importances.md"]
 
 
@@ -115,3 +115,29 @@ def test_a_categorical_parameter_with_one_value(tmp_path):
                                                                      "choices": [0.2]}}})
     nothing = degenerate(tmp_path, rows, only)
     assert nothing.notes == ["importances not computed: no parameter took two different values"]
+
+
+def test_a_replicated_search_is_counted_and_plotted_per_optuna_trial(tmp_path, monkeypatch):
+    # One row per Optuna trial (calib.search.chosen.completed_trials), out of order, with the value Optuna saw.
+    from calib.report import figures
+
+    trials = store_rows(12).assign(search_trial=[5, 0, 3, 1, 2, 4, 11, 6, 9, 7, 8, 10])
+    seen = {}
+    draw_slices, draw_history = figures.plot_slices, figures.plot_history
+
+    def slices(values, objective, path, **kwargs):
+        seen["slice"] = list(enumerate(values[objective]))
+        return draw_slices(values, objective, path, **kwargs)
+
+    def history(values, objective, path, **kwargs):
+        seen["history"] = list(zip(values.index, values, strict=True))
+        return draw_history(values, objective, path, **kwargs)
+
+    monkeypatch.setattr(figures, "plot_slices", slices)
+    monkeypatch.setattr(figures, "plot_history", history)
+    report = importance_report(trials, SPACE, "val_ece", tmp_path, "demo", "each the mean of 2 replicates")
+    assert report.files[0].read_text().startswith(
+        "fANOVA importance of each parameter for val_ece (12 trials, each the mean of 2 replicates)")
+    in_order = trials.sort_values("search_trial")["val_ece"].tolist()
+    assert seen["slice"] == seen["history"] == list(enumerate(in_order))  # one point per Optuna trial, in order
+    assert [f.name for f in report.files] == ["demo_importances.md", "demo_slices.png", "demo_history.png"]

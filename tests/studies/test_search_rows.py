@@ -1,16 +1,19 @@
 """From a search to a table: a replicated search stores each replicate as a row with its Optuna trial's number and
-tells Optuna their aggregate; it writes its choice as a row file that compare_methods.py runs as a row (the same
-config); --confirm runs it on seeds the search never used, marked against the default row; a bad row file exits 2."""
+tells Optuna their aggregate; its importances, plots and progress line are on that aggregate, one point per Optuna
+trial; it writes its choice as a row file that compare_methods.py runs as a row (the same config); --confirm runs it
+on seeds the search never used, marked against the default row; --check-only on it changes nothing; a bad row file
+exits 2."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from in_process import run_refused, run_study
+from in_process import run_refused, run_study, study_module
 
 from calib.search.journal import optuna_storage
 from calib.store import read_trials
@@ -19,13 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 HEAD_SPACE = ROOT / "search_spaces" / "mac_cal_head.yaml"
 STUDY = "search_mac_cal_head"
 TINY = ["--epochs", "2", "--stage2-epochs", "2"]
+SEARCH = ["--space", str(HEAD_SPACE), "--replicates", "2", "--num-trials", "3", "--confirm", "2", "--seeds", "1", "2",
+          "3", *TINY]
 
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     store = tmp_path_factory.mktemp("search_rows") / "results"
-    out = run_study("search.py", "--space", str(HEAD_SPACE), "--replicates", "2", "--num-trials", "3",
-                    "--confirm", "2", "--seeds", "1", "2", "3", "--store", str(store), *TINY)
+    out = run_study("search.py", *SEARCH, "--store", str(store))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return store, out
 
@@ -80,6 +84,53 @@ def test_confirm_runs_on_seeds_the_search_never_used(searched):
     label = yaml.safe_load((store / "rows" / f"{STUDY}.yaml").read_text())["label"]
     assert set(confirmed["label"]) == {"MaC-Cal", label}
     assert "significantly better / worse than MaC-Cal by a paired bootstrap over the 2 seeds and the" in out.stdout
+
+
+def complete_trials(store: Path) -> list:
+    opened = optuna.load_study(study_name=STUDY, storage=optuna_storage(str(store), STUDY))
+    return [t for t in opened.trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+
+@pytest.mark.ray
+def test_importances_are_counted_on_optuna_trials_and_equal_optunas(searched):
+    store, _ = searched
+    table = (store / "report" / f"{STUDY}_importances.md").read_text()
+    assert table.startswith("fANOVA importance of each parameter for val_ece (3 trials, each the mean of 2 "
+                            "replicates)"), table
+    ours = {key: float(value) for key, value in re.findall(r"^\| (\S+) \| ([0-9.]+) \|$", table, re.M)}
+    assert ours and abs(sum(ours.values()) - 1) < 5e-3
+    opened = optuna.load_study(study_name=STUDY, storage=optuna_storage(str(store), STUDY))
+    optunas = optuna.importance.get_param_importances(
+        opened, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), params=list(ours))
+    assert ours == pytest.approx(optunas, abs=5e-4)  # the table's 3 decimals
+    assert (store / "report" / f"{STUDY}_history.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.ray
+def test_the_progress_best_is_the_objective(searched):
+    store, out = searched
+    best = min(complete_trials(store), key=lambda t: (t.value, t.number))
+    lines = [line for line in out.stdout.splitlines() if line.startswith(f"[{STUDY}] ") and "done ·" in line]
+    shown = [m.group(1) for line in lines if (m := re.search(r"best val_ece (\S+) \(", line))]
+    assert shown and all(not re.search(r"best val_ece \S+ \((?!trial #)", line) for line in lines)
+    assert f"best val_ece {best.value:.2%} (trial #{best.number}, 2 replicates)" in lines[-1], lines[-1]
+    assert set(shown) <= {f"{t.value:.2%}" for t in complete_trials(store)}  # never one replicate's value
+
+
+@pytest.mark.ray
+def test_check_only_on_a_searched_store_changes_nothing(searched, monkeypatch, capsys):
+    import calib.search.grid as grid
+    import calib.search.optimize as optimize
+
+    store, _ = searched
+    before = {p: p.stat().st_mtime_ns for p in store.rglob("*")}
+    for module in (grid, optimize):
+        monkeypatch.setattr(module, "init_ray", lambda *a, **k: pytest.fail("Ray was started"))
+    capsys.readouterr()
+    assert study_module("search.py").main([*SEARCH, "--store", str(store), "--check-only"]) == 0
+    out = capsys.readouterr().out
+    assert f"[{STUDY}] 3 trials × 2 replicates: 3 already in the store, 0 to run (0 replicate trials)" in out
+    assert {p: p.stat().st_mtime_ns for p in store.rglob("*")} == before
 
 
 @pytest.mark.parametrize(("text", "message"), [
