@@ -227,6 +227,19 @@ def run_file(path: str, methods: list[Method], seed: int, references: bool) -> d
     return gaps
 
 
+def warm_up(references: bool) -> None:
+    """One small temperature-scaling fit of calib's and of each reference before the first timing: what they
+    import on first use (the registry's plugins, torch's optimiser machinery) takes seconds, under load a minute,
+    which the first row would otherwise count as its fit."""
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(3), size=60)
+    labels = np.arange(60) % 3
+    fit_calib("temperature_scaling", np.log(probs), labels, np.arange(60), np.arange(60))()
+    if references:
+        fit_reference(REFERENCES["TS"][1], probs, labels, np.arange(60), np.arange(60))()
+        fit_netcal_ts(probs, labels, np.arange(60), np.arange(60))()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("files", nargs="+", help="netcal-format .npz records (predictions, ground_truth)")
@@ -237,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     methods = rows(args.methods)
+    warm_up(not args.no_references)
     print(f"{time.strftime('%Y-%m-%d')} · {len(os.sched_getaffinity(0))} cores · torch threads "
           f"{torch.get_num_threads()} · load average {os.getloadavg()[0]:.1f}", flush=True)
     worst = 0.0

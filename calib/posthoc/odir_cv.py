@@ -152,8 +152,8 @@ def fit_odir(
                                  np.full(num_classes, penalty_scale(2 * bias_penalty))])
     rows, size = np.arange(n), num_classes * num_classes
 
-    def loss_grad_residual(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """L, ∂L/∂θ and softmax(W x + b) − onehot(y) at θ, in place in one (N, C) buffer."""
+    def loss_and_exps(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """L at θ, exp(W x + b − its row maxima) (N, C) in one buffer and its row sums: one matrix product."""
         weight, bias = theta[:size].reshape(num_classes, num_classes), theta[size:]
         buffer = x @ weight.T
         buffer += bias
@@ -161,19 +161,32 @@ def fit_odir(
         picked = buffer[rows, y]
         np.exp(buffer, out=buffer)
         total = buffer.sum(axis=1)
-        nll = float(np.mean(np.log(total) - picked))
         off = weight * off_mask
-        loss = nll + off_penalty * float(np.sum(off * off)) + bias_penalty * float(bias @ bias)
+        loss = float(np.mean(np.log(total) - picked)) + off_penalty * float(np.sum(off * off)) + bias_penalty * float(
+            bias @ bias)
+        return loss, buffer, total
+
+    def grad_residual(theta: np.ndarray, buffer: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """∂L/∂θ and softmax(W x + b) − onehot(y) from :func:`loss_and_exps`'s buffer (in place): the second."""
+        weight, bias = theta[:size].reshape(num_classes, num_classes), theta[size:]
         buffer /= total[:, None]
         buffer[rows, y] -= 1.0
-        grad_weight = (buffer.T @ x) / n + 2 * off_penalty * off
+        grad_weight = (buffer.T @ x) / n + 2 * off_penalty * (weight * off_mask)
         grad_bias = buffer.sum(axis=0) / n + 2 * bias_penalty * bias
-        return loss, np.concatenate([grad_weight.ravel(), grad_bias]), buffer
+        return np.concatenate([grad_weight.ravel(), grad_bias]), buffer
+
+    def loss_grad_residual(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """L, ∂L/∂θ and softmax(W x + b) − onehot(y) at θ, in place in one (N, C) buffer."""
+        loss, buffer, total = loss_and_exps(theta)
+        return loss, *grad_residual(theta, buffer, total)
 
     starts = [np.concatenate([np.asarray(weight, dtype=np.float64).ravel(), np.asarray(bias, dtype=np.float64)])
               for weight, bias in (init or [(np.eye(num_classes), np.zeros(num_classes))])]
-    (loss, grad, residual), start = min(((loss_grad_residual(start), start) for start in starts),
-                                        key=lambda pair: pair[0][0])
+    # the candidates compared by their loss alone; the gradient only at the one chosen
+    (loss, buffer, total), start = min(((loss_and_exps(start), start) for start in starts),
+                                       key=lambda pair: pair[0][0])
+    grad, residual = grad_residual(start, buffer, total)
+    squares, mean_squares = x * x, np.mean(x * x, axis=0)  # the Jacobi scaling's, once a fit
     stop_at = ODIR_STOP_MARGIN * grad_tolerance
 
     def scaled_round(theta: np.ndarray, scale: np.ndarray, evaluation: tuple[float, np.ndarray, np.ndarray],
@@ -206,8 +219,8 @@ def fit_odir(
         probs[rows, y] += 1.0
         iterations = min(ODIR_RESCALE_ITERATIONS * 2**rounds, max_iter - steps)
         previous_loss = evaluation[0]
-        theta, evaluation, done = scaled_round(theta, _jacobi_scale(x, probs, off_mask, off_penalty, bias_penalty),
-                                               evaluation, iterations)
+        scale = _jacobi_scale(squares, mean_squares, probs, off_mask, off_penalty, bias_penalty)
+        theta, evaluation, done = scaled_round(theta, scale, evaluation, iterations)
         steps, rounds = steps + done, rounds + 1
         if done < iterations and not evaluation[0] < previous_loss:
             break  # no progress (the line search at float precision): rescaling will not help
@@ -217,9 +230,10 @@ def fit_odir(
     return weight, theta[size:].copy(), LBFGSResult(loss, grad_max_abs, steps, grad_max_abs < grad_tolerance)
 
 
-def _jacobi_scale(x: np.ndarray, probs: np.ndarray, off_mask: np.ndarray, off_penalty: float,
-                  bias_penalty: float) -> np.ndarray:
-    """s = 1/sqrt(h) for θ = (W, b) of :func:`fit_odir`, h the Hessian's diagonal at p = ``probs``:
+def _jacobi_scale(squares: np.ndarray, mean_squares: np.ndarray, probs: np.ndarray, off_mask: np.ndarray,
+                  off_penalty: float, bias_penalty: float) -> np.ndarray:
+    """s = 1/sqrt(h) for θ = (W, b) of :func:`fit_odir`, h the Hessian's diagonal at p = ``probs``, from the
+    features' squares x² (N, C) and their column means:
     h(W_kj) = mean_i p_ik(1 − p_ik) x_ij² + 2λ/(C(C−1))·[k ≠ j], h(b_k) = mean_i p_ik(1 − p_ik) + 2μ/C, the NLL
     terms at least :data:`JACOBI_FLOOR` times their bound mean_i x_ij²/4 (1/4): where p is near one-hot (a sharp
     model, a poor start) the curvature there says little about the curvature on the way.
@@ -227,13 +241,13 @@ def _jacobi_scale(x: np.ndarray, probs: np.ndarray, off_mask: np.ndarray, off_pe
     The softmax is invariant to W + 1vᵀ and b + c·1. Where no penalty fixes that (λ = 0 for W, μ = 0 for b) the
     NLL terms are averaged over the rows k, so that the scaled steps, like the gradient, keep the column sums of W
     (the sum of b) of the start: the fit ends at the optimum an unscaled fit from the same start reaches."""
-    spread = probs * (1.0 - probs) / x.shape[0]
-    nll_weight, nll_bias = spread.T @ (x * x), spread.sum(axis=0)
+    spread = probs * (1.0 - probs) / squares.shape[0]
+    nll_weight, nll_bias = spread.T @ squares, spread.sum(axis=0)
     if off_penalty == 0:
         nll_weight = np.broadcast_to(nll_weight.mean(axis=0), nll_weight.shape)
     if bias_penalty == 0:
         nll_bias = np.full_like(nll_bias, nll_bias.mean())
-    weight_floor = JACOBI_FLOOR * np.mean(x * x, axis=0) / 4
+    weight_floor = JACOBI_FLOOR * mean_squares / 4
     curvature = np.concatenate([(np.maximum(nll_weight, weight_floor) + 2 * off_penalty * off_mask).ravel(),
                                 np.maximum(nll_bias, JACOBI_FLOOR / 4) + 2 * bias_penalty])
     return 1.0 / np.sqrt(np.maximum(curvature, np.finfo(np.float64).tiny))
@@ -262,6 +276,7 @@ def select_odir_weights(
     mus = mus if intercept_weight is None else [intercept_weight]
     folds = min(CV_FOLDS, len(y))
     splits = list(KFold(n_splits=folds, shuffle=True, random_state=CV_SEED).split(np.arange(len(y))))
+    fold_data = [(x[train], y[train], x[held], y[held]) for train, held in splits]  # copied once, not every fit
     scores: dict[tuple[float, float], float] = {}
     unconverged = 0
     previous_mu: dict[int, list[Any]] = {}  # each fold's solution at each λ of the previous μ
@@ -270,14 +285,14 @@ def select_odir_weights(
         starts, this_mu, best_walk, lambdas_above = [None] * folds, {}, math.inf, 0
         for position, off_diagonal in enumerate(lambdas):
             losses = []
-            for fold, (train, held) in enumerate(splits):
+            for fold, (x_train, y_train, x_held, y_held) in enumerate(fold_data):
                 candidates = [start for start in (starts[fold], previous_mu.get(position, [None] * folds)[fold])
                               if start is not None]
-                weight, bias, result = fit(x[train], y[train], off_diagonal, intercept, init=candidates,
+                weight, bias, result = fit(x_train, y_train, off_diagonal, intercept, init=candidates,
                                            grad_tolerance=CV_GRAD_TOLERANCE, max_iter=CV_MAX_ITER)
                 unconverged += not result.converged
                 starts[fold] = (weight, bias)
-                losses.append(_held_out_nll(x[held], y[held], weight, bias))
+                losses.append(_held_out_nll(x_held, y_held, weight, bias))
             this_mu[position] = list(starts)
             loss = scores[(off_diagonal, intercept)] = float(np.mean(losses))
             best_walk = min(best_walk, loss)

@@ -104,13 +104,16 @@ class TestParameterizedTemperatureScaling:
             loss = ((logits / temperature).softmax(1) - torch.nn.functional.one_hot(labels, 12)).square().mean()
             loss.backward()
             linears = [m for m in network if isinstance(m, nn.Linear)]
-            activations = pts_module._network_activations(linears, top.numpy())
+            layer_arrays = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in linears]
+            activations = pts_module._network_activations(layer_arrays, top.numpy())
             np.testing.assert_allclose(activations[-1], network(top).detach().numpy(), rtol=1e-13)
             value, temperature_grad = pts_module._mse_and_temperature_gradient(
-                logits.numpy(), logits.numpy().max(axis=1), labels.numpy(), temperature.detach().numpy()[:, 0])
+                logits.numpy() - logits.numpy().max(axis=1, keepdims=True), labels.numpy(),
+                temperature.detach().numpy()[:, 0])
             assert value == pytest.approx(loss.item(), rel=1e-13)
             output = activations[-1]
-            grads = pts_module._network_gradients(linears, activations, temperature_grad[:, None] * np.sign(output))
+            grads = pts_module._network_gradients(layer_arrays, activations,
+                                                  temperature_grad[:, None] * np.sign(output))
             for linear, (weight_grad, bias_grad) in zip(linears, grads, strict=True):
                 np.testing.assert_allclose(weight_grad, linear.weight.grad.numpy(), rtol=1e-10, atol=1e-18)
                 np.testing.assert_allclose(bias_grad, linear.bias.grad.numpy(), rtol=1e-10, atol=1e-18)
