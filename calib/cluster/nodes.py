@@ -17,9 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +91,12 @@ def _describe(node: dict[str, Any]) -> str:
     return f"{role} {node.get('NodeManagerHostname', '?')} ({node.get('NodeManagerAddress', '?')}): {shown}"
 
 
+def _end_at_once(signum: int, frame: object) -> None:
+    """SIGTERM (a Slurm job cancelled while it waits): exit 143 now. The wait holds nothing to save, and Ray's own
+    handler (``sys.exit`` inside Ray's ``atexit`` shutdown) printed a traceback or aborted the process."""
+    os._exit(128 + signum)
+
+
 def wait_for_nodes(count: int, *, address: str = "auto", timeout: float = 600.0, poll: float = 1.0) -> list[str]:
     """Block until ``count`` nodes are alive; their descriptions. NodeStartError as soon as the autoscaler
     reports a node it could not start, naming it and its log; TimeoutError names what joined by then."""
@@ -96,7 +105,12 @@ def wait_for_nodes(count: int, *, address: str = "auto", timeout: float = 600.0,
 
     if count < 1:
         raise ValueError(f"--nodes must be at least 1 (the head), got {count}")
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers: the main thread only
+    if main_thread:
+        signal.signal(signal.SIGTERM, _end_at_once)
     ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    if main_thread:
+        signal.signal(signal.SIGTERM, _end_at_once)  # Ray's driver puts its own (sys.exit) in place
     try:
         deadline = time.monotonic() + timeout
         while True:

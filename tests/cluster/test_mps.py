@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -135,8 +136,9 @@ def test_mps_start_leaves_the_daemon_to_this_nodes_ray_and_stops_it_when_ray_sto
 def _node_step(script: str) -> str:
     """The script's lines that define the node's Ray step and its cleanup, to run outside Slurm."""
     lines = script.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("export RAY_TMP RAY_PATTERN"))
-    end = next(i for i, line in enumerate(lines) if line.startswith("export NODE_RAY="))
+    start = next(i for i, line in enumerate(lines) if line.startswith("export RAY_TMP "))
+    node_ray = next(i for i, line in enumerate(lines) if line.startswith("export NODE_RAY="))
+    end = next(i for i in range(node_ray, len(lines)) if lines[i].endswith("exit $rc'"))
     return "\n".join(lines[start:end + 1])
 
 
@@ -153,8 +155,8 @@ def test_the_slurm_node_step_runs_ray_under_mps_and_stops_it_on_sigterm(tmp_path
     env = {**_node(tmp_path, control=control), "SLURM_JOB_ID": "77"}
     (tmp_path / "bin" / "ray").write_text(FAKE_RAY)
     (tmp_path / "bin" / "ray").chmod(0o755)
-    ray_tmp = tmp_path / "calib-77"
-    step = (f"RAY_TMP={ray_tmp}\n" + _node_step(render_script(GPU_SETTINGS, GPU_COMMAND))
+    ray_tmp = tmp_path / "calib-77"  # the step makes its own folder, calib-77.<8 random characters>, mode 0700
+    step = (f"RAY_TMP={ray_tmp} LOG_DIR={tmp_path} RESTARTS=0\n" + _node_step(render_script(GPU_SETTINGS, GPU_COMMAND))
             + '\nexec bash -c "$NODE_RAY" ray ray start --block\n')
     proc = subprocess.Popen(["bash", "-c", step], env=env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -162,8 +164,12 @@ def test_the_slurm_node_step_runs_ray_under_mps_and_stops_it_on_sigterm(tmp_path
         if any(call.startswith("ray ") for call in _calls(tmp_path)):
             break
         time.sleep(0.05)
+    made = list(tmp_path.glob("calib-77.*"))
+    assert len(made) == 1 and re.fullmatch(r"calib-77\.[A-Za-z0-9]{8}", made[0].name), made
+    assert made[0].stat().st_mode & 0o777 == 0o700 and made[0].stat().st_uid == os.getuid()
     os.killpg(proc.pid, signal.SIGTERM)
     output, _ = proc.communicate(timeout=30)
+    ray_tmp = made[0]
     pipes = f"{ray_tmp}/mps/pipe"
     ray = f"ray start --block --temp-dir={ray_tmp} pipe={pipes if control else 'unset'}"
     expected = [f"start pipe={pipes} log={ray_tmp}/mps/log visible=unset", ray, f"quit pipe={pipes}"]
@@ -177,8 +183,10 @@ def test_the_slurm_node_step_runs_ray_under_mps_and_stops_it_on_sigterm(tmp_path
 def test_the_script_has_mps_for_a_gpu_job_unless_turned_off():
     on = render_script(GPU_SETTINGS, GPU_COMMAND)
     node_ray = next(line for line in on.splitlines() if line.startswith("export NODE_RAY="))
-    assert 'python -m calib.cluster.mps run --dir "$RAY_TMP/mps" -- "$@" --temp-dir="$RAY_TMP"' in node_ray
-    assert 'pkill -KILL -f -- "$RAY_PATTERN"; python -m calib.cluster.mps stop --dir "$RAY_TMP/mps"; ' in on
+    node_ray = on[on.index("export NODE_RAY="):on.index("exit $rc'", on.index("export NODE_RAY="))]
+    assert 'python -m calib.cluster.mps run --dir "$RAY_DIR/mps" -- "$@" --temp-dir="$RAY_DIR"' in node_ray
+    assert ('pkill -KILL -f -- "$RAY_PATTERN"; \'"$EACH_DIR"\'python -m calib.cluster.mps stop --dir "$RAY_DIR/mps"; '
+            'done; ' in on)
     for settings in (dataclasses.replace(GPU_SETTINGS, mps=False), dataclasses.replace(GPU_SETTINGS, gpus_per_node=0)):
         assert "mps" not in render_script(settings, GPU_COMMAND).lower()
 
