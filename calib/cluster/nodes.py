@@ -108,7 +108,10 @@ def wait_for_nodes(count: int, *, address: str = "auto", timeout: float = 600.0,
     main_thread = threading.current_thread() is threading.main_thread()  # signal handlers: the main thread only
     if main_thread:
         signal.signal(signal.SIGTERM, _end_at_once)
-    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except ConnectionError as err:  # Ray's head did not come up (its own log says why): one line, not Ray's traceback
+        raise NodeStartError(f"no Ray cluster answers at {address}: {str(err).splitlines()[0]}") from None
     if main_thread:
         signal.signal(signal.SIGTERM, _end_at_once)  # Ray's driver puts its own (sys.exit) in place
     try:

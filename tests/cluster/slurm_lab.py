@@ -219,6 +219,23 @@ class SlurmLab:
         statuses = [int(status) for _, status in sorted(found)]
         return [f"exit {s >> 8}" if s & 0x7F == 0 else f"signal {s & 0x7F}" for s in statuses]
 
+    def on_node(self, node: SlurmNode, command: str, *, user: str | None = None) -> subprocess.CompletedProcess:
+        """``command`` (sh) on ``node`` as its jobs see it (its network and its own /tmp), as ``user`` (another
+        account of the machine: ``runuser``) or root; its output captured as text, never raising."""
+        as_user = ["runuser", "-u", user, "--"] if user else []
+        return subprocess.run(["nsenter", f"--target={node.process.pid}", "--mount", "--net", *as_user, "sh", "-c",
+                               f"cd / && {command}"], capture_output=True, text=True, timeout=60)
+
+    def listening(self, node: SlurmNode) -> dict[int, str]:
+        """The TCP ports something listens on in ``node``'s network (``ss -ltnp``), each with its process's name."""
+        out = self.on_node(node, "ss -Hltnp").stdout
+        found = {}
+        for line in filter(str.strip, out.splitlines()):
+            fields = line.split()
+            name = re.search(r'users:\(\("([^"]+)"', line)
+            found[int(fields[3].rsplit(":", 1)[1])] = name.group(1) if name else "?"
+        return found
+
     def processes(self) -> list[int]:
         """PIDs of every process left in the nodes' network namespaces."""
         return namespace_pids([n.netns for n in self.nodes])
