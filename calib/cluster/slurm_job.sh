@@ -125,9 +125,6 @@ python -c 'import grpc' 2>/dev/null && CLIENT="--ray-client-server-port=$((BASE 
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$LOG_DIR/.ray-token-$SLURM_JOB_ID" RAY_USAGE_STATS_ENABLED=0
 # Ray stops at once on SIGTERM: its drain (up to 30 s, for Ray Serve) would outlast a short KillWait.
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
-# A raylet gives up when its node's agents have not started within Ray's 30 s (`Timed out waiting for file
-# .../dashboard_agent_listen_port_...`): on a loaded node they can take longer; 2 minutes before a start fails.
-export RAY_agent_register_timeout_ms=${RAY_agent_register_timeout_ms:-120000}
 (umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH") & wait $!
 export CALIB_STAGE1_HANDOVER_SECONDS=${CALIB_STAGE1_HANDOVER_SECONDS:-@handover_seconds@}
 CPUS=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
