@@ -478,7 +478,7 @@ def test_a_cancel_at_any_moment_of_rays_start_ends_cleanly(lab: SlurmLab):
                                  "stopping the study") for line in said), (delay, "\n".join(said))
         stray = re.findall(r"^.*(?:Traceback|Exception ignored|Aborted|Killed|Terminated|line \d+:).*$", text,
                            flags=re.MULTILINE)
-        assert not stray, (delay, stray, text[-3000:])
+        assert not stray, f"{delay} s: {stray}\n{text[-6000:]}"
         assert lab.batch_exit_codes(job) == ["exit 3"], (delay, text[-3000:])
         left = [str(p) for node in lab.nodes for p in node.tmp.glob(f"calib-{job}*")]
         assert not left, (delay, left)
