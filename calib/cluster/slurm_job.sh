@@ -139,12 +139,13 @@ export RAY_TMP RAY_LOGS RAY_PATTERN="[${RAY_TMP:0:1}]${RAY_TMP:1}[.]"
 # This job's own folders on a node, never one another user made or linked there.
 # shellcheck disable=SC2016  # these commands are expanded where they run (bash -c on each node)
 EACH_DIR='for RAY_DIR in "$RAY_TMP".*; do [[ -d $RAY_DIR && ! -L $RAY_DIR && -O $RAY_DIR ]] || continue; '
-# Ray's folder goes after its processes (those left are ended: a worker still writing its last log can outlast
-# the raylet a moment).
+# A node's Ray folder goes after its processes (those left are ended: a worker still writing its last log can
+# outlast the raylet a moment); the pattern names that folder only: other nodes' Ray is not this node's to end.
 # shellcheck disable=SC2016
-REMOVE_TMP='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 6); do pgrep -f -- "$RAY_PATTERN" >/dev/null || break
-  sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; '"$EACH_DIR"'for _ in $(seq 10); do rm -rf -- "$RAY_DIR" \
-  2>/dev/null; [[ -e $RAY_DIR ]] || break; sleep 0.5; done; done'
+REMOVE_DIR='mine="[${RAY_DIR:0:1}]${RAY_DIR:1}"; pkill -TERM -f -- "$mine"; for _ in $(seq 6); do
+  pgrep -f -- "$mine" >/dev/null || break; sleep 0.5; done; pkill -KILL -f -- "$mine"
+  for _ in $(seq 10); do rm -rf -- "$RAY_DIR" 2>/dev/null; [[ -e $RAY_DIR ]] || break; sleep 0.5; done'
+REMOVE_TMP="$EACH_DIR$REMOVE_DIR; done"
 # A failed start's Ray logs, kept beside its log before the folder goes: <id>-start<N>-ray-<node>-logs/.
 # shellcheck disable=SC2016
 KEEP_LOGS="$EACH_DIR"'cp -rL -- "$RAY_DIR/session_latest/logs" "$RAY_LOGS-$SLURMD_NODENAME-logs" 2>/dev/null; done'
@@ -162,7 +163,7 @@ export NODE_RAY='STOPPED=""; trap "STOPPED=1" TERM
   @run_ray@ --temp-dir="$RAY_DIR"; rc=$?
   (( rc == 0 )) || [[ -n $STOPPED ]] || { '"$KEEP_LOGS"'; echo "Ray exited with $rc: its logs in" \
     "$RAY_LOGS-$SLURMD_NODENAME-logs"; }
-  '"$REMOVE_TMP"'; exit $rc'
+  '"$REMOVE_DIR"'; exit $rc'
 any_alive() { local pid; for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
 stop_ray() {
   # After Slurm's SIGTERM every Ray process of the job has it too and stops at once (no drain), and Slurm
