@@ -136,7 +136,7 @@ def test_mps_start_leaves_the_daemon_to_this_nodes_ray_and_stops_it_when_ray_sto
 def _node_step(script: str) -> str:
     """The script's lines that define the node's Ray step and its cleanup, to run outside Slurm."""
     lines = script.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("export RAY_TMP "))
+    start = next(i for i, line in enumerate(lines) if line.startswith("RAY_LOGS="))
     node_ray = next(i for i, line in enumerate(lines) if line.startswith("export NODE_RAY="))
     end = next(i for i in range(node_ray, len(lines)) if lines[i].endswith("exit $rc'"))
     return "\n".join(lines[start:end + 1])
@@ -178,6 +178,33 @@ def test_the_slurm_node_step_runs_ray_under_mps_and_stops_it_on_sigterm(tmp_path
     said = [line for line in output.splitlines() if "[calib-mps " in line]
     assert len(said) == (2 if control else 1), output
     assert control or "MPS not started: no nvidia-cuda-mps-control on the PATH" in said[0]
+
+
+FAILING_RAY = """#!/bin/bash
+dir=${3#--temp-dir=}
+mkdir -p "$dir/session_1/logs" && ln -s session_1 "$dir/session_latest"
+echo "raylet: Timed out waiting for file" > "$dir/session_1/logs/raylet.out"
+exit 1
+"""
+
+
+def test_a_ray_start_that_fails_by_itself_keeps_its_logs_in_the_run_directory(tmp_path: Path):
+    """The node step of a CPU job (``bash -c "$NODE_RAY" ray ray start --block``) whose ``ray start`` fails on its
+    own, as a worker that cannot join does: Ray's logs of the node are copied to
+    ``<run dir>/slurm/<id>-start<N>-ray-<node>-logs/`` and said, then the folder is removed."""
+    env = {**_node(tmp_path, control=False), "SLURM_JOB_ID": "78", "SLURMD_NODENAME": "n7"}
+    (tmp_path / "bin" / "ray").write_text(FAILING_RAY)
+    (tmp_path / "bin" / "ray").chmod(0o755)
+    (tmp_path / "slurm").mkdir()
+    step = (f"RAY_TMP={tmp_path}/calib-78 LOG_DIR={tmp_path}/slurm RESTARTS=1\n"
+            + _node_step(render_script(dataclasses.replace(GPU_SETTINGS, gpus_per_node=0), GPU_COMMAND))
+            + '\nexec bash -c "$NODE_RAY" ray ray start --block\n')
+    proc = subprocess.run(["bash", "-c", step], env=env, capture_output=True, text=True, timeout=60)
+    kept = tmp_path / "slurm" / "78-start2-ray-n7-logs"
+    assert proc.returncode == 1, proc.stderr
+    assert (kept / "raylet.out").read_text() == "raylet: Timed out waiting for file\n"
+    assert proc.stdout.splitlines()[-1] == f"Ray exited with 1: its logs in {kept}", proc.stdout
+    assert not list(tmp_path.glob("calib-78*"))  # the folder, removed after its logs were kept
 
 
 def test_the_script_has_mps_for_a_gpu_job_unless_turned_off():
