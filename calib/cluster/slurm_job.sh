@@ -108,9 +108,9 @@ if [[ -n $UNFIT ]]; then
 fi
 
 # Ray's ports from the job id: two jobs on one node never share them. Its folder on each node: made by the node's
-# step (mktemp -d: created atomically, mode 0700, a name no one can take first), $RAY_TMP.XXXXXXXX, so no other
-# user can traverse into it (its sockets, logs, the plugins Ray unpacks), whatever modes Ray gives what is inside;
-# its socket paths stay under 107 bytes whatever $TMPDIR is.
+# step (mktemp -d: created atomically, mode 0700, a name no one can take first), $RAY_TMP.XXXXXXXX, with Ray's
+# temporary folder inside, ray/ (which Ray makes 0777 itself): no other user can traverse into it (its sockets,
+# logs, the plugins Ray unpacks); its socket paths stay under 107 bytes whatever $TMPDIR is.
 BASE=@port_base@
 RAY_TMP=@ray_tmp@/calib-$SLURM_JOB_ID
 PORTS="--node-manager-port=$((BASE + 1)) --object-manager-port=$((BASE + 2))
@@ -148,7 +148,8 @@ REMOVE_DIR='mine="[${RAY_DIR:0:1}]${RAY_DIR:1}"; pkill -TERM -f -- "$mine"; for 
 REMOVE_TMP="$EACH_DIR$REMOVE_DIR; done"
 # A failed start's Ray logs, kept beside its log before the folder goes: <id>-start<N>-ray-<node>-logs/.
 # shellcheck disable=SC2016
-KEEP_LOGS="$EACH_DIR"'cp -rL -- "$RAY_DIR/session_latest/logs" "$RAY_LOGS-$SLURMD_NODENAME-logs" 2>/dev/null; done'
+KEEP_LOGS="$EACH_DIR"'cp -rL -- "$RAY_DIR/ray/session_latest/logs" "$RAY_LOGS-$SLURMD_NODENAME-logs" 2>/dev/null
+  done'
 @mps_note@
 # shellcheck disable=SC2016
 STOP_NODE='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 20); do pgrep -f -- "$RAY_PATTERN" >/dev/null || break
@@ -160,7 +161,7 @@ STOP_NODE='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 20); do pgrep -f -- 
 export NODE_RAY='STOPPED=""; trap "STOPPED=1" TERM
   RAY_DIR=$(mktemp -d -- "$RAY_TMP.XXXXXXXX") || { echo "no folder for Ray under ${RAY_TMP%/*}"; exit 1; }
   echo "the job'"'"'s Ray folder on $SLURMD_NODENAME: $RAY_DIR (made by the job, mode 0700)"
-  @run_ray@ --temp-dir="$RAY_DIR"; rc=$?
+  @run_ray@ --temp-dir="$RAY_DIR/ray"; rc=$?
   (( rc == 0 )) || [[ -n $STOPPED ]] || { '"$KEEP_LOGS"'; echo "Ray exited with $rc: its logs in" \
     "$RAY_LOGS-$SLURMD_NODENAME-logs"; }
   '"$REMOVE_DIR"'; exit $rc'

@@ -171,7 +171,7 @@ def test_the_slurm_node_step_runs_ray_under_mps_and_stops_it_on_sigterm(tmp_path
     output, _ = proc.communicate(timeout=30)
     ray_tmp = made[0]
     pipes = f"{ray_tmp}/mps/pipe"
-    ray = f"ray start --block --temp-dir={ray_tmp} pipe={pipes if control else 'unset'}"
+    ray = f"ray start --block --temp-dir={ray_tmp}/ray pipe={pipes if control else 'unset'}"
     expected = [f"start pipe={pipes} log={ray_tmp}/mps/log visible=unset", ray, f"quit pipe={pipes}"]
     assert _calls(tmp_path) == (expected if control else [ray]), output
     assert not ray_tmp.exists()  # the step's own cleanup, as before
@@ -211,7 +211,7 @@ def test_the_script_has_mps_for_a_gpu_job_unless_turned_off():
     on = render_script(GPU_SETTINGS, GPU_COMMAND)
     node_ray = next(line for line in on.splitlines() if line.startswith("export NODE_RAY="))
     node_ray = on[on.index("export NODE_RAY="):on.index("exit $rc'", on.index("export NODE_RAY="))]
-    assert 'python -m calib.cluster.mps run --dir "$RAY_DIR/mps" -- "$@" --temp-dir="$RAY_DIR"' in node_ray
+    assert 'python -m calib.cluster.mps run --dir "$RAY_DIR/mps" -- "$@" --temp-dir="$RAY_DIR/ray"' in node_ray
     assert ('pkill -KILL -f -- "$RAY_PATTERN"; \'"$EACH_DIR"\'python -m calib.cluster.mps stop --dir "$RAY_DIR/mps"; '
             'done; ' in on)
     for settings in (dataclasses.replace(GPU_SETTINGS, mps=False), dataclasses.replace(GPU_SETTINGS, gpus_per_node=0)):

@@ -411,16 +411,16 @@ def test_another_user_of_the_nodes_cannot_take_or_touch_the_jobs_ray_folder(lab:
             folders = lab.on_node(node, f"ls -d /tmp/calib-{job}.*", user=user).stdout.split()
             own = [f for f in folders if not f.endswith(".zzzzzzzz")]
             assert len(own) == 1 and re.fullmatch(rf"/tmp/calib-{job}\.[A-Za-z0-9]{{8}}", own[0]), folders
-            folder, sockets = own[0], f"{own[0]}/session_latest/sockets"
+            folder, sockets = own[0], f"{own[0]}/ray/session_latest/sockets"
             assert lab.on_node(node, f"stat -c '%a %U' {folder}").stdout.split() == ["700", "root"]
             for attempt in (f"ls {folder}", f"mv {sockets}/raylet {sockets}/raylet.gone",
-                            f"mkdir -p {folder}/session_latest/runtime_resources/x",
-                            f"echo 'import os' > {folder}/session_latest/runtime_resources/plugin.py",
+                            f"mkdir -p {folder}/ray/session_latest/runtime_resources/x",
+                            f"echo 'import os' > {folder}/ray/session_latest/runtime_resources/plugin.py",
                             f"rm -rf {folder}", f"mv {folder} {folder}.gone"):
                 tried = lab.on_node(node, attempt, user=user)
                 assert tried.returncode != 0 and ("Permission denied" in tried.stderr
                                                   or "Operation not permitted" in tried.stderr), (attempt, tried)
-            assert lab.on_node(node, f"test -S {sockets}/raylet && test ! -e {folder}/session_latest/"
+            assert lab.on_node(node, f"test -S {sockets}/raylet && test ! -e {folder}/ray/session_latest/"
                                      f"runtime_resources/plugin.py").returncode == 0
             assert lab.on_node(node, f"ls -A /tmp/calib-{job}").stdout == ""  # the other user's: not used
             check_listed_ports(lab.listening(node), base, head=node is lab.nodes[0])
