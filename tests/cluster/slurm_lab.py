@@ -265,3 +265,18 @@ class SlurmLab:
     def leftovers(self) -> list[str]:
         """What of the lab still exists after :meth:`close` (empty when it cleaned up)."""
         return lab_leftovers(self.root, [n.netns for n in self.nodes], self._links)
+
+
+def check_listed_ports(listening: dict[int, str], base: int, *, head: bool) -> None:
+    """Every port listening on a node (``ss -ltn``) is one of the job's that docs/how-to/slurm.md lists ("What
+    listens where"), or Slurm's own (slurmd, srun); each listed port of the node listens."""
+    ray = {port for port, process in listening.items() if process not in ("slurmd", "srun", "slurmstepd")}
+    always = {base + 1, base + 2, base + 7} | ({base} if head else set())
+    client = {base + 3} if head and _has_grpc() else set()
+    workers = {port for port in ray if base + 20 <= port < base + 200}
+    assert ray - workers == always | client, (sorted(listening.items()), base)
+
+
+def _has_grpc() -> bool:
+    """Whether Ray's client dependency is installed: the job then runs Ray Client's server."""
+    return subprocess.run([sys.executable, "-c", "import grpc"], capture_output=True).returncode == 0

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from slurm_lab import SlurmLab, missing_slurm
+from slurm_lab import SlurmLab, check_listed_ports, missing_slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = str(ROOT / "studies" / "sensitivity_gamma.py")
@@ -442,21 +442,6 @@ def test_another_user_of_the_nodes_cannot_take_or_touch_the_jobs_ray_folder(lab:
         for node in lab.nodes:
             for path in node.tmp.glob("calib-*.zzzzzzzz"):
                 path.unlink()
-
-
-def check_listed_ports(listening: dict[int, str], base: int, *, head: bool) -> None:
-    """Every port listening on a node (``ss -ltn``) is one of the job's that docs/how-to/slurm.md lists ("What
-    listens where"), or Slurm's own (slurmd, srun); each listed port of the node listens."""
-    ray = {port for port, process in listening.items() if process not in ("slurmd", "srun", "slurmstepd")}
-    always = {base + 1, base + 2, base + 7} | ({base} if head else set())
-    client = {base + 3} if head and _has_grpc() else set()
-    workers = {port for port in ray if base + 20 <= port < base + 200}
-    assert ray - workers == always | client, (sorted(listening.items()), base)
-
-
-def _has_grpc() -> bool:
-    """Whether Ray's client dependency is installed: the job then runs Ray Client's server."""
-    return subprocess.run([sys.executable, "-c", "import grpc"], capture_output=True).returncode == 0
 
 
 CANCEL_DELAYS = (1, 5, 15, 25)
