@@ -137,6 +137,8 @@ def wait_for_nodes(count: int, *, address: str = "auto", timeout: float = 600.0,
             time.sleep(poll)
     finally:
         ray.shutdown()
+        if main_thread:  # Ray's handler is back after its shutdown: a SIGTERM while the process exits ends it too
+            signal.signal(signal.SIGTERM, _end_at_once)
 
 
 def stop_workers(config_path: str = BOOTSTRAP_CONFIG, *, timeout: float = 60.0) -> list[tuple[str, bool, str]]:
@@ -177,6 +179,10 @@ def _add_wait_arguments(parser: argparse.ArgumentParser) -> None:
 def _wait(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         lines = wait_for_nodes(args.nodes, address=args.address, timeout=args.timeout)
+    except SystemExit as exiting:  # Ray's own SIGTERM handler, in place for a moment inside ray.init
+        if exiting.code == signal.SIGTERM:
+            _end_at_once(signal.SIGTERM, None)
+        raise
     except ValueError as err:
         raise ConfigError(str(err)) from None
     except (TimeoutError, NodeStartError) as err:
