@@ -142,9 +142,9 @@ EACH_DIR='for RAY_DIR in "$RAY_TMP".*; do [[ -d $RAY_DIR && ! -L $RAY_DIR && -O 
 # A node's Ray folder goes after its processes (those left are ended: a worker still writing its last log can
 # outlast the raylet a moment); the pattern names that folder only: other nodes' Ray is not this node's to end.
 # shellcheck disable=SC2016
-REMOVE_DIR='mine="[${RAY_DIR:0:1}]${RAY_DIR:1}"; pkill -TERM -f -- "$mine"; for _ in $(seq 6); do
-  pgrep -f -- "$mine" >/dev/null || break; sleep 0.5; done; pkill -KILL -f -- "$mine"
-  for _ in $(seq 10); do rm -rf -- "$RAY_DIR" 2>/dev/null; [[ -e $RAY_DIR ]] || break; sleep 0.5; done'
+REMOVE_DIR='mine="[${RAY_DIR:0:1}]${RAY_DIR:1}"; pkill -TERM -f -- "$mine"; for _ in $(seq 10); do
+  pgrep -f -- "$mine" >/dev/null || break; sleep 0.2; done; pkill -KILL -f -- "$mine"
+  for _ in $(seq 10); do rm -rf -- "$RAY_DIR" 2>/dev/null; [[ -e $RAY_DIR ]] || break; sleep 0.3; done'
 REMOVE_TMP="$EACH_DIR$REMOVE_DIR; done"
 # A failed start's Ray logs, kept beside its log before the folder goes: <id>-start<N>-ray-<node>-logs/.
 # shellcheck disable=SC2016
@@ -156,12 +156,16 @@ STOP_NODE='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 20); do pgrep -f -- 
   sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; @stop_mps@'"$REMOVE_TMP"
 # Each node's Ray runs in a step that makes its folder and removes it when Ray ends, also when Slurm ends the step
 # (cancel, preemption, requeue, time limit: the batch script can start no step then, so only the node itself can
-# clean up); a `ray start` that failed by itself (not stopped by a SIGTERM) keeps its logs in the run directory.
+# clean up, within Slurm's KillWait: Ray is waited for in the background, so the SIGTERM's trap runs at once, and
+# what of it is left 2 s later is ended); a `ray start` that failed by itself (not stopped by a SIGTERM) keeps its
+# logs in the run directory.
 # shellcheck disable=SC2016
 export NODE_RAY='STOPPED=""; trap "STOPPED=1" TERM
   RAY_DIR=$(mktemp -d -- "$RAY_TMP.XXXXXXXX") || { echo "no folder for Ray under ${RAY_TMP%/*}"; exit 1; }
   echo "the job'"'"'s Ray folder on $SLURMD_NODENAME: $RAY_DIR (made by the job, mode 0700)"
-  @run_ray@ --temp-dir="$RAY_DIR/ray"; rc=$?
+  @run_ray@ --temp-dir="$RAY_DIR/ray" & ray_pid=$!
+  wait "$ray_pid"; rc=$?
+  [[ -z $STOPPED ]] || for _ in $(seq 10); do kill -0 "$ray_pid" 2>/dev/null || break; sleep 0.2; done
   (( rc == 0 )) || [[ -n $STOPPED ]] || { '"$KEEP_LOGS"'; echo "Ray exited with $rc: its logs in" \
     "$RAY_LOGS-$SLURMD_NODENAME-logs"; }
   '"$REMOVE_DIR"'; exit $rc'
