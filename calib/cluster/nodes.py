@@ -17,9 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +91,12 @@ def _describe(node: dict[str, Any]) -> str:
     return f"{role} {node.get('NodeManagerHostname', '?')} ({node.get('NodeManagerAddress', '?')}): {shown}"
 
 
+def _end_at_once(signum: int, frame: object) -> None:
+    """SIGTERM (a Slurm job cancelled while it waits): exit 143 now. The wait holds nothing to save, and Ray's own
+    handler (``sys.exit`` inside Ray's ``atexit`` shutdown) printed a traceback or aborted the process."""
+    os._exit(128 + signum)
+
+
 def wait_for_nodes(count: int, *, address: str = "auto", timeout: float = 600.0, poll: float = 1.0) -> list[str]:
     """Block until ``count`` nodes are alive; their descriptions. NodeStartError as soon as the autoscaler
     reports a node it could not start, naming it and its log; TimeoutError names what joined by then."""
@@ -96,7 +105,15 @@ def wait_for_nodes(count: int, *, address: str = "auto", timeout: float = 600.0,
 
     if count < 1:
         raise ValueError(f"--nodes must be at least 1 (the head), got {count}")
-    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers: the main thread only
+    if main_thread:
+        signal.signal(signal.SIGTERM, _end_at_once)
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except ConnectionError as err:  # Ray's head did not come up (its own log says why): one line, not Ray's traceback
+        raise NodeStartError(f"no Ray cluster answers at {address}: {str(err).splitlines()[0]}") from None
+    if main_thread:
+        signal.signal(signal.SIGTERM, _end_at_once)  # Ray's driver puts its own (sys.exit) in place
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -120,6 +137,8 @@ def wait_for_nodes(count: int, *, address: str = "auto", timeout: float = 600.0,
             time.sleep(poll)
     finally:
         ray.shutdown()
+        if main_thread:  # Ray's handler is back after its shutdown: a SIGTERM while the process exits ends it too
+            signal.signal(signal.SIGTERM, _end_at_once)
 
 
 def stop_workers(config_path: str = BOOTSTRAP_CONFIG, *, timeout: float = 60.0) -> list[tuple[str, bool, str]]:
@@ -160,6 +179,10 @@ def _add_wait_arguments(parser: argparse.ArgumentParser) -> None:
 def _wait(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         lines = wait_for_nodes(args.nodes, address=args.address, timeout=args.timeout)
+    except SystemExit as exiting:  # Ray's own SIGTERM handler, in place for a moment inside ray.init
+        if exiting.code == signal.SIGTERM:
+            _end_at_once(signal.SIGTERM, None)
+        raise
     except ValueError as err:
         raise ConfigError(str(err)) from None
     except (TimeoutError, NodeStartError) as err:

@@ -167,8 +167,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         return ExitCode.OK
     Path(args.output).write_text(text)
     print(f"wrote {args.output}: {len(config['provider']['worker_ips'])} worker(s), head {args.head_ip}; "
-          f"check it with `python -m calib.cluster validate {args.output}`, "
-          f"create its token with `python -m calib.cluster token {args.output}`")
+          f"create its token with `python -m calib.cluster token {args.output}`, "
+          f"then check it with `python -m calib.cluster validate {args.output}`")
     return ExitCode.OK
 
 

@@ -134,8 +134,8 @@ def render_script(settings: SlurmSettings, command: list[str], *, name: str | No
         "handover_seconds": str(settings.handover_seconds),
         # A GPU job's Ray runs under NVIDIA MPS (calib.cluster.mps), stopped with it; --no-mps writes none of it.
         "mps_note": _MPS_NOTE if mps else "",
-        "run_ray": 'python -m calib.cluster.mps run --dir "$RAY_TMP/mps" -- "$@"' if mps else '"$@"',
-        "stop_mps": 'python -m calib.cluster.mps stop --dir "$RAY_TMP/mps"; ' if mps else "",
+        "run_ray": 'python -m calib.cluster.mps run --dir "$RAY_DIR/mps" -- "$@"' if mps else '"$@"',
+        "stop_mps": f"{_EACH_DIR}python -m calib.cluster.mps stop --dir \"$RAY_DIR/mps\"; done; " if mps else "",
         "object_store": f" --object-store-memory={store}" if store else "",
     }
     lines = [line for line in _job_template().split("\n")
@@ -143,11 +143,14 @@ def render_script(settings: SlurmSettings, command: list[str], *, name: str | No
     return _JobTemplate("\n".join(lines)).substitute(values)
 
 
+_EACH_DIR = "'\"$EACH_DIR\"'"
+"""The template's loop over the job's own Ray folders on a node, as the STOP_NODE string (single-quoted) splices it."""
+
 _MPS_NOTE = """\
 # NVIDIA MPS on each node, so trials sharing a GPU run at once: `mps run` starts its daemon, then the node's Ray
 # (whose workers inherit CUDA_MPS_PIPE_DIRECTORY), and stops it when Ray ends, SIGTERM too; STOP_NODE stops one a
-# killed step left. Pipes and logs in this job's $RAY_TMP/mps. A node without nvidia-cuda-mps-control or a GPU
-# says so in its Ray log and runs Ray alone. Written without it by --no-mps."""
+# killed step left. Pipes and logs in the job's Ray folder on the node ($RAY_DIR/mps). A node without
+# nvidia-cuda-mps-control or a GPU says so in its Ray log and runs Ray alone. Written without it by --no-mps."""
 
 
 # ---------------------------------------------------------------------------------------------------

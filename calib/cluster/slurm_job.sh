@@ -70,7 +70,7 @@ run_child() {
   CHILD=$!
   while kill -0 "$CHILD" 2>/dev/null; do
     if [[ -z $DEADLINE ]]; then
-      wait "$CHILD"  # returns early when a trapped signal arrives: the child is then still stopping
+      { wait "$CHILD"; } 2>/dev/null  # returns early when a trapped signal arrives: the child is then still stopping
     elif (( SECONDS >= DEADLINE )); then
       say "the study did not stop within $((KILL_WAIT > MARGIN + 1 ? KILL_WAIT - MARGIN : 1)) s of the SIGTERM" \
         "(Slurm's KillWait, $KILL_WAIT s, less $MARGIN s for this script to end): this script ended it (SIGKILL)"
@@ -81,7 +81,9 @@ run_child() {
       sleep 0.2 & wait $!
     fi
   done
-  wait "$CHILD"  # the child's own exit status, which bash keeps (a wait a signal cut short gives 128+signal)
+  # The child's own exit status, which bash keeps (a wait a signal cut short gives 128+signal); bash's report of a
+  # child a signal ended ("Aborted") is not the script's to print: its own lines say how the child ended.
+  { wait "$CHILD"; } 2>/dev/null
 }
 
 @setup@
@@ -105,8 +107,10 @@ if [[ -n $UNFIT ]]; then
   exit $FAILED
 fi
 
-# Ray's ports and folder from the job id: two jobs on one node never share them, and its socket paths stay
-# under 107 bytes whatever $TMPDIR is.
+# Ray's ports from the job id: two jobs on one node never share them. Its folder on each node: made by the node's
+# step (mktemp -d: created atomically, mode 0700, a name no one can take first), $RAY_TMP.XXXXXXXX, with Ray's
+# temporary folder inside, ray/ (which Ray makes 0777 itself): no other user can traverse into it (its sockets,
+# logs, the plugins Ray unpacks); its socket paths stay under 107 bytes whatever $TMPDIR is.
 BASE=@port_base@
 RAY_TMP=@ray_tmp@/calib-$SLURM_JOB_ID
 PORTS="--node-manager-port=$((BASE + 1)) --object-manager-port=$((BASE + 2))
@@ -127,20 +131,45 @@ CPUS=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
 GPUS=${SLURM_GPUS_ON_NODE:-0}
 
 STEPS=()
-# This job's Ray only: its processes name $RAY_TMP ("[/]": the pattern does not match a command line holding it).
-# The steps that run them take it from the environment: stopping Ray never kills srun (bash would log it).
-export RAY_TMP RAY_PATTERN="[${RAY_TMP:0:1}]${RAY_TMP:1}"
-# Ray's folder goes after its processes; a worker process still writing its last log can outlast them a moment.
+# This job's Ray only: its processes name its folder, $RAY_TMP.<8 characters> ("[/]": the pattern does not match a
+# command line holding it). The steps that run them take it from the environment: stopping Ray never kills srun
+# (bash would log it). RAY_LOGS: where a failed start keeps each node's Ray logs.
+RAY_LOGS="$LOG_DIR/$SLURM_JOB_ID-start$((RESTARTS + 1))-ray"  # one log per node and start
+export RAY_TMP RAY_LOGS RAY_PATTERN="[${RAY_TMP:0:1}]${RAY_TMP:1}[.]"
+# This job's own folders on a node, never one another user made or linked there.
 # shellcheck disable=SC2016  # these commands are expanded where they run (bash -c on each node)
-REMOVE_TMP='for _ in $(seq 10); do rm -rf -- "$RAY_TMP" 2>/dev/null; [[ -e $RAY_TMP ]] || break; sleep 0.5; done'
+EACH_DIR='for RAY_DIR in "$RAY_TMP".*; do [[ -d $RAY_DIR && ! -L $RAY_DIR && -O $RAY_DIR ]] || continue; '
+# A node's Ray folder goes after its processes (those left are ended: a worker still writing its last log can
+# outlast the raylet a moment); the pattern names that folder only: other nodes' Ray is not this node's to end.
+# shellcheck disable=SC2016
+REMOVE_DIR='mine="[${RAY_DIR:0:1}]${RAY_DIR:1}"; pkill -TERM -f -- "$mine"; for _ in $(seq 10); do
+  pgrep -f -- "$mine" >/dev/null || break; sleep 0.2; done; pkill -KILL -f -- "$mine"
+  for _ in $(seq 10); do rm -rf -- "$RAY_DIR" 2>/dev/null; [[ -e $RAY_DIR ]] || break; sleep 0.3; done'
+REMOVE_TMP="$EACH_DIR$REMOVE_DIR; done"
+# A failed start's Ray logs, kept beside its log before the folder goes: <id>-start<N>-ray-<node>-logs/.
+# shellcheck disable=SC2016
+KEEP_LOGS="$EACH_DIR"'cp -rL -- "$RAY_DIR/ray/session_latest/logs" "$RAY_LOGS-$SLURMD_NODENAME-logs" 2>/dev/null
+  done'
 @mps_note@
 # shellcheck disable=SC2016
 STOP_NODE='pkill -TERM -f -- "$RAY_PATTERN"; for _ in $(seq 20); do pgrep -f -- "$RAY_PATTERN" >/dev/null || break
   sleep 0.5; done; pkill -KILL -f -- "$RAY_PATTERN"; @stop_mps@'"$REMOVE_TMP"
-# Each node's Ray runs in a step that removes the folder when Ray ends, also when Slurm ends the step (preemption,
-# requeue: the batch script can start no step then, so only the node itself can clean up).
+# Each node's Ray runs in a step that makes its folder and removes it when Ray ends, also when Slurm ends the step
+# (cancel, preemption, requeue, time limit: the batch script can start no step then, so only the node itself can
+# clean up, within Slurm's KillWait: Ray is waited for in the background, so the SIGTERM's trap runs at once, and
+# what of it is left 2 s later is ended); a `ray start` that failed by itself (not stopped by a SIGTERM) keeps its
+# logs in the run directory.
 # shellcheck disable=SC2016
-export NODE_RAY='trap : TERM; @run_ray@ --temp-dir="$RAY_TMP"; rc=$?; '"$REMOVE_TMP"'; exit $rc'
+export NODE_RAY='STOPPED=""; trap "STOPPED=1" TERM
+  RAY_DIR=$(mktemp -d -- "$RAY_TMP.XXXXXXXX") || { echo "no folder for Ray under ${RAY_TMP%/*}"; exit 1; }
+  echo "the job'"'"'s Ray folder on $SLURMD_NODENAME: $RAY_DIR (made by the job, mode 0700)"
+  @run_ray@ --temp-dir="$RAY_DIR/ray" & ray_pid=$!
+  wait "$ray_pid"; rc=$?
+  [[ -z $STOPPED ]] || for _ in $(seq 10); do kill -0 "$ray_pid" 2>/dev/null || break; sleep 0.2; done
+  (( rc == 0 )) || [[ -n $STOPPED ]] || { '"$KEEP_LOGS"'; echo "Ray exited with $rc: its logs in" \
+    "$RAY_LOGS-$SLURMD_NODENAME-logs"; }
+  '"$REMOVE_DIR"'; exit $rc'
+any_alive() { local pid; for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
 stop_ray() {
   # After Slurm's SIGTERM every Ray process of the job has it too and stops at once (no drain), and Slurm
   # ends the steps: nothing to wait for. Otherwise SIGTERM to the steps (srun passes it to every process of
@@ -149,12 +178,13 @@ stop_ray() {
   if [[ $SIGNALLED != TERM || $ENDING == signalled ]]; then
     kill "${STEPS[@]}" 2>/dev/null
     srun --overlap --nodes=${#NODES[@]} --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c "$STOP_NODE" >/dev/null 2>&1
-    wait "${STEPS[@]}" 2>/dev/null
+    { wait "${STEPS[@]}"; } 2>/dev/null
+  else  # each node's step removes its folder itself: the script waits for them, until the deadline at most
+    while (( SECONDS < DEADLINE )) && any_alive "${STEPS[@]}"; do sleep 0.2 & wait $!; done
   fi
   rm -f -- "$RAY_AUTH_TOKEN_PATH"
 }
 
-RAY_LOGS="$LOG_DIR/$SLURM_JOB_ID-start$((RESTARTS + 1))-ray"  # one log per node and start
 say "Ray head on ${NODES[0]} ($HEAD_IP:$BASE), $((${#NODES[@]} - 1)) worker node(s); logs $RAY_LOGS-*.log"
 # shellcheck disable=SC2086  # $PORTS and $CLIENT hold several flags (or none): split into words on purpose
 srun --overlap --nodes=1 --ntasks=1 -w "${NODES[0]}" bash -c "$NODE_RAY" ray \
@@ -183,7 +213,8 @@ RAY_UP=$?
 # A wait that a signal ended is that signal's doing: its trap may run a moment after the wait's end is seen.
 (( RAY_UP > 128 )) && [[ -z $SIGNALLED ]] && { sleep 1 & wait $!; }
 if (( RAY_UP != 0 )) && [[ -z $SIGNALLED ]]; then
-  say "Ray did not start on every node: see $RAY_LOGS-*.log"
+  srun --overlap --nodes=${#NODES[@]} --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c "$KEEP_LOGS" >/dev/null 2>&1
+  say "Ray did not start on every node: see $RAY_LOGS-*.log and Ray's own logs in $RAY_LOGS-<node>-logs/"
   stop_ray
   exit $FAILED
 fi

@@ -78,7 +78,8 @@ class SlurmSettings:
                                                flag="--sbatch-option", metavar="OPTION", repeat=True)
     """Further ``#SBATCH`` options, as given (``--constraint=a100``, ``--exclusive``)."""
     ray_tmp: str = _setting("/tmp", None)
-    """Where each node keeps Ray's files, ``<ray_tmp>/calib-<job id>``: short and node-local."""
+    """Where each node keeps Ray's files, ``<ray_tmp>/calib-<job id>.XXXXXXXX`` (made by the job, mode 0700): short
+    and node-local."""
     mps: bool = _setting(True, "start NVIDIA MPS on every node of a GPU job before Ray, so trials sharing a GPU run at "
                                "once (default: on); --no-mps where the site runs MPS itself or must not share GPUs")
     """NVIDIA MPS on each node of a GPU job, for its Ray (:mod:`calib.cluster.mps`); no effect without GPUs."""

@@ -13,9 +13,9 @@ every host. So calib's cluster files (``cluster.yaml``, the on-prem file) start 
 On a node it is Ray's default path, so every Ray process there finds it, the study's driver (``--address auto``)
 and ``ray job submit`` included. ``python -m calib.cluster token FILE`` creates the local file once (a random
 256-bit token, mode 0600, in a 0700 folder of the home directory: never in the checkout, never printed), or makes
-a new one with ``--rotate``. ``python -m calib.cluster validate`` refuses a file whose start commands do not set
-``RAY_AUTH_MODE=token`` or that ships no token (:func:`token_problems`), unless ``metadata.calib.trusted_network``
-is true.
+a new one with ``--rotate``. ``python -m calib.cluster validate`` refuses a file whose start commands do not
+set ``RAY_AUTH_MODE=token``, that ships no token or whose token file does not exist yet (:func:`token_problems`),
+unless ``metadata.calib.trusted_network`` is true.
 """
 
 from __future__ import annotations
@@ -74,10 +74,11 @@ def _same_node_path(a: str, b: str) -> bool:
     return posixpath.normpath(a.replace("$HOME", "~")) == posixpath.normpath(b)
 
 
-def token_problems(config: dict[str, Any], calib: dict[str, Any]) -> list[Problem]:
-    """One problem (the first start command without token authentication, or the missing token mount), or none
-    when every ``ray start`` of ``config`` (as Ray prepared it: its defaults filled in) requires the token and
-    ``file_mounts`` ships one, or when ``metadata.calib.trusted_network`` is true."""
+def token_problems(config: dict[str, Any], calib: dict[str, Any], source: str | None = None) -> list[Problem]:
+    """One problem (the first start command without token authentication, the missing token mount, or a token
+    file that does not exist here yet), or none when every ``ray start`` of ``config`` (as Ray prepared it: its
+    defaults filled in) requires the token and ``file_mounts`` ships an existing one, or when
+    ``metadata.calib.trusted_network`` is true. ``source``: the cluster file, named in the fix."""
     trusted = calib.get(TRUSTED_KEY, False)
     if not isinstance(trusted, bool):
         return [Problem(f"{CALIB_SECTION}.{TRUSTED_KEY}", f"must be true or false, got {trusted!r}.")]
@@ -94,10 +95,15 @@ def token_problems(config: dict[str, Any], calib: dict[str, Any]) -> list[Proble
         return [Problem(open_starts[0], f"starts Ray without token authentication{others}: put `{AUTH_MODE}` "
                                         f"before `ray start` (Ray's defaults apply when the file sets no start "
                                         f"commands); {how}")]
-    if token_mount(config) is None:
+    local = token_mount(config)
+    if local is None:
         return [Problem("file_mounts", f"ships no token to the nodes: add `\"{NODE_TOKEN_PATH}\": "
                                        f"\"{local_token_path(str(config.get('cluster_name', 'calib')))}\"` and create "
                                        f"it with `python -m calib.cluster token FILE`; {how}")]
+    if not Path(local).expanduser().is_file():  # `ray up` would end in Ray's FileNotFoundError traceback
+        return [Problem(f"file_mounts[{NODE_TOKEN_PATH}]",
+                        f"the token file {local} does not exist yet: create it with `python -m calib.cluster token "
+                        f"{source or 'FILE'}` before `ray up`.")]
     return []
 
 

@@ -16,7 +16,7 @@ calib study needs:
   workers, an SSH user and a private key that exists here; its hosts report their GPUs only when Ray
   starts, so the GPU rule is not applied to it;
 * every ``ray start`` of the head and worker start commands (Ray's defaults where the file sets none) requires
-  Ray's token (``RAY_AUTH_MODE=token``) and ``file_mounts`` ships the token to the nodes
+  Ray's token (``RAY_AUTH_MODE=token``) and ``file_mounts`` ships the token to the nodes from a file that exists
   (:mod:`calib.cluster.token`), unless ``metadata.calib.trusted_network`` is true.
 
 calib's own settings live under the top-level ``metadata`` key, which Ray's schema keeps free-form::
@@ -75,8 +75,10 @@ class Checked:
     problems: list[Problem]
 
 
-def check_cluster(config: dict[str, Any], *, store: str | None = None, gpus_per_trial: float | None = None) -> Checked:
-    """Ray's checks and calib's rules on a loaded cluster config; ``store``/``gpus_per_trial`` override metadata."""
+def check_cluster(config: dict[str, Any], *, store: str | None = None, gpus_per_trial: float | None = None,
+                  file: str | None = None) -> Checked:
+    """Ray's checks and calib's rules on a loaded cluster config; ``store``/``gpus_per_trial`` override metadata;
+    ``file``: the file it came from, named in the fixes."""
     # lazy: ray takes seconds to import, calib.presets (torch) two more; only `validate` needs them
     import ray
 
@@ -116,7 +118,7 @@ def check_cluster(config: dict[str, Any], *, store: str | None = None, gpus_per_
             store = None
     problems += store_problems(view, calib, store, store_key)
     problems += version_problems(view, config, prepared is not None, ray.__version__)
-    problems += token_problems(view, calib)
+    problems += token_problems(view, calib, file)
     return Checked(view, store, float(gpus), drop_followups(problems))
 
 
@@ -148,7 +150,7 @@ def _describe(checked: Checked) -> str:
 
 def validate_cluster(path: str | Path, *, store: str | None = None, gpus_per_trial: float | None = None) -> str:
     """Check a cluster YAML file; returns the one-line summary, raises ClusterConfigError listing every problem."""
-    checked = check_cluster(load_cluster_yaml(path), store=store, gpus_per_trial=gpus_per_trial)
+    checked = check_cluster(load_cluster_yaml(path), store=store, gpus_per_trial=gpus_per_trial, file=str(path))
     if checked.problems:
         raise ClusterConfigError(str(path), checked.problems)
     return f"{path}: {_describe(checked)}"

@@ -3,6 +3,8 @@ study's own exit code from what it stored."""
 
 from __future__ import annotations
 
+import atexit
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -31,14 +33,35 @@ def guarded_main(main: Callable[[list[str] | None], Any]) -> Callable[[list[str]
             return ExitCode.BAD_INPUT
         except StudyInterrupted as stopped:
             print(stopped, flush=True)
+            _ignore_further_sigterm()
             return ExitCode.INTERRUPTED
+        except SystemExit as exiting:  # Ray's driver's own SIGTERM handler (sys.exit(15)), in the study's start-up
+            if exiting.code == signal.SIGTERM:
+                _ignore_further_sigterm()
+            raise
         if isinstance(result, CheckedOnly):
             print(result, flush=True)
             return ExitCode.OK
+        if result == ExitCode.INTERRUPTED:
+            _ignore_further_sigterm()
         return result
 
     wrapper.__doc__ = main.__doc__
     return wrapper
+
+
+def _ignore_further_sigterm() -> None:
+    """A study stopped by SIGTERM is ending: a later one (Slurm signals every process of the job, and the job script
+    its study too) must change nothing then. Ray's handler, back in place, would raise SystemExit inside Ray's
+    ``atexit`` shutdown: a traceback after the study's last line. So the process ignores SIGTERM from the start of
+    its exit (an ``atexit`` function registered after Ray's runs before it), not before: a study run in-process
+    (tests) leaves its caller's handler alone."""
+    if not _IGNORING_AT_EXIT:
+        _IGNORING_AT_EXIT.append(True)
+        atexit.register(signal.signal, signal.SIGTERM, signal.SIG_IGN)
+
+
+_IGNORING_AT_EXIT: list[bool] = []
 
 
 def study_exit_code(study: str, store: str, failed: int, finished: int) -> int:

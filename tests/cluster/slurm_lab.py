@@ -219,6 +219,23 @@ class SlurmLab:
         statuses = [int(status) for _, status in sorted(found)]
         return [f"exit {s >> 8}" if s & 0x7F == 0 else f"signal {s & 0x7F}" for s in statuses]
 
+    def on_node(self, node: SlurmNode, command: str, *, user: str | None = None) -> subprocess.CompletedProcess:
+        """``command`` (sh) on ``node`` as its jobs see it (its network and its own /tmp), as ``user`` (another
+        account of the machine: ``runuser``) or root; its output captured as text, never raising."""
+        as_user = ["runuser", "-u", user, "--"] if user else []
+        return subprocess.run(["nsenter", f"--target={node.process.pid}", "--mount", "--net", *as_user, "sh", "-c",
+                               f"cd / && {command}"], capture_output=True, text=True, timeout=60)
+
+    def listening(self, node: SlurmNode) -> dict[int, str]:
+        """The TCP ports something listens on in ``node``'s network (``ss -ltnp``), each with its process's name."""
+        out = self.on_node(node, "ss -Hltnp").stdout
+        found = {}
+        for line in filter(str.strip, out.splitlines()):
+            fields = line.split()
+            name = re.search(r'users:\(\("([^"]+)"', line)
+            found[int(fields[3].rsplit(":", 1)[1])] = name.group(1) if name else "?"
+        return found
+
     def processes(self) -> list[int]:
         """PIDs of every process left in the nodes' network namespaces."""
         return namespace_pids([n.netns for n in self.nodes])
@@ -248,3 +265,18 @@ class SlurmLab:
     def leftovers(self) -> list[str]:
         """What of the lab still exists after :meth:`close` (empty when it cleaned up)."""
         return lab_leftovers(self.root, [n.netns for n in self.nodes], self._links)
+
+
+def check_listed_ports(listening: dict[int, str], base: int, *, head: bool) -> None:
+    """Every port listening on a node (``ss -ltn``) is one of the job's that docs/how-to/slurm.md lists ("What
+    listens where"), or Slurm's own (slurmd, srun); each listed port of the node listens."""
+    ray = {port for port, process in listening.items() if process not in ("slurmd", "srun", "slurmstepd")}
+    always = {base + 1, base + 2, base + 7} | ({base} if head else set())
+    client = {base + 3} if head and _has_grpc() else set()
+    workers = {port for port in ray if base + 20 <= port < base + 200}
+    assert ray - workers == always | client, (sorted(listening.items()), base)
+
+
+def _has_grpc() -> bool:
+    """Whether Ray's client dependency is installed: the job then runs Ray Client's server."""
+    return subprocess.run([sys.executable, "-c", "import grpc"], capture_output=True).returncode == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -135,8 +136,9 @@ def test_mps_start_leaves_the_daemon_to_this_nodes_ray_and_stops_it_when_ray_sto
 def _node_step(script: str) -> str:
     """The script's lines that define the node's Ray step and its cleanup, to run outside Slurm."""
     lines = script.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("export RAY_TMP RAY_PATTERN"))
-    end = next(i for i, line in enumerate(lines) if line.startswith("export NODE_RAY="))
+    start = next(i for i, line in enumerate(lines) if line.startswith("RAY_LOGS="))
+    node_ray = next(i for i, line in enumerate(lines) if line.startswith("export NODE_RAY="))
+    end = next(i for i in range(node_ray, len(lines)) if lines[i].endswith("exit $rc'"))
     return "\n".join(lines[start:end + 1])
 
 
@@ -153,8 +155,8 @@ def test_the_slurm_node_step_runs_ray_under_mps_and_stops_it_on_sigterm(tmp_path
     env = {**_node(tmp_path, control=control), "SLURM_JOB_ID": "77"}
     (tmp_path / "bin" / "ray").write_text(FAKE_RAY)
     (tmp_path / "bin" / "ray").chmod(0o755)
-    ray_tmp = tmp_path / "calib-77"
-    step = (f"RAY_TMP={ray_tmp}\n" + _node_step(render_script(GPU_SETTINGS, GPU_COMMAND))
+    ray_tmp = tmp_path / "calib-77"  # the step makes its own folder, calib-77.<8 random characters>, mode 0700
+    step = (f"RAY_TMP={ray_tmp} LOG_DIR={tmp_path} RESTARTS=0\n" + _node_step(render_script(GPU_SETTINGS, GPU_COMMAND))
             + '\nexec bash -c "$NODE_RAY" ray ray start --block\n')
     proc = subprocess.Popen(["bash", "-c", step], env=env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -162,10 +164,14 @@ def test_the_slurm_node_step_runs_ray_under_mps_and_stops_it_on_sigterm(tmp_path
         if any(call.startswith("ray ") for call in _calls(tmp_path)):
             break
         time.sleep(0.05)
+    made = list(tmp_path.glob("calib-77.*"))
+    assert len(made) == 1 and re.fullmatch(r"calib-77\.[A-Za-z0-9]{8}", made[0].name), made
+    assert made[0].stat().st_mode & 0o777 == 0o700 and made[0].stat().st_uid == os.getuid()
     os.killpg(proc.pid, signal.SIGTERM)
     output, _ = proc.communicate(timeout=30)
+    ray_tmp = made[0]
     pipes = f"{ray_tmp}/mps/pipe"
-    ray = f"ray start --block --temp-dir={ray_tmp} pipe={pipes if control else 'unset'}"
+    ray = f"ray start --block --temp-dir={ray_tmp}/ray pipe={pipes if control else 'unset'}"
     expected = [f"start pipe={pipes} log={ray_tmp}/mps/log visible=unset", ray, f"quit pipe={pipes}"]
     assert _calls(tmp_path) == (expected if control else [ray]), output
     assert not ray_tmp.exists()  # the step's own cleanup, as before
@@ -174,11 +180,40 @@ def test_the_slurm_node_step_runs_ray_under_mps_and_stops_it_on_sigterm(tmp_path
     assert control or "MPS not started: no nvidia-cuda-mps-control on the PATH" in said[0]
 
 
+FAILING_RAY = """#!/bin/bash
+dir=${3#--temp-dir=}
+mkdir -p "$dir/session_1/logs" && ln -s session_1 "$dir/session_latest"
+echo "raylet: Timed out waiting for file" > "$dir/session_1/logs/raylet.out"
+exit 1
+"""
+
+
+def test_a_ray_start_that_fails_by_itself_keeps_its_logs_in_the_run_directory(tmp_path: Path):
+    """The node step of a CPU job (``bash -c "$NODE_RAY" ray ray start --block``) whose ``ray start`` fails on its
+    own, as a worker that cannot join does: Ray's logs of the node are copied to
+    ``<run dir>/slurm/<id>-start<N>-ray-<node>-logs/`` and said, then the folder is removed."""
+    env = {**_node(tmp_path, control=False), "SLURM_JOB_ID": "78", "SLURMD_NODENAME": "n7"}
+    (tmp_path / "bin" / "ray").write_text(FAILING_RAY)
+    (tmp_path / "bin" / "ray").chmod(0o755)
+    (tmp_path / "slurm").mkdir()
+    step = (f"RAY_TMP={tmp_path}/calib-78 LOG_DIR={tmp_path}/slurm RESTARTS=1\n"
+            + _node_step(render_script(dataclasses.replace(GPU_SETTINGS, gpus_per_node=0), GPU_COMMAND))
+            + '\nexec bash -c "$NODE_RAY" ray ray start --block\n')
+    proc = subprocess.run(["bash", "-c", step], env=env, capture_output=True, text=True, timeout=60)
+    kept = tmp_path / "slurm" / "78-start2-ray-n7-logs"
+    assert proc.returncode == 1, proc.stderr
+    assert (kept / "raylet.out").read_text() == "raylet: Timed out waiting for file\n"
+    assert proc.stdout.splitlines()[-1] == f"Ray exited with 1: its logs in {kept}", proc.stdout
+    assert not list(tmp_path.glob("calib-78*"))  # the folder, removed after its logs were kept
+
+
 def test_the_script_has_mps_for_a_gpu_job_unless_turned_off():
     on = render_script(GPU_SETTINGS, GPU_COMMAND)
     node_ray = next(line for line in on.splitlines() if line.startswith("export NODE_RAY="))
-    assert 'python -m calib.cluster.mps run --dir "$RAY_TMP/mps" -- "$@" --temp-dir="$RAY_TMP"' in node_ray
-    assert 'pkill -KILL -f -- "$RAY_PATTERN"; python -m calib.cluster.mps stop --dir "$RAY_TMP/mps"; ' in on
+    node_ray = on[on.index("export NODE_RAY="):on.index("exit $rc'", on.index("export NODE_RAY="))]
+    assert 'python -m calib.cluster.mps run --dir "$RAY_DIR/mps" -- "$@" --temp-dir="$RAY_DIR/ray"' in node_ray
+    assert ('pkill -KILL -f -- "$RAY_PATTERN"; \'"$EACH_DIR"\'python -m calib.cluster.mps stop --dir "$RAY_DIR/mps"; '
+            'done; ' in on)
     for settings in (dataclasses.replace(GPU_SETTINGS, mps=False), dataclasses.replace(GPU_SETTINGS, gpus_per_node=0)):
         assert "mps" not in render_script(settings, GPU_COMMAND).lower()
 

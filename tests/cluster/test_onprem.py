@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,14 @@ from calib.cluster.token import ensure_token, uses_token_auth
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "cluster.yaml"
 TOKEN = "~/.config/calib/ray-tokens/calib-onprem.token"
+
+
+@pytest.fixture(autouse=True)
+def token_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The on-prem file's token, made as `python -m calib.cluster token` makes it, in a home of the test's own."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    ensure_token(Path(TOKEN).expanduser())
+    return Path(TOKEN).expanduser()
 
 
 @pytest.fixture
@@ -241,3 +250,21 @@ def test_the_token_command_makes_one_private_token_and_never_prints_it(tmp_path:
     plain.write_text(yaml.safe_dump({"cluster_name": "x", "file_mounts": {"~/calib": "."}}))
     assert main(["token", str(plain)]) == 2
     assert "file_mounts ships no token to the nodes' ~/.ray/auth_token" in capsys.readouterr().err
+
+
+def test_the_onprem_flow_without_its_token_step_ends_in_one_line(tmp_path: Path, key: Path, token_made: Path) -> None:
+    """The cluster page's on-prem commands with `token` skipped: `validate` refuses the file (exit 2, one line naming
+    the file and the `token` command), before `ray up` could end in Ray's FileNotFoundError traceback."""
+    token_made.unlink()
+    out = tmp_path / "cluster-onprem.yaml"
+    made = subprocess.run([sys.executable, "-m", "calib.cluster", "onprem", str(SHIPPED), "--head-ip", "10.0.0.2",
+                           "--ssh-user", "lab", "--ssh-key", str(key), "--store", "s3://lab-bucket/calib", "-o",
+                           str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert made.returncode == 0 and "create its token with `python -m calib.cluster token" in made.stdout, made
+    checked = subprocess.run([sys.executable, "-m", "calib.cluster", "validate", str(out)], capture_output=True,
+                             text=True, timeout=120, cwd=ROOT)
+    assert checked.returncode == 2 and checked.stdout == "", checked
+    assert checked.stderr == (
+        f"error: {out}: file_mounts[~/.ray/auth_token]: the token file {TOKEN} does not exist yet: create it with "
+        f"`python -m calib.cluster token {out}` before `ray up`.\n"), checked.stderr
+    assert not token_made.exists()

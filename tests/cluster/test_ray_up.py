@@ -4,7 +4,7 @@ on this machine.
 The hosts (:mod:`lab_hosts`) are network namespaces with their own sshd, hostname, processes, home and
 TMPDIR; the store is a moto S3 server on the bridge address both reach. The test sets the variables the
 page tells users to set, then runs each command of the page's ``onprem-commands`` block from a copy
-of this checkout: render the on-prem file from cluster.yaml, validate it, create its token, ``ray up`` (file
+of this checkout: render the on-prem file from cluster.yaml, create its token, validate it, ``ray up`` (file
 mounts, setup commands, Ray on head and worker), wait for both nodes, an intruder (:func:`intruder_is_refused`: a
 third host on the same bridge without the token, refused at each door, no code of its run anywhere), the γ study
 through ``ray exec`` (twice: the
@@ -59,7 +59,7 @@ def test_the_aws_commands_are_onprem_commands_run_by_the_launcher_test() -> None
     """Each AWS command is an on-prem command with cluster.yaml for cluster-onprem.yaml: the test runs them."""
     onprem = readme_commands("onprem-commands")
     aws = readme_commands("aws-commands")
-    assert [_kind(c) for c in onprem] == ["render", "validate", "token", "ray up", "wait", "study", "stop workers",
+    assert [_kind(c) for c in onprem] == ["render", "token", "validate", "ray up", "wait", "study", "stop workers",
                                           "ray down"]
     for command in aws:
         assert command.replace("cluster.yaml", "cluster-onprem.yaml") in onprem, command

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from slurm_lab import SlurmLab, missing_slurm
+from slurm_lab import SlurmLab, check_listed_ports, missing_slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = str(ROOT / "studies" / "sensitivity_gamma.py")
@@ -188,7 +188,7 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
     wait_for("both jobs running", lambda: lab.job_state(job) == lab.job_state(short) == "RUNNING", log)
     assert lab.wait_job(short, timeout=180) == "COMPLETED", short_log.read_text()[-3000:]
     assert lab.job_state(job) == "RUNNING", log.read_text()[-3000:]
-    assert (head.tmp / f"calib-{job}").is_dir() and not (head.tmp / f"calib-{short}").exists()
+    assert len(list(head.tmp.glob(f"calib-{job}.*"))) == 1 and not list(head.tmp.glob(f"calib-{short}*"))
     ports = [re.search(r"Ray head on \S+ \((\S+)\)", f.read_text()).group(1) for f in (log, short_log)]
     assert ports[0] != ports[1] and short_log.read_text().rstrip().endswith("the study finished")
     assert (read_trials(lab.root / "shared" / "store-b")["status"] == "ok").sum() == 2
@@ -376,3 +376,115 @@ def test_a_cancel_while_ray_starts_ends_with_the_cancelled_line_and_exit_3(lab: 
                              "run the same study command, to continue it"), "\n".join(said)
     assert "Ray did not start" not in text and not re.search(r"(Killed|Terminated)", text), text
     assert lab.batch_exit_codes(job) == ["exit 3"], text
+
+
+def test_another_user_of_the_nodes_cannot_take_or_touch_the_jobs_ray_folder(lab: SlurmLab):
+    """A second Unix user on the nodes, as the threat: before the job starts it takes the job's predictable folder
+    name (``/tmp/calib-<id>``) and links one more to a folder of root's; while the study trains it tries to list the
+    job's folder, rename Ray's raylet socket, plant a module where Ray unpacks plugins (``runtime_resources``),
+    remove or rename the folder. Each is refused, the study completes with every row, and the cleanup leaves that
+    user's folder and link (and what the link points at) alone. Meanwhile every TCP port listening on the nodes is
+    one that docs/how-to/slurm.md lists (:func:`check_listed_ports`)."""
+    from calib.store import read_trials
+
+    user = f"calibx{lab.tag}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", user], check=True, capture_output=True)
+    decoy = lab.root / "decoy"  # root's: the other user links to it, and must not get it removed
+    decoy.mkdir()
+    (decoy / "kept").write_text("root's\n")
+    try:
+        run_dir, store = lab.root / "run-x", lab.root / "shared" / "store-x"
+        study = ["--store", str(store), "--data-root", str(lab.root / "data"), "--seeds", "1", "2", "--gammas", "0.9",
+                 "--epochs", "60", "--stage2-epochs", "2", "--configs-per-trial", "1", "--cpus-per-trial", "1"]
+        job = job_of(launch(lab, run_dir, "--nodes", "2", "--cpus-per-node", "1", "--handover-seconds", "0",
+                            "--sbatch-option=--hold", "--submit", study=study))
+        log = run_dir / "slurm" / f"calib-sensitivity_gamma-{job}.out"
+        for node in lab.nodes:  # before the job starts (held): the job's name taken, and a link planted
+            taken = lab.on_node(node, f"mkdir -m 777 /tmp/calib-{job} && ln -s {decoy} /tmp/calib-{job}.zzzzzzzz",
+                                user=user)
+            assert taken.returncode == 0, taken.stderr
+        lab.run("scontrol", "release", job)
+        wait_for("both Stage Is training", lambda: len(handover_epochs(store / "artifacts")) == 2, log, timeout=240,
+                 lab=lab)
+        base = int(re.search(r"Ray head on \S+ \(\S+:(\d+)\)", log.read_text()).group(1))
+        for node in lab.nodes:
+            folders = lab.on_node(node, f"ls -d /tmp/calib-{job}.*", user=user).stdout.split()
+            own = [f for f in folders if not f.endswith(".zzzzzzzz")]
+            assert len(own) == 1 and re.fullmatch(rf"/tmp/calib-{job}\.[A-Za-z0-9]{{8}}", own[0]), folders
+            folder, sockets = own[0], f"{own[0]}/ray/session_latest/sockets"
+            assert lab.on_node(node, f"stat -c '%a %U' {folder}").stdout.split() == ["700", "root"]
+            for attempt in (f"ls {folder}", f"mv {sockets}/raylet {sockets}/raylet.gone",
+                            f"mkdir -p {folder}/ray/session_latest/runtime_resources/x",
+                            f"echo 'import os' > {folder}/ray/session_latest/runtime_resources/plugin.py",
+                            f"rm -rf {folder}", f"mv {folder} {folder}.gone"):
+                tried = lab.on_node(node, attempt, user=user)
+                assert tried.returncode != 0 and ("Permission denied" in tried.stderr
+                                                  or "Operation not permitted" in tried.stderr), (attempt, tried)
+            assert lab.on_node(node, f"test -S {sockets}/raylet && test ! -e {folder}/ray/session_latest/"
+                                     f"runtime_resources/plugin.py").returncode == 0
+            assert lab.on_node(node, f"ls -A /tmp/calib-{job}").stdout == ""  # the other user's: not used
+            check_listed_ports(lab.listening(node), base, head=node is lab.nodes[0])
+        assert lab.wait_job(job, timeout=300) == "COMPLETED", log.read_text()[-3000:]
+        said = slurm_lines(log.read_text())
+        assert said[-1].endswith("the study finished"), "\n".join(said)
+        rows = read_trials(store)
+        assert len(rows) == 4 and rows["trial_id"].is_unique and (rows["status"] == "ok").all()
+        for node in lab.nodes:
+            ray_log = (run_dir / "slurm" / f"{job}-start1-ray-{node.name}.log").read_text()
+            assert re.search(rf"the job's Ray folder on {node.name}: /tmp/calib-{job}\.\w{{8}} \(made by the job, "
+                             rf"mode 0700\)", ray_log), ray_log[:2000]
+            left = sorted(lab.on_node(node, f"ls -d /tmp/calib-{job}*").stdout.split())
+            assert left == [f"/tmp/calib-{job}", f"/tmp/calib-{job}.zzzzzzzz"], left  # only the other user's
+        assert (decoy / "kept").read_text() == "root's\n"
+        assert not left_running(lab), left_running(lab)
+    finally:
+        subprocess.run(["userdel", user], capture_output=True)
+        for node in lab.nodes:
+            for path in node.tmp.glob("calib-*.zzzzzzzz"):
+                path.unlink()
+
+
+CANCEL_DELAYS = (1, 5, 15, 25)
+"""Seconds after the log's "Ray head on" line at which the cancel test cancels a job: while Ray's head starts, while
+the worker node joins, during the wait for the nodes, and about when the study starts."""
+
+
+def test_a_cancel_at_any_moment_of_rays_start_ends_cleanly(lab: SlurmLab):
+    """Two-node jobs cancelled :data:`CANCEL_DELAYS` seconds after "Ray head on" (two at a time: the lab's CPUs):
+    each ends with the documented cancelled line last and exit 3, no folder of the job left on any node once Slurm
+    has ended it, and no stray line (a traceback, Python's ``Exception ignored``, bash's ``Aborted``/``Killed``)."""
+    with ThreadPoolExecutor(2) as pool:
+        ended = list(pool.map(lambda delay: cancel_after(lab, delay), CANCEL_DELAYS))
+    for delay, (job, text) in zip(CANCEL_DELAYS, ended, strict=True):
+        said = slurm_lines(text)
+        assert said[-1].endswith("the study stopped after SIGTERM: the job was cancelled; submit this script again, "
+                                 "or run the same study command, to continue it"), (delay, "\n".join(said))
+        assert any(line.endswith("SIGTERM: Slurm cancelled the job (scancel, or a preemption that cancels); "
+                                 "stopping the study") for line in said), (delay, "\n".join(said))
+        stray = re.findall(r"^.*(?:Traceback|Exception ignored|Aborted|Killed|Terminated|line \d+:).*$", text,
+                           flags=re.MULTILINE)
+        assert not stray, f"{delay} s: {stray}\n{text[-6000:]}"
+        assert lab.batch_exit_codes(job) == ["exit 3"], (delay, text[-3000:])
+        left = [str(p) for node in lab.nodes for p in node.tmp.glob(f"calib-{job}*")]
+        assert not left, (delay, left)
+    assert not left_running(lab), left_running(lab)
+
+
+def cancel_after(lab: SlurmLab, delay: float) -> tuple[str, str]:
+    """Submit a two-node job, ``scancel`` it ``delay`` s after its log says "Ray head on", wait until Slurm has
+    ended it and its steps; its id and log."""
+    run_dir = lab.root / f"run-cancel-{delay}"
+    job = job_of(launch(lab, run_dir, "--nodes", "2", "--cpus-per-node", "1", "--submit", study=[
+        "--study", f"gamma-cancel-{delay}", "--store", str(lab.root / "shared" / f"store-cancel-{delay}"),
+        "--data-root", str(lab.root / "data"), "--seeds", "1", "--gammas", "0.9", "--epochs", "50",
+        "--stage2-epochs", "2"]))
+    log = run_dir / "slurm" / f"calib-gamma-cancel-{delay}-{job}.out"
+    wait_for("Ray's head to start", lambda: log.exists() and "Ray head on" in log.read_text(), log, timeout=300,
+             lab=lab)
+    time.sleep(delay)
+    lab.run("scancel", job)
+    assert lab.wait_job(job, timeout=60) == "CANCELLED"
+    wait_for("the script to end", lambda: lab.batch_exit_codes(job), log, timeout=30)
+    steps = ("squeue", "--steps", "--noheader", f"--jobs={job}")  # the nodes' steps end (KillWait at most)
+    wait_for("the job's steps to end", lambda: not lab.run(*steps, check=False).stdout.strip(), log, timeout=30)
+    return job, log.read_text()

@@ -19,6 +19,7 @@ import ray
 import yaml
 
 from calib.cluster import load_cluster_yaml, main
+from calib.cluster.token import ensure_token
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "cluster.yaml"
@@ -41,6 +42,16 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "botocore", None)
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def token_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The step before `validate`: cluster.yaml's token, made by `python -m calib.cluster token` in a home of the
+    test's own."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    token = tmp_path / "home" / ".config" / "calib" / "ray-tokens" / "calib.token"
+    ensure_token(token)
+    return token
 
 
 def shipped() -> dict[str, Any]:
@@ -75,6 +86,16 @@ def test_shipped_cluster_yaml_declares_what_the_studies_need():
     assert any(f'"ray[default,tune]=={ray.__version__}"' in c for c in config["setup_commands"])
     assert "pip install -e ~/calib" in config["setup_commands"]
     assert config["metadata"]["calib"]["store"].startswith("s3://")
+
+
+def test_a_token_file_not_made_yet_is_refused_naming_the_token_command(token_made: Path, capsys, monkeypatch):
+    """`ray up` would end in Ray's FileNotFoundError traceback (hash_runtime_conf): one line, exit 2."""
+    monkeypatch.chdir(ROOT)
+    token_made.unlink()
+    rc, out, err = run(capsys, "cluster.yaml")
+    assert rc == 2 and out == "" and err == (
+        "error: cluster.yaml: file_mounts[~/.ray/auth_token]: the token file ~/.config/calib/ray-tokens/calib.token "
+        "does not exist yet: create it with `python -m calib.cluster token cluster.yaml` before `ray up`.\n"), err
 
 
 def test_module_runs_from_the_repo_root():
