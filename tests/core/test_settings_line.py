@@ -43,7 +43,8 @@ def study_main(script: str, monkeypatch: pytest.MonkeyPatch):
     ("sensitivity_gamma.py", [], "4 5", "0.906 MB"),  # 12 trials
     ("compare_methods.py", ["--methods", "Vanilla (CE)", "TST"], "4 5", "0.302 MB"),  # 4 trials
     ("ablation.py", [], "4 5", "0.906 MB"),
-    ("search.py", ["--space", str(ROOT / "search_spaces" / "mac_cal.yaml")], "4", "75.5 kB"),  # the first seed
+    # --num-trials 20 trials of 1 replicate (the first seed)
+    ("search.py", ["--space", str(ROOT / "search_spaces" / "mac_cal.yaml")], "4", "1.51 MB"),
 ])
 def test_every_study_prints_the_epochs_and_seeds_it_runs(script, argv, seeds, kept, monkeypatch, capsys, tmp_path):
     main = study_main(script, monkeypatch)

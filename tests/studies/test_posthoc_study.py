@@ -20,7 +20,8 @@ def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert ("| method | calibration set | degenerate | n | ECE | smECE | NLL | Brier | Acc | ΔAcc | changed | KS | "
             "NLL cal | NLL ref | Brier cal | Brier ref | fit s |") in out.stdout
-    assert "| TS | n=50 | 0 | 2 |" in out.stdout and "| HB-EM | all | 0 | 1 |" in out.stdout
+    # n counts seeds (one here), the 2 draws of a size averaged within it
+    assert "| TS | n=50 | 0 | 1 |" in out.stdout and "| HB-EM | all | 0 | 1 |" in out.stdout
     assert "| HB | all | 0 | 1 |" in out.stdout and "| Vanilla | – | 0 | 1 |" in out.stdout
     df = pd.read_parquet(store / "trials")
     assert len(df) == 1 + 3 * (2 * 2 + 1) and (df["status"] == "ok").all() and df["trial_id"].is_unique

@@ -112,20 +112,21 @@ def test_a_study_run_with_set_and_stage2_seeds_stores_them(tmp_path):
     first = run_study("compare_methods.py", *common, "--set", "stage1.scheduler_step=epoch_start")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "· seeds 1 · Stage-II seeds 1 7 ·" in first.stdout
-    assert ("[compare_methods] --set stage1.milestones=[1]: every trial; --set method.accuracy_weight=0.9: 2 of 4 "
+    assert ("[compare_methods] --set stage1.milestones=[1]: every trial; --set method.accuracy_weight=0.9: 2 of 3 "
             "trials (mac_cal); --set stage1.scheduler_step=epoch_start: every trial") in first.stdout
     trials = pd.read_parquet(store / "trials")
-    assert len(trials) == 4 and (trials["status"] == "ok").all()
+    assert len(trials) == 3 and (trials["status"] == "ok").all()  # the uncalibrated row runs once
     assert (trials["stage1_scheduler_step"] == "epoch_start").all()
     assert all(list(milestones) == [1] for milestones in trials["stage1_milestones"])
-    assert sorted(trials["stage2_seed"]) == [1, 1, 7, 7] and (trials["seed"] == 1).all()
+    assert sorted(trials["stage2_seed"]) == [1, 1, 7] and (trials["seed"] == 1).all()
     assert trials["stage1_id"].nunique() == 1 and (~trials["stage1_cache_hit"]).sum() == 1, "one Stage I"
     mac_cal = trials[trials["method"] == "mac_cal"].set_index("stage2_seed")
     assert (mac_cal["method_accuracy_weight"] == 0.9).all()
     assert trials.loc[trials["method"] == "vanilla", "method_accuracy_weight"].isna().all(), "vanilla has no γ"
     assert mac_cal.loc[1, "test_ece"] != mac_cal.loc[7, "test_ece"]
     vanilla = trials[trials["method"] == "vanilla"]
-    assert vanilla["test_ece"].nunique() == 1, "the uncalibrated model draws nothing in Stage II"
+    assert len(vanilla) == 1 and vanilla["stage2_seed"].tolist() == [1], \
+        "the uncalibrated model draws nothing in Stage II: one trial per seed, its Stage II seeded by the seed"
     # FOCAL-R's schedule steps at each epoch's start: the decay of milestone 1 applies from epoch 0 (epoch_end: 1)
     history = pd.read_parquet(store / "history")
     lrs = history[history["stage"] == "stage1"].drop_duplicates("epoch").sort_values("epoch")["lr"].tolist()
