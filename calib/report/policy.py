@@ -3,7 +3,7 @@ tables of ``report.py --table`` and their CSV all come from :func:`compare_setup
 
 **Unit of replication: the seed.** A cell's n is the number of distinct seeds of its row. The trials of one seed
 (its Stage-II seeds, its calibration-set draws) are averaged first; the mean, the 95% interval and the std are over
-those per-seed values (:func:`calib.report.tables.summarize`).
+those per-seed values (:func:`calib.report.tables.summarize`, which every table calls).
 
 **Which test**, per setup (dataset × architecture), each row against the control, per metric column:
 
@@ -38,7 +38,7 @@ from calib.report.significance import default_control as ts_control
 from calib.report.tables import PREDICTION_CHANGE_COLUMNS, column_higher_is_better, summarize
 
 __all__ = ["DESCRIPTIVE_COLUMNS", "MIN_SEEDS", "PAIRED_TESTS", "SetupComparison", "adjust_across", "compare_setup",
-           "default_control", "row_order", "seed_values", "summarize_over_seeds"]
+           "default_control", "row_order"]
 
 MIN_SEEDS = 3
 """Setups whose control has fewer seeds than this are tested by the two-level bootstrap, or not at all."""
@@ -46,14 +46,6 @@ DESCRIPTIVE_COLUMNS = frozenset({*PREDICTION_CHANGE_COLUMNS, "method_seconds"})
 """Columns that describe a row rather than score it: never tested, never marked."""
 CELL_COLUMNS = ["label", "metric", "mean", "ci_low", "ci_high", "std", "n", "test", "p", "p_adjusted", "marker",
                 "difference", "difference_low", "difference_high"]
-
-summarize_over_seeds = summarize
-
-
-def seed_values(trials: pd.DataFrame, metric: str, by: Sequence[str] = ("label",)) -> pd.Series:
-    """One value per (``by`` …, seed): the mean over that seed's trials (its Stage-II seeds and calibration draws)."""
-    return trials.dropna(subset=[metric]).groupby([*by, "seed"], observed=True, sort=False)[metric].mean()
-
 
 def row_order(trials: pd.DataFrame) -> list[str]:
     """The labels of ``trials`` in the study's order (``label_rank``, then label), each once."""

@@ -1,5 +1,5 @@
-"""Significance in the report's tables: the markers of the cells that beat (or lose to) the control over seeds,
-with their legend, and a study's rank table over setups (Markdown and LaTeX), from
+"""Significance in the report's tables: the markers of the cells that beat (or lose to) the control (decided by
+:mod:`calib.report.policy`), and a study's rank table over setups (Markdown and LaTeX), from
 :mod:`calib.report.significance`, with CalArena's win rates (:mod:`calib.report.win_rates`) as its last columns."""
 
 from __future__ import annotations
@@ -7,56 +7,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import pandas as pd
 
-from calib.report.significance import RankComparison, paired_against_control
+from calib.report.significance import RankComparison
 from calib.report.tables import latex_escape
 from calib.report.win_rates import WIN_METRICS, WinRate
 
-__all__ = ["LATEX_MARKS", "MARKS", "cell_markers", "rank_latex", "rank_markdown"]
+__all__ = ["LATEX_MARKS", "MARKS", "rank_latex", "rank_markdown"]
 
 MARKS = {"better": "▲", "worse": "▼"}
 """The marker of a cell (or average rank) significantly better / worse than the control's."""
 LATEX_MARKS = {verdict: latex_escape(mark) for verdict, mark in MARKS.items()}
 """The same markers in LaTeX (amssymb)."""
-
-
-def cell_markers(group: pd.DataFrame, metrics: Mapping[str, str], control: str, *,
-                 alpha: float) -> tuple[dict[tuple[str, str], str], list[str]]:
-    """Each (label, metric) of one setup's ``group`` whose paired test against ``control`` over seeds rejects
-    (:func:`~calib.report.significance.paired_against_control`): its verdict, "better" or "worse"; and the
-    legend lines under the table (what the markers mean, the rows not tested and why)."""
-    verdicts: dict[tuple[str, str], str] = {}
-    untested: dict[str, list[str]] = {}
-    equal: dict[str, list[str]] = {}
-    first = group.groupby("label")["label_rank"].min().reset_index()
-    order = list(first.sort_values(["label_rank", "label"], kind="stable")["label"])
-    for metric, header in metrics.items():
-        tests = paired_against_control(group, metric, control, alpha=alpha)
-        for label, row in tests.loc[[label for label in order if label in tests.index]].iterrows():
-            if row["verdict"]:
-                verdicts[(str(label), metric)] = row["verdict"]
-            elif row["reason"] == "fewer than 2 common seeds":
-                untested.setdefault(str(label), []).append(header)
-            elif row["reason"] == "equal on every seed":
-                equal.setdefault(str(label), []).append(header)
-    others = [label for label in order if label != control]
-    legend = [f"{MARKS['better']} / {MARKS['worse']}: significantly better / worse than {control} over the seeds "
-              f"of this setup (paired t-test on seed, Holm over the rows of each column, α = {alpha:g})."]
-
-    def rows_with(columns: dict[str, list[str]]) -> str:
-        """"every row (Acc)" when every row has the same columns, else "A (Acc, ECE); B" (B in every column)."""
-        if set(columns) == set(others) and len({tuple(c) for c in columns.values()}) == 1:
-            shared = next(iter(columns.values()))
-            return "every row" + ("" if len(shared) == len(metrics) else f" ({', '.join(shared)})")
-        return "; ".join(label if len(c) == len(metrics) else f"{label} ({', '.join(c)})"
-                         for label, c in columns.items())
-
-    if untested:
-        legend.append(f"Not tested (fewer than 2 seeds in common with {control}): {rows_with(untested)}.")
-    if equal:
-        legend.append(f"Equal to {control} on every seed (p = 1): {rows_with(equal)}.")
-    return verdicts, legend
 
 
 def _fmt(value: float, digits: int = 2) -> str:

@@ -12,7 +12,8 @@ import pytest
 from scipy import stats
 
 from calib.report import bootstrap
-from calib.report.policy import adjust_across, compare_setup, default_control, summarize_over_seeds
+from calib.report.policy import adjust_across, compare_setup, default_control
+from calib.report.tables import summarize
 from calib.study.settings import with_settings
 
 
@@ -28,7 +29,7 @@ def test_n_counts_seeds_and_stage2_seeds_are_averaged_within_their_seed():
     # seed 1's three Stage-II trials average to 0.2, seed 2's to 0.5: n = 2, mean 0.35,
     # CI half-width t(0.975, 1) · s / √2 with s = 0.3 / √2
     trials = rows({"A": {1: [0.1, 0.2, 0.3], 2: [0.4, 0.5, 0.6]}})
-    summary = summarize_over_seeds(trials, ["label"], ["test_ece"])
+    summary = summarize(trials, ["label"], ["test_ece"])
     assert summary["n"].tolist() == [2]
     assert summary["test_ece_mean"].iloc[0] == pytest.approx(0.35)
     assert summary["test_ece_ci"].iloc[0] == pytest.approx(12.706204736 * (0.3 / math.sqrt(2)) / math.sqrt(2))
