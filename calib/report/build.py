@@ -358,7 +358,12 @@ def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: d
     """The study's Markdown and LaTeX tables of one (dataset, architecture), with the markers of the cells
     significantly better / worse than ``control`` over seeds, and the cost table of the method comparison."""
     written = []
-    table = _ordered_summary(group, metrics)
+    present = control is not None and (group["label"] == control).any()
+    if control is not None and not present:
+        log(f"{study} · {dataset} · {arch}: no significance markers: the control {control} has no trial here")
+    comparison = compare_setup(group, metrics, control if present else None, alpha=alpha, store=store, study=study,
+                               test=test)
+    table, markers, legend = comparison.summary(), comparison.markers(), comparison.legend
     over = "splits of the predictions file" if _is_predictions_file(group) else "seeds"
     caption = (f"{study} · {dataset} · {arch} · test split · "
                f"mean ± {'95% CI' if spread == 'ci' else 'std'} over {over}; fractions in percent")
@@ -367,14 +372,6 @@ def _tables(study: str, dataset: str, arch: str, group: pd.DataFrame, metrics: d
     published = _published_column(table, dataset, [arch])
     note = mixed_trainings(group)
     caption += f" · {note}" if note else ""
-    markers, legend = None, []
-    if control is not None and (group["label"] == control).any():
-        comparison = compare_setup(group, metrics, control, alpha=alpha, store=store, study=study, test=test)
-        table = table.drop(columns=[c for c in table if c != "label_rank" and c != "label"]).merge(
-            comparison.summary(), on="label", how="left")
-        markers, legend = comparison.markers(), comparison.legend
-    elif control is not None:
-        log(f"{study} · {dataset} · {arch}: no significance markers: the control {control} has no trial here")
     markdown = markdown_table(table, metrics, spread, published, markers)
     for suffix, text in ((".md", f"{caption}\n\n{markdown}" + "".join(f"\n{line}" for line in legend)
                           + ("\n" if legend else "")),
