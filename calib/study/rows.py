@@ -261,17 +261,14 @@ def print_row_tables(trials: pd.DataFrame, metrics: Mapping[str, str], *, study:
         with report_step(study, f"table for {dataset} · {arch}"):
             print(f"\n{dataset} · {arch} · test split · mean ± 95% CI over seeds "
                   f"(percent; NLL in nats and Brier as they are{change})\n")
-            marks, legend = {}, []
-            if control is not None:
-                comparison = compare_setup(group, metrics, control, alpha=alpha, store=store, study=study, test=test)
-                marks = {key: MARKS[verdict] for key, verdict in comparison.markers().items()}
-                legend = comparison.legend
-                if comparison.test == "bootstrap":  # the cells' intervals come from the bootstrap's draws
-                    summary = comparison.summary().rename(columns={"label": by[0]})
-                else:
-                    summary = summarize(group, list(by), list(metrics))
-            else:
-                summary = summarize(group, list(by), list(metrics))
+            summary = summarize(group, list(by), list(metrics))
+            comparison = compare_setup(group, metrics, control, alpha=alpha, store=store, study=study, test=test)
+            marks = {key: MARKS[verdict] for key, verdict in comparison.markers().items()}
+            legend = comparison.legend
+            if comparison.test == "bootstrap":  # the cells' intervals come from the bootstrap's draws, in this order
+                intervals = comparison.summary().set_index("label")
+                summary = summary.assign(**{column: summary[by[0]].astype(str).map(intervals[column])
+                                            for column in intervals.columns if column.endswith("_ci")})
             print(to_markdown(summary, list(by), metrics, marks=marks))
             for line in legend:
                 print(f"\n{line}")
