@@ -272,11 +272,16 @@ def check_listed_ports(listening: dict[int, str], base: int, *, head: bool) -> N
     listens where"), or Slurm's own (slurmd, srun); each listed port of the node listens."""
     ray = {port for port, process in listening.items() if process not in ("slurmd", "srun", "slurmstepd")}
     always = {base + 1, base + 2, base + 7} | ({base} if head else set())
-    client = {base + 3} if head and _has_grpc() else set()
+    client = {base + 3} if head and _imports("import grpc") else set()
+    # The dashboard agent's gRPC, HTTP and metrics ports, and the head's autoscaler and dashboard metrics, with
+    # ray[default].
+    dashboard = ({base + 4, base + 5, base + 6} | ({base + 8, base + 9} if head else set())
+                 if _imports("from ray._private.utils import get_dashboard_dependency_error as e; assert e() is None")
+                 else set())
     workers = {port for port in ray if base + 20 <= port < base + 200}
-    assert ray - workers == always | client, (sorted(listening.items()), base)
+    assert ray - workers == always | client | dashboard, (sorted(listening.items()), base)
 
 
-def _has_grpc() -> bool:
-    """Whether Ray's client dependency is installed: the job then runs Ray Client's server."""
-    return subprocess.run([sys.executable, "-c", "import grpc"], capture_output=True).returncode == 0
+def _imports(code: str) -> bool:
+    """Whether ``code`` runs in the nodes' python: what Ray finds installed decides which of its servers start."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

@@ -20,6 +20,7 @@ import logging
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -147,6 +148,7 @@ def test_ray_up_runs_the_readme_on_two_hosts(capsys: pytest.CaptureFixture[str],
             if kind == "wait":
                 transcript += [line for line in outputs[kind].splitlines() if "nodes up" in line or "  head " in line
                                or "  worker " in line]
+                transcript += ports_are_the_pages(lab)
                 transcript += intruder_is_refused(lab)
             if kind == "study":
                 first = outputs[kind]
@@ -179,6 +181,82 @@ def test_ray_up_runs_the_readme_on_two_hosts(capsys: pytest.CaptureFixture[str],
     assert not lab.leftovers(), lab.leftovers()
 
 
+FIXED_PORTS = {22: ("every host", "address"), 6379: ("head", "all"), 10001: ("head", "address and loopback"),
+               8265: ("head", "loopback"), 52365: ("every node", "address and loopback"), 44217: ("head", "all"),
+               44227: ("head", "all")}
+"""The fixed ports of ray-cluster.md's "What listens where" for the on-prem file: where (the head or every host) and
+on which addresses (all, the host's own, loopback)."""
+RAY_PORT_FILES = {"metrics_export_port": "all", "metrics_agent_port": "all", "runtime_env_agent_port": "address"}
+"""The random ports Ray records in its session folder on each node (the dashboard agent's metrics and gRPC, the
+runtime-env agent), and their addresses."""
+WORKER_PORTS = range(10002, 20000)
+
+
+def port_table() -> dict[str, str]:
+    """ray-cluster.md's "What listens where" table: its first cell -> its "on" cell."""
+    text = CLUSTER_PAGE.read_text()
+    table = text[text.index("**What listens where.**"):]
+    table = table[:table.index("\n\n", table.index("| port |"))]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    return {port.strip(): on.strip() for port, on, _ in rows[1:]}
+
+
+def listening(host) -> dict[int, tuple[str, set[str]]]:
+    """The TCP ports listening in ``host``'s network (``ss -ltnp``): each with its process and its addresses
+    (``all`` for the wildcard, ``address`` for the host's own, ``loopback``)."""
+    out = subprocess.run(["ip", "netns", "exec", host.netns, "ss", "-Hltnp"], capture_output=True, text=True,
+                         check=True).stdout
+    found: dict[int, tuple[str, set[str]]] = {}
+    for line in filter(str.strip, out.splitlines()):
+        local = line.split()[3]
+        address, port = local.rsplit(":", 1)
+        address = address.strip("[]").removeprefix("::ffff:")
+        kind = {"*": "all", "0.0.0.0": "all", "::": "all", host.ip: "address", "127.0.0.1": "loopback"}[address]
+        process = re.search(r'users:\(\("([^"]+)"', line).group(1)
+        found.setdefault(int(port), (process, set()))[1].add(kind)
+    return found
+
+
+def ports_are_the_pages(lab: Lab) -> list[str]:
+    """Every TCP port listening on the hosts (``ss -ltn``) is one ray-cluster.md lists for that host, bound to the
+    addresses its row says, and every port the page lists for a host listens on it (checked before the intruder,
+    whose attempts may end Ray Client's server)."""
+    table = port_table()
+    for port, (where, addresses) in FIXED_PORTS.items():  # the page says what this test checks
+        on = table[str(port)]
+        assert ("head" in on) == (where == "head"), (port, on)
+        assert ("all its addresses" in on) == (addresses == "all") and ("loopback" in on) == (
+            "loopback" in addresses), (port, on)
+    numbered = {int(p) for cell in table for p in re.findall(r"^(\d+)(?: |$)", cell) if "(AWS)" not in cell}
+    assert numbered == set(FIXED_PORTS), numbered
+    assert "10002-19999" in table and sum(cell.startswith("random") for cell in table) >= 1
+    has_client = subprocess.run([sys.executable, "-c", "import grpc"], capture_output=True).returncode == 0
+    said = []
+    for host in lab.hosts:
+        head = host is lab.head
+        ports = listening(host)
+        expected = {port: addresses for port, (where, addresses) in FIXED_PORTS.items()
+                    if (head or where != "head") and (port != 10001 or has_client)}
+        session = max(host.tmp.glob("ray/session_2*"), key=lambda p: p.stat().st_mtime)
+        for name, addresses in RAY_PORT_FILES.items():
+            expected[int(next(session.glob(f"{name}_*")).read_text())] = addresses
+        raylet = {port for port, (process, _) in ports.items() if process == "raylet"}
+        assert len(raylet) == 2, ports  # the node manager and the object manager
+        workers = {port for port, (process, _) in ports.items() if process.startswith("ray::")
+                   and port in WORKER_PORTS and port not in expected}
+        unlisted = set(ports) - set(expected) - raylet - workers
+        assert not unlisted, f"{host.name}: listening but not in ray-cluster.md: {[(p, ports[p]) for p in unlisted]}"
+        silent = set(expected) - set(ports)
+        assert not silent, f"{host.name}: in ray-cluster.md but not listening: {sorted(silent)}; {ports}"
+        for port, addresses in expected.items():
+            assert ports[port][1] == set(addresses.split(" and ")), (host.name, port, ports[port], addresses)
+        for port in raylet | workers:
+            assert ports[port][1] == {"all"}, (host.name, port, ports[port])
+        said.append(f"{host.name}: {len(ports)} ports listening, each in ray-cluster.md's table: "
+                    + ", ".join(f"{p} {ports[p][0]}" for p in sorted(expected)))
+    return said
+
+
 def markers(lab: Lab) -> list[str]:
     """The marker files the intruder's code writes (``~/intruder-<door>-<host>``), on any host of the lab."""
     return sorted(str(p.relative_to(lab.root)) for host in lab.every_host for p in host.home.glob("intruder-*"))
@@ -208,3 +286,4 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return b""
+
