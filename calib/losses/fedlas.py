@@ -224,12 +224,8 @@ class FeDLaSLS(_FeDLaSBase):
 
     With β = 0, α_i = α and this is label smoothing LS_α = (1 − α)·CE + α·E exactly (§4.1).
 
-    Args:
-        smoothing: α (α_base).
-        modulation_strength: β.
-        norm_momentum: θ of the NCI.
-        num_classes: C, the gate's input width.
-        reduction: "mean", or "sum" (= batch size × the mean).
+    Takes the fields of :class:`FeDLaSLSConfig` (α = ``smoothing``), ``num_classes`` (C, the gate's input width) and
+    ``reduction`` ("mean", or "sum" = batch size × the mean).
     """
 
     def __init__(
@@ -256,13 +252,7 @@ class FeDLaSMbLS(_FeDLaSBase):
     sums over classes). Unlike plain MbLS (CE + λ·R), this is a convex combination; with β = 0 it
     is (1 − λ)·CE + λ·R.
 
-    Args:
-        penalty_weight: λ (α_base).
-        margin: m.
-        modulation_strength: β.
-        norm_momentum: θ of the NCI.
-        num_classes: C, the gate's input width.
-        reduction: "mean", or "sum" (= batch size × the mean).
+    Takes the fields of :class:`FeDLaSMbLSConfig` (λ = ``penalty_weight``), ``num_classes`` and ``reduction``.
     """
 
     def __init__(
