@@ -6,9 +6,9 @@ valid ones), checks each value against the field's type (``Literal`` choices inc
 converts lists to tuples, so a typo in a search-space file or on the command line fails loudly.
 
 A field declares its own check: :func:`checked_field` attaches a :class:`Rule` (:func:`integer`, :func:`number`,
-:func:`or_null`), a ``Literal`` type is its own rule (one of its choices), and :func:`check_fields` runs every
-field's rule, so a hyperparameter's default and check are written once, on the config; a calibrator checks its
-constructor's arguments against the same rules (:func:`check_values`), with the same message.
+:func:`in_range`, :func:`or_null`, :func:`all_of`), a ``Literal`` type is its own rule (one of its choices), and
+:func:`check_fields` runs every field's rule, so a hyperparameter's default and check are written once, on the config;
+a calibrator checks its constructor's arguments against the same rules (:func:`check_values`), with the same message.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 __all__ = [
     "ConfigError",
     "Rule",
+    "all_of",
     "check",
     "check_fields",
     "check_values",
@@ -38,6 +39,7 @@ __all__ = [
     "field_types",
     "fields_of_symbol",
     "from_dict",
+    "in_range",
     "integer",
     "load_yaml",
     "named_section",
@@ -101,6 +103,51 @@ def number(*, at_least: float | None = None, above: float | None = None) -> Rule
     if at_least is not None:
         return Rule(f"a finite number >= {at_least:g}", lambda value: _is_number(value) and value >= at_least)
     return Rule("a finite number", _is_number)
+
+
+def in_range(*, at_least: float | None = None, above: float | None = None, below: float | None = None,
+             at_most: float | None = None) -> Rule:
+    """A real number within the bounds given (±inf where they allow it; never NaN); the message names only the
+    bounds, as the losses' checks always have: ">= 0", "> 0", "in [0, 1)", "in (0, 1]".
+
+    >>> in_range(at_least=0).what, in_range(at_least=0, below=1).what, in_range(above=0, at_most=1).holds(1)
+    ('>= 0', 'in [0, 1)', True)
+    """
+    low, high = (at_least if at_least is not None else above), (at_most if at_most is not None else below)
+    if low is None and high is None:
+        raise ValueError("in_range needs a bound.")
+    if low is not None and high is not None:
+        what = f"in {'[' if at_least is not None else '('}{low:g}, {high:g}{']' if at_most is not None else ')'}"
+    elif low is not None:
+        what = f"{'>=' if at_least is not None else '>'} {low:g}"
+    else:
+        what = f"{'<=' if at_most is not None else '<'} {high:g}"
+
+    def holds(value: Any) -> bool:
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or math.isnan(value):
+            return False
+        return ((at_least is None or value >= at_least) and (above is None or value > above)
+                and (below is None or value < below) and (at_most is None or value <= at_most))
+
+    return Rule(what, holds)
+
+
+@dataclasses.dataclass(frozen=True)
+class _AllOf(Rule):
+    rules: tuple[Rule, ...] = ()
+
+    def check(self, key: str, value: Any) -> None:
+        for rule in self.rules:
+            rule.check(key, value)
+
+
+def all_of(*rules: Rule) -> Rule:
+    """Every one of ``rules``; a value that breaks some is reported by the first of them.
+
+    >>> all_of(number(), in_range(at_least=0)).what
+    'a finite number and >= 0'
+    """
+    return _AllOf(" and ".join(rule.what for rule in rules), lambda value: all(r.holds(value) for r in rules), rules)
 
 
 def one_of(choices: tuple[Any, ...]) -> Rule:

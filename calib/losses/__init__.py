@@ -1,5 +1,6 @@
-"""Training losses, by registered name. Adding a loss: one file here, one ``LOSSES.register`` call: every module of
-this package that does not start with ``_`` is imported below.
+"""Training losses, by registered name. Adding a loss: one file here, a config dataclass whose fields declare their
+defaults and rules once (``checked_field``) and an ``nn.Module`` that takes them by name, registered with one
+:func:`register_loss` call: every module of this package that does not start with ``_`` is imported below.
 
 Every loss is called as ``loss(logits, targets, features)`` and returns a scalar; ``reduction``
 "mean" gives the batch-mean form and "sum" batch size × that (see :mod:`calib.losses._reduction`).
@@ -22,7 +23,7 @@ from calib.losses import (
     mdca,
     mmce,
 )
-from calib.losses._base import LossSpec, Reduction, TrainingStateLoss
+from calib.losses._base import ConfiguredLoss, LossSpec, Reduction, TrainingStateLoss, build_loss, register_loss
 from calib.losses._registry import LOSSES
 from calib.losses.acls import ACLS, ACLSConfig
 from calib.losses.adafocal import AdaFocal, AdaFocalConfig
@@ -55,6 +56,7 @@ __all__ = [
     "AdaFocalConfig",
     "CPCConfig",
     "CRLConfig",
+    "ConfiguredLoss",
     "CrossEntropy",
     "CrossEntropyConfig",
     "DualFocalLoss",
@@ -78,6 +80,7 @@ __all__ = [
     "TrainingStateLoss",
     "acls",
     "adafocal",
+    "build_loss",
     "cpc",
     "crl",
     "cross_entropy",
@@ -90,4 +93,5 @@ __all__ = [
     "mbls",
     "mdca",
     "mmce",
+    "register_loss",
 ]

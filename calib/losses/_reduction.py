@@ -15,16 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from calib._config import check
-from calib.losses._base import Reduction
+from calib.losses._base import Reduction, check_reduction
 
 __all__ = ["check_reduction", "reduce_per_sample", "scale_batch_mean"]
-
-
-def check_reduction(reduction: str) -> Reduction:
-    """``reduction`` itself if it is "mean" or "sum"; otherwise a ``ConfigError`` naming both choices."""
-    check(reduction in ("mean", "sum"), "reduction", reduction, "be 'mean' or 'sum'")
-    return reduction  # type: ignore[return-value]
 
 
 def reduce_per_sample(losses: torch.Tensor, reduction: Reduction) -> torch.Tensor:

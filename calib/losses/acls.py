@@ -22,13 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._reduction import check_reduction, reduce_per_sample
-from calib.losses._registry import LOSSES
+from calib._config import check_fields, checked_field, in_range
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import reduce_per_sample
 
 __all__ = ["ACLS", "ACLSConfig", "acls_regularizer"]
 
@@ -44,16 +42,13 @@ class ACLSConfig:
         margin: m, >= 0 (10.0).
     """
 
-    penalty_weight: float = 0.1
-    pos_weight: float = 1.0
-    neg_weight: float = 0.1
-    margin: float = 10.0
+    penalty_weight: float = checked_field(0.1, in_range(at_least=0))
+    pos_weight: float = checked_field(1.0, in_range(at_least=0))
+    neg_weight: float = checked_field(0.1, in_range(at_least=0))
+    margin: float = checked_field(10.0, in_range(at_least=0))
 
     def __post_init__(self) -> None:
-        check(self.penalty_weight >= 0, "penalty_weight", self.penalty_weight, "be >= 0")
-        check(self.pos_weight >= 0, "pos_weight", self.pos_weight, "be >= 0")
-        check(self.neg_weight >= 0, "neg_weight", self.neg_weight, "be >= 0")
-        check(self.margin >= 0, "margin", self.margin, "be >= 0")
+        check_fields(self)
 
 
 def acls_regularizer(
@@ -68,24 +63,13 @@ def acls_regularizer(
     return pos_weight * pos + neg_weight * neg
 
 
-class ACLS(nn.Module):
+class ACLS(ConfiguredLoss):
     """CE + λ·R with the ACLS regulariser R, reduced by ``reduction`` (see the module docstring)."""
 
-    def __init__(
-        self,
-        penalty_weight: float = 0.1,
-        pos_weight: float = 1.0,
-        neg_weight: float = 0.1,
-        margin: float = 10.0,
-        reduction: Reduction = "mean",
-    ) -> None:
-        super().__init__()
-        ACLSConfig(penalty_weight=penalty_weight, pos_weight=pos_weight, neg_weight=neg_weight, margin=margin)
-        self.penalty_weight = float(penalty_weight)
-        self.pos_weight = float(pos_weight)
-        self.neg_weight = float(neg_weight)
-        self.margin = float(margin)
-        self.reduction = check_reduction(reduction)
+    def __init__(self, penalty_weight: float = ACLSConfig.penalty_weight, pos_weight: float = ACLSConfig.pos_weight,
+                 neg_weight: float = ACLSConfig.neg_weight, margin: float = ACLSConfig.margin,
+                 reduction: Reduction = "mean") -> None:
+        super().__init__(ACLSConfig, locals())
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -94,21 +78,6 @@ class ACLS(nn.Module):
         reg = acls_regularizer(logits, pos_weight=self.pos_weight, neg_weight=self.neg_weight, margin=self.margin)
         return reduce_per_sample(ce + self.penalty_weight * reg, self.reduction)
 
-    def extra_repr(self) -> str:
-        return (
-            f"penalty_weight={self.penalty_weight}, pos_weight={self.pos_weight}, neg_weight={self.neg_weight}, "
-            f"margin={self.margin}, reduction={self.reduction!r}"
-        )
 
-
-LOSSES.register("acls")(
-    LossSpec(
-        config=ACLSConfig,
-        label="ACLS",
-        order=6,
-        build=lambda params, *, num_classes, reduction: ACLS(
-            params.penalty_weight, params.pos_weight, params.neg_weight, params.margin, reduction
-        ),
-        description="ACLS: CE + λ·(max-logit and logit-gap penalties) (Park et al., ICCV 2023)",
-    )
-)
+register_loss("acls", ACLSConfig, ACLS, "ACLS: CE + λ·(max-logit and logit-gap penalties) (Park et al., ICCV 2023)",
+              label="ACLS", order=6)

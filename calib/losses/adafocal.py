@@ -33,16 +33,14 @@ sums over the batch, ``reduction="sum"``, as FOCAL-R).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction, TrainingStateLoss
-from calib.losses._reduction import check_reduction, reduce_per_sample
-from calib.losses._registry import LOSSES
+from calib._config import all_of, check, check_fields, checked_field, in_range, integer, number
+from calib.losses._base import ConfiguredLoss, Reduction, TrainingStateLoss, register_loss
+from calib.losses._reduction import reduce_per_sample
 
 __all__ = ["AdaFocal", "AdaFocalConfig", "equal_mass_edges", "update_gammas"]
 
@@ -62,20 +60,15 @@ class AdaFocalConfig:
         gamma_min, gamma_max: the clipping range of γ, gamma_min < gamma_max (−2.0, 20.0).
     """
 
-    num_bins: int = 15
-    gamma_initial: float = 1.0
-    update_rate: float = 1.0
-    switch_point: float = 0.2
-    gamma_min: float = -2.0
-    gamma_max: float = 20.0
+    num_bins: int = checked_field(15, integer(at_least=1))
+    gamma_initial: float = checked_field(1.0, number())
+    update_rate: float = checked_field(1.0, all_of(number(), in_range(at_least=0)))
+    switch_point: float = checked_field(0.2, all_of(number(), in_range(at_least=0)))
+    gamma_min: float = checked_field(-2.0, number())
+    gamma_max: float = checked_field(20.0, number())
 
     def __post_init__(self) -> None:
-        check(isinstance(self.num_bins, int) and self.num_bins >= 1, "num_bins", self.num_bins,
-              "be an integer >= 1")
-        for key in ("gamma_initial", "update_rate", "switch_point", "gamma_min", "gamma_max"):
-            check(math.isfinite(getattr(self, key)), key, getattr(self, key), "be a finite number")
-        check(self.update_rate >= 0, "update_rate", self.update_rate, "be >= 0")
-        check(self.switch_point >= 0, "switch_point", self.switch_point, "be >= 0")
+        check_fields(self)
         check(self.gamma_min < self.gamma_max, "gamma_min", self.gamma_min,
               f"be below gamma_max={self.gamma_max}")
         check(self.gamma_min <= self.gamma_initial <= self.gamma_max, "gamma_initial", self.gamma_initial,
@@ -106,23 +99,18 @@ def update_gammas(gammas: torch.Tensor, gaps: torch.Tensor, *, update_rate: floa
     return proposed.clamp(gamma_min, gamma_max)
 
 
-class AdaFocal(TrainingStateLoss):
+class AdaFocal(ConfiguredLoss, TrainingStateLoss):
     """AdaFocal_i = −(1 − sign(γ_b)·p_y + 1e-20)^{|γ_b|}·log p_y with per-bin γ_b updated from validation each
     epoch (:meth:`observe_validation`), reduced by ``reduction`` (see the module docstring)."""
 
     gammas: torch.Tensor
     edges: torch.Tensor
 
-    def __init__(self, num_bins: int = 15, *, gamma_initial: float = 1.0, update_rate: float = 1.0,
-                 switch_point: float = 0.2, gamma_min: float = -2.0, gamma_max: float = 20.0,
-                 reduction: Reduction = "mean") -> None:
-        super().__init__()
-        AdaFocalConfig(num_bins=num_bins, gamma_initial=gamma_initial, update_rate=update_rate,
-                       switch_point=switch_point, gamma_min=gamma_min, gamma_max=gamma_max)  # validates
-        self.num_bins = num_bins
-        self.update_rate, self.switch_point = float(update_rate), float(switch_point)
-        self.gamma_min, self.gamma_max = float(gamma_min), float(gamma_max)
-        self.reduction = check_reduction(reduction)
+    def __init__(self, num_bins: int = AdaFocalConfig.num_bins, *,
+                 gamma_initial: float = AdaFocalConfig.gamma_initial, update_rate: float = AdaFocalConfig.update_rate,
+                 switch_point: float = AdaFocalConfig.switch_point, gamma_min: float = AdaFocalConfig.gamma_min,
+                 gamma_max: float = AdaFocalConfig.gamma_max, reduction: Reduction = "mean") -> None:
+        super().__init__(AdaFocalConfig, locals())
         self.register_buffer("gammas", torch.full((num_bins,), float(gamma_initial), dtype=torch.float64))
         self.register_buffer("edges", torch.arange(num_bins + 1, dtype=torch.float64) * (1 / num_bins))
 
@@ -162,22 +150,7 @@ class AdaFocal(TrainingStateLoss):
                                             gamma_max=self.gamma_max))
             self.edges.copy_(edges)
 
-    def extra_repr(self) -> str:
-        return (f"num_bins={self.num_bins}, update_rate={self.update_rate}, switch_point={self.switch_point}, "
-                f"gamma_min={self.gamma_min}, gamma_max={self.gamma_max}, reduction={self.reduction!r}")
 
-
-LOSSES.register("adafocal")(
-    LossSpec(
-        config=AdaFocalConfig,
-        label="AdaFocal",
-        order=4.5,
-        build=lambda params, *, num_classes, reduction: AdaFocal(
-            params.num_bins, gamma_initial=params.gamma_initial, update_rate=params.update_rate,
-            switch_point=params.switch_point, gamma_min=params.gamma_min, gamma_max=params.gamma_max,
-            reduction=reduction,
-        ),
-        description="AdaFocal: focal loss with a per-confidence-bin γ updated from validation calibration each "
-                    "epoch, switching to inverse focal (Ghosh et al., NeurIPS 2022)",
-    )
-)
+register_loss("adafocal", AdaFocalConfig, AdaFocal,
+              "AdaFocal: focal loss with a per-confidence-bin γ updated from validation calibration each epoch, "
+              "switching to inverse focal (Ghosh et al., NeurIPS 2022)", label="AdaFocal", order=4.5)

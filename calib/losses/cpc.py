@@ -21,13 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._reduction import check_reduction, scale_batch_mean
-from calib.losses._registry import LOSSES
+from calib._config import check, check_fields, checked_field, in_range
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import scale_batch_mean
 
 __all__ = ["CPC", "CPCConfig", "pairwise_constraints"]
 
@@ -45,12 +43,11 @@ class CPCConfig:
         exclusion_weight: λ_bec, the weight of the binary exclusion constraints, >= 0 (1.0).
     """
 
-    discrimination_weight: float = 0.1
-    exclusion_weight: float = 1.0
+    discrimination_weight: float = checked_field(0.1, in_range(at_least=0))
+    exclusion_weight: float = checked_field(1.0, in_range(at_least=0))
 
     def __post_init__(self) -> None:
-        check(self.discrimination_weight >= 0, "discrimination_weight", self.discrimination_weight, "be >= 0")
-        check(self.exclusion_weight >= 0, "exclusion_weight", self.exclusion_weight, "be >= 0")
+        check_fields(self)
 
 
 def pairwise_constraints(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,18 +62,15 @@ def pairwise_constraints(logits: torch.Tensor, targets: torch.Tensor) -> tuple[t
     return bdc, bec
 
 
-class CPC(nn.Module):
+class CPC(ConfiguredLoss):
     """mean CE + λ_bdc·BDC + λ_bec·BEC, reduced by ``reduction`` (see the module docstring)."""
 
-    def __init__(self, discrimination_weight: float = 0.1, exclusion_weight: float = 1.0, *, num_classes: int,
+    def __init__(self, discrimination_weight: float = CPCConfig.discrimination_weight,
+                 exclusion_weight: float = CPCConfig.exclusion_weight, *, num_classes: int,
                  reduction: Reduction = "mean") -> None:
-        super().__init__()
-        CPCConfig(discrimination_weight=discrimination_weight, exclusion_weight=exclusion_weight)  # validates
+        super().__init__(CPCConfig, locals())
         check(num_classes >= 3, "num_classes", num_classes,
               "be >= 3 for the CPC loss (its exclusion constraints compare pairs of non-label classes)")
-        self.discrimination_weight = float(discrimination_weight)
-        self.exclusion_weight = float(exclusion_weight)
-        self.reduction = check_reduction(reduction)
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -85,19 +79,7 @@ class CPC(nn.Module):
         mean_loss = F.cross_entropy(logits, targets) + self.discrimination_weight * bdc + self.exclusion_weight * bec
         return scale_batch_mean(mean_loss, logits.shape[0], self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"discrimination_weight={self.discrimination_weight}, exclusion_weight={self.exclusion_weight}, "
-                f"reduction={self.reduction!r}")
 
-
-LOSSES.register("cpc")(
-    LossSpec(
-        config=CPCConfig,
-        label="CPC",
-        order=7.5,  # after MMCE, before the FeDLaS rows: MaC-Cal Table 1 lists CPC with the explicit penalties
-        build=lambda params, *, num_classes, reduction: CPC(
-            params.discrimination_weight, params.exclusion_weight, num_classes=num_classes, reduction=reduction
-        ),
-        description="CPC: CE + binary discrimination and exclusion constraints (Cheng & Vasconcelos, CVPR 2022)",
-    )
-)
+register_loss("cpc", CPCConfig, CPC,
+              "CPC: CE + binary discrimination and exclusion constraints (Cheng & Vasconcelos, CVPR 2022)",
+              label="CPC", order=7.5)  # after MMCE, before the FeDLaS rows: MaC-Cal Table 1 lists CPC with them

@@ -34,15 +34,13 @@ from typing import ClassVar, Literal
 import torch
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction, TrainingStateLoss
-from calib.losses._reduction import check_reduction, scale_batch_mean
-from calib.losses._registry import LOSSES
+from calib._config import check, check_fields, checked_field, number
+from calib.losses._base import ConfiguredLoss, Reduction, TrainingStateLoss, register_loss
+from calib.losses._reduction import scale_batch_mean
 
 __all__ = ["CRL", "CRLConfig", "rank_targets"]
 
 RankTarget = Literal["softmax", "entropy", "margin"]
-_RANK_TARGETS = ("softmax", "entropy", "margin")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,14 +53,11 @@ class CRLConfig:
             (top-1 − top-2 probability) ("softmax", ``--rank_target``).
     """
 
-    penalty_weight: float = 1.0
+    penalty_weight: float = checked_field(1.0, number(at_least=0))
     rank_target: RankTarget = "softmax"
 
     def __post_init__(self) -> None:
-        check(math.isfinite(self.penalty_weight) and self.penalty_weight >= 0, "penalty_weight",
-              self.penalty_weight, "be a finite number >= 0")
-        check(self.rank_target in _RANK_TARGETS, "rank_target", self.rank_target,
-              "be one of 'softmax', 'entropy', 'margin'")
+        check_fields(self)
 
 
 def rank_targets(logits: torch.Tensor, rank_target: RankTarget) -> torch.Tensor:
@@ -76,7 +71,7 @@ def rank_targets(logits: torch.Tensor, rank_target: RankTarget) -> torch.Tensor:
     return top2[:, 0] - top2[:, 1]
 
 
-class CRL(TrainingStateLoss):
+class CRL(ConfiguredLoss, TrainingStateLoss):
     """mean CE + λ·L_rank against the samples' correctness history (see the module docstring).
 
     Call as ``loss(logits, targets, features, indices=positions)`` after :meth:`start_training`.
@@ -86,13 +81,9 @@ class CRL(TrainingStateLoss):
     correctness: torch.Tensor
     max_correctness: torch.Tensor
 
-    def __init__(self, penalty_weight: float = 1.0, rank_target: RankTarget = "softmax",
-                 reduction: Reduction = "mean") -> None:
-        super().__init__()
-        CRLConfig(penalty_weight=penalty_weight, rank_target=rank_target)  # validates
-        self.penalty_weight = float(penalty_weight)
-        self.rank_target: RankTarget = rank_target
-        self.reduction = check_reduction(reduction)
+    def __init__(self, penalty_weight: float = CRLConfig.penalty_weight,
+                 rank_target: RankTarget = CRLConfig.rank_target, reduction: Reduction = "mean") -> None:
+        super().__init__(CRLConfig, locals())
         self.register_buffer("correctness", torch.zeros(0, dtype=torch.int64))
         self.register_buffer("max_correctness", torch.ones((), dtype=torch.int64))
 
@@ -140,17 +131,7 @@ class CRL(TrainingStateLoss):
                 self.correctness.index_add_(0, indices, correct)
         return scale_batch_mean(loss, logits.shape[0], self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"penalty_weight={self.penalty_weight}, rank_target={self.rank_target!r}, "
-                f"reduction={self.reduction!r}")
 
-
-LOSSES.register("crl")(
-    LossSpec(
-        config=CRLConfig,
-        label="CRL",
-        order=7.4,
-        build=lambda params, *, num_classes, reduction: CRL(params.penalty_weight, params.rank_target, reduction),
-        description="CRL: CE + λ·ranking of confidences by the samples' correctness history (Moon et al. 2020)",
-    )
-)
+register_loss("crl", CRLConfig, CRL,
+              "CRL: CE + λ·ranking of confidences by the samples' correctness history (Moon et al. 2020)",
+              label="CRL", order=7.4)

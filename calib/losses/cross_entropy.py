@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._registry import LOSSES
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
 
 __all__ = ["CrossEntropy", "CrossEntropyConfig"]
 
@@ -19,12 +17,11 @@ class CrossEntropyConfig:
     """Cross-entropy has no hyperparameters."""
 
 
-class CrossEntropy(nn.Module):
+class CrossEntropy(ConfiguredLoss):
     """Batch cross-entropy with ``reduction`` "mean" or "sum" (FOCAL-R trains with "sum", docs/methods.md §4)."""
 
     def __init__(self, reduction: Reduction = "mean") -> None:
-        super().__init__()
-        self.reduction = reduction
+        super().__init__(CrossEntropyConfig, locals())
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -32,10 +29,4 @@ class CrossEntropy(nn.Module):
         return F.cross_entropy(logits, targets, reduction=self.reduction)
 
 
-LOSSES.register("cross_entropy")(
-    LossSpec(
-        config=CrossEntropyConfig,
-        build=lambda params, *, num_classes, reduction: CrossEntropy(reduction),
-        description="cross-entropy (vanilla)",
-    )
-)
+register_loss("cross_entropy", CrossEntropyConfig, CrossEntropy, "cross-entropy (vanilla)")

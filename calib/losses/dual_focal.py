@@ -23,13 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._reduction import check_reduction, reduce_per_sample
-from calib.losses._registry import LOSSES
+from calib._config import check_fields, checked_field, in_range
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import reduce_per_sample
 from calib.losses.focal import target_log_probs
 
 __all__ = ["DualFocalLoss", "DualFocalLossConfig", "next_smaller_probability"]
@@ -51,20 +49,17 @@ class DualFocalLossConfig:
             cites from the paper's hyper-parameter table; docs/methods.md §4.6). γ = 0 is cross-entropy.
     """
 
-    gamma: float = 5.0
+    gamma: float = checked_field(5.0, in_range(at_least=0))
 
     def __post_init__(self) -> None:
-        check(self.gamma >= 0, "gamma", self.gamma, "be >= 0")
+        check_fields(self)
 
 
-class DualFocalLoss(nn.Module):
+class DualFocalLoss(ConfiguredLoss):
     """DFL_i = −(1 − p_y + p_j)^γ · log p_y, reduced over the batch by ``reduction`` (see the module docstring)."""
 
-    def __init__(self, gamma: float = 5.0, reduction: Reduction = "mean") -> None:
-        super().__init__()
-        DualFocalLossConfig(gamma=gamma)  # validates the range
-        self.gamma = float(gamma)
-        self.reduction = check_reduction(reduction)
+    def __init__(self, gamma: float = DualFocalLossConfig.gamma, reduction: Reduction = "mean") -> None:
+        super().__init__(DualFocalLossConfig, locals())
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -75,16 +70,6 @@ class DualFocalLoss(nn.Module):
         base = (one_minus_p + p_j).clamp_min(torch.finfo(logits.dtype).tiny)
         return reduce_per_sample(-base.pow(self.gamma) * log_p, self.reduction)
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, reduction={self.reduction!r}"
 
-
-LOSSES.register("dual_focal")(
-    LossSpec(
-        config=DualFocalLossConfig,
-        label="DFL",
-        order=4,
-        build=lambda params, *, num_classes, reduction: DualFocalLoss(params.gamma, reduction),
-        description="dual focal loss −(1 − p_y + p_j)^γ·log p_y (Tao, Dong, Xu, ICML 2023)",
-    )
-)
+register_loss("dual_focal", DualFocalLossConfig, DualFocalLoss,
+              "dual focal loss −(1 − p_y + p_j)^γ·log p_y (Tao, Dong, Xu, ICML 2023)", label="DFL", order=4)

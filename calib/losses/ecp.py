@@ -16,23 +16,19 @@ Batch reduction: see :mod:`calib.losses._reduction` (the MbLS code averages: ``r
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._reduction import check_reduction, reduce_per_sample
-from calib.losses._registry import LOSSES
+from calib._config import check_fields, checked_field, number
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import reduce_per_sample
 
 __all__ = ["ECP", "ECPConfig", "entropy_terms"]
 
 EntropyReduction = Literal["mean", "sum"]
-_ENTROPY_REDUCTIONS = ("mean", "sum")
 PROBABILITY_CLAMP = 1e-10
 """p is clamped to [1e-10, 1 − 1e-10] inside the entropy (the MbLS code's ``EPS``)."""
 
@@ -46,14 +42,11 @@ class ECPConfig:
         entropy_reduction: "mean" (H/C, the MbLS/ACLS code) or "sum" (H, the paper's formula) ("mean").
     """
 
-    penalty_weight: float = 0.1
+    penalty_weight: float = checked_field(0.1, number(at_least=0))
     entropy_reduction: EntropyReduction = "mean"
 
     def __post_init__(self) -> None:
-        check(math.isfinite(self.penalty_weight) and self.penalty_weight >= 0, "penalty_weight",
-              self.penalty_weight, "be a finite number >= 0")
-        check(self.entropy_reduction in _ENTROPY_REDUCTIONS, "entropy_reduction", self.entropy_reduction,
-              "be one of 'mean', 'sum'")
+        check_fields(self)
 
 
 def entropy_terms(logits: torch.Tensor, entropy_reduction: EntropyReduction = "mean") -> torch.Tensor:
@@ -63,16 +56,13 @@ def entropy_terms(logits: torch.Tensor, entropy_reduction: EntropyReduction = "m
     return terms.mean(dim=1) if entropy_reduction == "mean" else terms.sum(dim=1)
 
 
-class ECP(nn.Module):
+class ECP(ConfiguredLoss):
     """ECP_i = CE_i − β·H̄_i (or − β·H_i), reduced over the batch by ``reduction`` (see the module docstring)."""
 
-    def __init__(self, penalty_weight: float = 0.1, entropy_reduction: EntropyReduction = "mean",
+    def __init__(self, penalty_weight: float = ECPConfig.penalty_weight,
+                 entropy_reduction: EntropyReduction = ECPConfig.entropy_reduction,
                  reduction: Reduction = "mean") -> None:
-        super().__init__()
-        ECPConfig(penalty_weight=penalty_weight, entropy_reduction=entropy_reduction)  # validates
-        self.penalty_weight = float(penalty_weight)
-        self.entropy_reduction: EntropyReduction = entropy_reduction
-        self.reduction = check_reduction(reduction)
+        super().__init__(ECPConfig, locals())
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -81,18 +71,6 @@ class ECP(nn.Module):
         entropy = entropy_terms(logits, self.entropy_reduction)
         return reduce_per_sample(ce - self.penalty_weight * entropy, self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"penalty_weight={self.penalty_weight}, entropy_reduction={self.entropy_reduction!r}, "
-                f"reduction={self.reduction!r}")
 
-
-LOSSES.register("ecp")(
-    LossSpec(
-        config=ECPConfig,
-        label="ECP",
-        order=7.1,
-        build=lambda params, *, num_classes, reduction: ECP(params.penalty_weight, params.entropy_reduction,
-                                                            reduction),
-        description="ECP: CE − β·entropy, the confidence penalty (Pereyra et al. 2017)",
-    )
-)
+register_loss("ecp", ECPConfig, ECP, "ECP: CE − β·entropy, the confidence penalty (Pereyra et al. 2017)",
+              label="ECP", order=7.1)

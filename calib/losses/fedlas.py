@@ -36,16 +36,17 @@ Pitfalls (docs/methods.md §3.7):
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._registry import LOSSES
+from calib._config import check, check_fields, checked_field, in_range, number
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import scale_batch_mean
 from calib.losses.mbls import margin_penalty
 
 __all__ = [
@@ -59,12 +60,8 @@ __all__ = [
 ]
 
 _STD_EPS = 1e-3  # γ_i = (n_i − μ)/(σ + 1e-3)  [FEDLAS-R NCI]
-
-
-def _check_modulation(modulation_strength: float, norm_momentum: float) -> None:
-    check(math.isfinite(modulation_strength) and modulation_strength >= 0, "modulation_strength",
-          modulation_strength, "be a finite number >= 0")
-    check(0 < norm_momentum <= 1, "norm_momentum", norm_momentum, "be in (0, 1]")
+MOMENTUM = in_range(above=0, at_most=1)
+"""The rule of the NCI's momentum θ: in (0, 1]."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,13 +76,12 @@ class FeDLaSLSConfig:
             (0.95; CIFAR-100 and Tiny-ImageNet: 0.5). FEDLAS-R's config key is ``data.momentum``.
     """
 
-    smoothing: float = 0.05
-    modulation_strength: float = 4.0
-    norm_momentum: float = 0.95
+    smoothing: float = checked_field(0.05, in_range(at_least=0, below=1))
+    modulation_strength: float = checked_field(4.0, number(at_least=0))
+    norm_momentum: float = checked_field(0.95, MOMENTUM)
 
     def __post_init__(self) -> None:
-        check(0 <= self.smoothing < 1, "smoothing", self.smoothing, "be in [0, 1)")
-        _check_modulation(self.modulation_strength, self.norm_momentum)
+        check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,16 +97,13 @@ class FeDLaSMbLSConfig:
             Tiny-ImageNet: 0.5).
     """
 
-    penalty_weight: float = 0.1
-    margin: float = 6.0
-    modulation_strength: float = 0.5
-    norm_momentum: float = 0.95
+    penalty_weight: float = checked_field(0.1, number(at_least=0))
+    margin: float = checked_field(6.0, number(at_least=0))
+    modulation_strength: float = checked_field(0.5, number(at_least=0))
+    norm_momentum: float = checked_field(0.95, MOMENTUM)
 
     def __post_init__(self) -> None:
-        check(math.isfinite(self.penalty_weight) and self.penalty_weight >= 0, "penalty_weight",
-              self.penalty_weight, "be a finite number >= 0")
-        check(math.isfinite(self.margin) and self.margin >= 0, "margin", self.margin, "be a finite number >= 0")
-        _check_modulation(self.modulation_strength, self.norm_momentum)
+        check_fields(self)
 
 
 class NormConfidenceIndicator(nn.Module):
@@ -136,7 +129,7 @@ class NormConfidenceIndicator(nn.Module):
 
     def __init__(self, momentum: float, *, initial_mean: float = 20.0, initial_std: float = 100.0) -> None:
         super().__init__()
-        check(0 < momentum <= 1, "momentum", momentum, "be in (0, 1]")
+        MOMENTUM.check("momentum", momentum)
         self.momentum = float(momentum)
         self.register_buffer("running_mean", torch.tensor(float(initial_mean)))
         self.register_buffer("running_std", torch.tensor(float(initial_std)))
@@ -192,21 +185,16 @@ def adaptive_coefficient(
     return base * 2.0 * torch.sigmoid(modulation_strength * direction * indicator.detach())
 
 
-class _FeDLaSBase(nn.Module):
-    """The shared part: NCI + BCG → α_i, the reduction, and the ``features`` check."""
+class _FeDLaSBase(ConfiguredLoss):
+    """The shared part: NCI + BCG → α_i, the reduction, and the ``features`` check. ``base`` names the config field
+    that is α_base; ``values`` holds the config's fields, ``num_classes`` and ``reduction``."""
 
-    def __init__(
-        self, base: float, *, modulation_strength: float, norm_momentum: float, num_classes: int,
-        reduction: Reduction,
-    ) -> None:
-        super().__init__()
-        check(reduction in ("mean", "sum"), "reduction", reduction, "be 'mean' or 'sum'")
-        self.base = float(base)
-        self.modulation_strength = float(modulation_strength)
-        self.num_classes = num_classes
-        self.reduction = reduction
-        self.nci = NormConfidenceIndicator(norm_momentum)
-        self.gate = BidirectionalCalibrationGate(num_classes)
+    def __init__(self, config: type, values: Mapping[str, Any], *, base: str) -> None:
+        super().__init__(config, values)
+        self.base = getattr(self, base)
+        self.num_classes = values["num_classes"]
+        self.nci = NormConfidenceIndicator(self.norm_momentum)
+        self.gate = BidirectionalCalibrationGate(self.num_classes)
 
     def coefficients(self, logits: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
         """α of shape (N,); updates the NCI statistics when in training mode."""
@@ -230,33 +218,21 @@ class _FeDLaSBase(nn.Module):
         ce = -log_probs.gather(1, targets.long().unsqueeze(1)).squeeze(1)
         return alpha.to(log_probs.dtype), log_probs, ce
 
-    def _reduce(self, mean_loss: torch.Tensor, batch_size: int) -> torch.Tensor:
-        # "sum" is batch_size × the mean form, the codebase's convention for sum-reduced losses.
-        return mean_loss * batch_size if self.reduction == "sum" else mean_loss
-
-    def extra_repr(self) -> str:
-        return f"base={self.base}, modulation_strength={self.modulation_strength}, reduction={self.reduction!r}"
-
 
 class FeDLaSLS(_FeDLaSBase):
     """FeDLaS-LS: L = mean_i[(1 − α_i)·CE_i + α_i·E_i], α_i = α·2·sigmoid(β·ψ_i·γ_i) (docs/methods.md §3.4).
 
     With β = 0, α_i = α and this is label smoothing LS_α = (1 − α)·CE + α·E exactly (§4.1).
 
-    Args:
-        smoothing: α (α_base).
-        modulation_strength: β.
-        norm_momentum: θ of the NCI.
-        num_classes: C, the gate's input width.
-        reduction: "mean", or "sum" (= batch size × the mean).
+    Takes the fields of :class:`FeDLaSLSConfig` (α = ``smoothing``), ``num_classes`` (C, the gate's input width) and
+    ``reduction`` ("mean", or "sum" = batch size × the mean).
     """
 
     def __init__(
         self, smoothing: float, *, modulation_strength: float, norm_momentum: float, num_classes: int,
         reduction: Reduction = "mean",
     ) -> None:
-        super().__init__(smoothing, modulation_strength=modulation_strength, norm_momentum=norm_momentum,
-                         num_classes=num_classes, reduction=reduction)
+        super().__init__(FeDLaSLSConfig, locals(), base="smoothing")
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -264,7 +240,7 @@ class FeDLaSLS(_FeDLaSBase):
         alpha, log_probs, ce = self._terms(logits, targets, features)
         uniform = -log_probs.mean(dim=1)
         loss = ((1 - alpha) * ce + alpha * uniform).mean()
-        return self._reduce(loss, logits.shape[0])
+        return scale_batch_mean(loss, logits.shape[0], self.reduction)
 
 
 class FeDLaSMbLS(_FeDLaSBase):
@@ -276,22 +252,14 @@ class FeDLaSMbLS(_FeDLaSBase):
     sums over classes). Unlike plain MbLS (CE + λ·R), this is a convex combination; with β = 0 it
     is (1 − λ)·CE + λ·R.
 
-    Args:
-        penalty_weight: λ (α_base).
-        margin: m.
-        modulation_strength: β.
-        norm_momentum: θ of the NCI.
-        num_classes: C, the gate's input width.
-        reduction: "mean", or "sum" (= batch size × the mean).
+    Takes the fields of :class:`FeDLaSMbLSConfig` (λ = ``penalty_weight``), ``num_classes`` and ``reduction``.
     """
 
     def __init__(
         self, penalty_weight: float, *, margin: float, modulation_strength: float, norm_momentum: float,
         num_classes: int, reduction: Reduction = "mean",
     ) -> None:
-        super().__init__(penalty_weight, modulation_strength=modulation_strength, norm_momentum=norm_momentum,
-                         num_classes=num_classes, reduction=reduction)
-        self.margin = float(margin)
+        super().__init__(FeDLaSMbLSConfig, locals(), base="penalty_weight")
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -299,36 +267,14 @@ class FeDLaSMbLS(_FeDLaSBase):
         alpha, log_probs, ce = self._terms(logits, targets, features)
         penalty = margin_penalty(logits, self.margin).to(log_probs.dtype)
         loss = ((1 - alpha) * ce).mean() + (alpha * penalty).mean()
-        return self._reduce(loss, logits.shape[0])
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, margin={self.margin}"
+        return scale_batch_mean(loss, logits.shape[0], self.reduction)
 
 
-LOSSES.register("fedlas_ls")(
-    LossSpec(
-        config=FeDLaSLSConfig,
-        label="FeDLaS-LS",
-        order=8,
-        dataset_defaults={"cifar100": {"smoothing": 0.1, "norm_momentum": 0.5}},  # FEDLAS-R configs/data
-        build=lambda params, *, num_classes, reduction: FeDLaSLS(
-            params.smoothing, modulation_strength=params.modulation_strength,
-            norm_momentum=params.norm_momentum, num_classes=num_classes, reduction=reduction,
-        ),
-        description="FeDLaS-LS: label smoothing with a feature-norm, gate-modulated per-sample α (ECCV'26)",
-    )
-)
-
-LOSSES.register("fedlas_mbls")(
-    LossSpec(
-        config=FeDLaSMbLSConfig,
-        label="FeDLaS-MbLS",
-        order=9,
-        dataset_defaults={"cifar100": {"modulation_strength": 1.0, "norm_momentum": 0.5}},
-        build=lambda params, *, num_classes, reduction: FeDLaSMbLS(
-            params.penalty_weight, margin=params.margin, modulation_strength=params.modulation_strength,
-            norm_momentum=params.norm_momentum, num_classes=num_classes, reduction=reduction,
-        ),
-        description="FeDLaS-MbLS (FEDLASplus): margin penalty with a feature-norm, gate-modulated per-sample λ",
-    )
-)
+register_loss("fedlas_ls", FeDLaSLSConfig, FeDLaSLS,
+              "FeDLaS-LS: label smoothing with a feature-norm, gate-modulated per-sample α (ECCV'26)",
+              label="FeDLaS-LS", order=8,
+              dataset_defaults={"cifar100": {"smoothing": 0.1, "norm_momentum": 0.5}})  # FEDLAS-R configs/data
+register_loss("fedlas_mbls", FeDLaSMbLSConfig, FeDLaSMbLS,
+              "FeDLaS-MbLS (FEDLASplus): margin penalty with a feature-norm, gate-modulated per-sample λ",
+              label="FeDLaS-MbLS", order=9, dataset_defaults={"cifar100": {"modulation_strength": 1.0,
+                                                                           "norm_momentum": 0.5}})

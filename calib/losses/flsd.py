@@ -20,13 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._reduction import check_reduction, reduce_per_sample
-from calib.losses._registry import LOSSES
+from calib._config import check_fields, checked_field, in_range
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import reduce_per_sample
 from calib.losses.focal import focal_terms
 
 __all__ = ["FLSD53", "FLSD53Config"]
@@ -44,23 +42,19 @@ class FLSD53Config:
         gamma_low: γ used when p_y < 0.2, >= 0 (5.0, FOCAL-R's first band).
     """
 
-    gamma: float = 3.0
-    gamma_low: float = 5.0
+    gamma: float = checked_field(3.0, in_range(at_least=0))
+    gamma_low: float = checked_field(5.0, in_range(at_least=0))
 
     def __post_init__(self) -> None:
-        check(self.gamma >= 0, "gamma", self.gamma, "be >= 0")
-        check(self.gamma_low >= 0, "gamma_low", self.gamma_low, "be >= 0")
+        check_fields(self)
 
 
-class FLSD53(nn.Module):
+class FLSD53(ConfiguredLoss):
     """Focal loss with γ_i = ``gamma_low`` if sg[p_y] < 0.2 else ``gamma``, reduced by ``reduction``."""
 
-    def __init__(self, gamma: float = 3.0, gamma_low: float = 5.0, reduction: Reduction = "mean") -> None:
-        super().__init__()
-        FLSD53Config(gamma=gamma, gamma_low=gamma_low)  # validates the ranges
-        self.gamma = float(gamma)
-        self.gamma_low = float(gamma_low)
-        self.reduction = check_reduction(reduction)
+    def __init__(self, gamma: float = FLSD53Config.gamma, gamma_low: float = FLSD53Config.gamma_low,
+                 reduction: Reduction = "mean") -> None:
+        super().__init__(FLSD53Config, locals())
 
     def sample_gamma(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """γ_i per sample, shape (B,), in the logits' dtype, from the detached p_y."""
@@ -75,16 +69,6 @@ class FLSD53(nn.Module):
         gamma = self.sample_gamma(logits, targets)
         return reduce_per_sample(focal_terms(logits, targets, gamma), self.reduction)
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, gamma_low={self.gamma_low}, reduction={self.reduction!r}"
 
-
-LOSSES.register("flsd53")(
-    LossSpec(
-        config=FLSD53Config,
-        label="FLSD-53",
-        order=3,
-        build=lambda params, *, num_classes, reduction: FLSD53(params.gamma, params.gamma_low, reduction),
-        description="FLSD-53: focal loss with γ = 5 when p_y < 0.2, else 3 (Mukhoti et al. 2020)",
-    )
-)
+register_loss("flsd53", FLSD53Config, FLSD53,
+              "FLSD-53: focal loss with γ = 5 when p_y < 0.2, else 3 (Mukhoti et al. 2020)", label="FLSD-53", order=3)

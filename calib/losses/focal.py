@@ -19,13 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._reduction import check_reduction, reduce_per_sample
-from calib.losses._registry import LOSSES
+from calib._config import check_fields, checked_field, in_range
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import reduce_per_sample
 
 __all__ = ["FocalLoss", "FocalLossConfig", "focal_terms", "target_log_probs"]
 
@@ -55,36 +53,23 @@ class FocalLossConfig:
             γ = 0 is cross-entropy.
     """
 
-    gamma: float = 3.0
+    gamma: float = checked_field(3.0, in_range(at_least=0))
 
     def __post_init__(self) -> None:
-        check(self.gamma >= 0, "gamma", self.gamma, "be >= 0")
+        check_fields(self)
 
 
-class FocalLoss(nn.Module):
+class FocalLoss(ConfiguredLoss):
     """FL_i = −(1 − p_y)^γ · log p_y, reduced over the batch by ``reduction`` (see the module docstring)."""
 
-    def __init__(self, gamma: float = 3.0, reduction: Reduction = "mean") -> None:
-        super().__init__()
-        FocalLossConfig(gamma=gamma)  # validates the range
-        self.gamma = float(gamma)
-        self.reduction = check_reduction(reduction)
+    def __init__(self, gamma: float = FocalLossConfig.gamma, reduction: Reduction = "mean") -> None:
+        super().__init__(FocalLossConfig, locals())
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
     ) -> torch.Tensor:
         return reduce_per_sample(focal_terms(logits, targets, self.gamma), self.reduction)
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, reduction={self.reduction!r}"
 
-
-LOSSES.register("focal")(
-    LossSpec(
-        config=FocalLossConfig,
-        label="FL",
-        order=2,
-        build=lambda params, *, num_classes, reduction: FocalLoss(params.gamma, reduction),
-        description="focal loss −(1 − p_y)^γ·log p_y (Lin et al. 2017; FL-3 in Mukhoti et al. 2020)",
-    )
-)
+register_loss("focal", FocalLossConfig, FocalLoss,
+              "focal loss −(1 − p_y)^γ·log p_y (Lin et al. 2017; FL-3 in Mukhoti et al. 2020)", label="FL", order=2)

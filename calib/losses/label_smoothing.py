@@ -16,13 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._reduction import check_reduction, reduce_per_sample
-from calib.losses._registry import LOSSES
+from calib._config import check_fields, checked_field, in_range
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import reduce_per_sample
 
 __all__ = ["LabelSmoothing", "LabelSmoothingConfig"]
 
@@ -36,20 +34,17 @@ class LabelSmoothingConfig:
             the FeDLaS paper uses 0.1 on CIFAR-100). α = 0 is cross-entropy.
     """
 
-    smoothing: float = 0.05
+    smoothing: float = checked_field(0.05, in_range(at_least=0, below=1))
 
     def __post_init__(self) -> None:
-        check(0 <= self.smoothing < 1, "smoothing", self.smoothing, "be in [0, 1)")
+        check_fields(self)
 
 
-class LabelSmoothing(nn.Module):
+class LabelSmoothing(ConfiguredLoss):
     """LS_i = (1 − α)·CE_i + α·E_i, reduced over the batch by ``reduction`` (see the module docstring)."""
 
-    def __init__(self, smoothing: float = 0.05, reduction: Reduction = "mean") -> None:
-        super().__init__()
-        LabelSmoothingConfig(smoothing=smoothing)  # validates the range
-        self.smoothing = float(smoothing)
-        self.reduction = check_reduction(reduction)
+    def __init__(self, smoothing: float = LabelSmoothingConfig.smoothing, reduction: Reduction = "mean") -> None:
+        super().__init__(LabelSmoothingConfig, locals())
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -59,16 +54,6 @@ class LabelSmoothing(nn.Module):
         uniform = -log_probs.mean(dim=1)
         return reduce_per_sample((1 - self.smoothing) * ce + self.smoothing * uniform, self.reduction)
 
-    def extra_repr(self) -> str:
-        return f"smoothing={self.smoothing}, reduction={self.reduction!r}"
 
-
-LOSSES.register("label_smoothing")(
-    LossSpec(
-        config=LabelSmoothingConfig,
-        label="LS",
-        order=1,
-        build=lambda params, *, num_classes, reduction: LabelSmoothing(params.smoothing, reduction),
-        description="label smoothing: (1 − α)·CE + α·CE to the uniform distribution",
-    )
-)
+register_loss("label_smoothing", LabelSmoothingConfig, LabelSmoothing,
+              "label smoothing: (1 − α)·CE + α·CE to the uniform distribution", label="LS", order=1)

@@ -16,13 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._reduction import check_reduction, reduce_per_sample
-from calib.losses._registry import LOSSES
+from calib._config import check_fields, checked_field, in_range
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import reduce_per_sample
 
 __all__ = ["MbLS", "MbLSConfig", "margin_penalty"]
 
@@ -36,12 +34,11 @@ class MbLSConfig:
         penalty_weight: λ, the weight of the margin penalty, >= 0 (0.1). λ = 0 is cross-entropy.
     """
 
-    margin: float = 6.0
-    penalty_weight: float = 0.1
+    margin: float = checked_field(6.0, in_range(at_least=0))
+    penalty_weight: float = checked_field(0.1, in_range(at_least=0))
 
     def __post_init__(self) -> None:
-        check(self.margin >= 0, "margin", self.margin, "be >= 0")
-        check(self.penalty_weight >= 0, "penalty_weight", self.penalty_weight, "be >= 0")
+        check_fields(self)
 
 
 def margin_penalty(logits: torch.Tensor, margin: float) -> torch.Tensor:
@@ -50,15 +47,12 @@ def margin_penalty(logits: torch.Tensor, margin: float) -> torch.Tensor:
     return F.relu(gaps - margin).mean(dim=1)
 
 
-class MbLS(nn.Module):
+class MbLS(ConfiguredLoss):
     """CE + λ · mean_{i,k} relu(max_l z_l − z_k − m), reduced by ``reduction`` (see the module docstring)."""
 
-    def __init__(self, margin: float = 6.0, penalty_weight: float = 0.1, reduction: Reduction = "mean") -> None:
-        super().__init__()
-        MbLSConfig(margin=margin, penalty_weight=penalty_weight)  # validates the ranges
-        self.margin = float(margin)
-        self.penalty_weight = float(penalty_weight)
-        self.reduction = check_reduction(reduction)
+    def __init__(self, margin: float = MbLSConfig.margin, penalty_weight: float = MbLSConfig.penalty_weight,
+                 reduction: Reduction = "mean") -> None:
+        super().__init__(MbLSConfig, locals())
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -67,16 +61,6 @@ class MbLS(nn.Module):
         per_sample = ce + self.penalty_weight * margin_penalty(logits, self.margin)
         return reduce_per_sample(per_sample, self.reduction)
 
-    def extra_repr(self) -> str:
-        return f"margin={self.margin}, penalty_weight={self.penalty_weight}, reduction={self.reduction!r}"
 
-
-LOSSES.register("mbls")(
-    LossSpec(
-        config=MbLSConfig,
-        label="MbLS",
-        order=5,
-        build=lambda params, *, num_classes, reduction: MbLS(params.margin, params.penalty_weight, reduction),
-        description="MbLS: CE + λ·mean relu(logit gap − m) (Liu et al., CVPR 2022)",
-    )
-)
+register_loss("mbls", MbLSConfig, MbLS, "MbLS: CE + λ·mean relu(logit gap − m) (Liu et al., CVPR 2022)",
+              label="MbLS", order=5)

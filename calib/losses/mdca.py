@@ -18,24 +18,20 @@ copied from the ACLS paper, which does not say which variant it ran: NLL+MDCA wi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._reduction import check_reduction, scale_batch_mean
-from calib.losses._registry import LOSSES
+from calib._config import check_fields, checked_field, number
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import scale_batch_mean
 from calib.losses.focal import focal_terms
 
 __all__ = ["MDCA", "MDCAConfig", "mdca_penalty"]
 
 MDCABase = Literal["nll", "focal"]
-_BASES = ("nll", "focal")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,15 +44,12 @@ class MDCAConfig:
         gamma: the focal γ when ``base="focal"``, >= 0 (1.0, MDCA-R's FL+MDCA); unused with "nll".
     """
 
-    penalty_weight: float = 1.0
+    penalty_weight: float = checked_field(1.0, number(at_least=0))
     base: MDCABase = "nll"
-    gamma: float = 1.0
+    gamma: float = checked_field(1.0, number(at_least=0))
 
     def __post_init__(self) -> None:
-        check(math.isfinite(self.penalty_weight) and self.penalty_weight >= 0, "penalty_weight",
-              self.penalty_weight, "be a finite number >= 0")
-        check(self.base in _BASES, "base", self.base, "be one of 'nll', 'focal'")
-        check(math.isfinite(self.gamma) and self.gamma >= 0, "gamma", self.gamma, "be a finite number >= 0")
+        check_fields(self)
 
 
 def mdca_penalty(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -66,17 +59,12 @@ def mdca_penalty(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (probs.mean(dim=0) - frequency).abs().mean()
 
 
-class MDCA(nn.Module):
+class MDCA(ConfiguredLoss):
     """mean_i ℓ_i + β·MDCA (ℓ = CE or focal), reduced by ``reduction`` (see the module docstring)."""
 
-    def __init__(self, penalty_weight: float = 1.0, base: MDCABase = "nll", gamma: float = 1.0,
-                 reduction: Reduction = "mean") -> None:
-        super().__init__()
-        MDCAConfig(penalty_weight=penalty_weight, base=base, gamma=gamma)  # validates
-        self.penalty_weight = float(penalty_weight)
-        self.base: MDCABase = base
-        self.gamma = float(gamma)
-        self.reduction = check_reduction(reduction)
+    def __init__(self, penalty_weight: float = MDCAConfig.penalty_weight, base: MDCABase = MDCAConfig.base,
+                 gamma: float = MDCAConfig.gamma, reduction: Reduction = "mean") -> None:
+        super().__init__(MDCAConfig, locals())
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -88,18 +76,7 @@ class MDCA(nn.Module):
         loss = classification + self.penalty_weight * mdca_penalty(logits, targets)
         return scale_batch_mean(loss, logits.shape[0], self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"penalty_weight={self.penalty_weight}, base={self.base!r}, gamma={self.gamma}, "
-                f"reduction={self.reduction!r}")
 
-
-LOSSES.register("mdca")(
-    LossSpec(
-        config=MDCAConfig,
-        label="MDCA",
-        order=7.2,
-        build=lambda params, *, num_classes, reduction: MDCA(params.penalty_weight, params.base, params.gamma,
-                                                             reduction),
-        description="MDCA: CE + β·(class mean of |mean probability − label frequency|) (Hebbalaguppe et al. 2022)",
-    )
-)
+register_loss("mdca", MDCAConfig, MDCA,
+              "MDCA: CE + β·(class mean of |mean probability − label frequency|) (Hebbalaguppe et al. 2022)",
+              label="MDCA", order=7.2)

@@ -35,18 +35,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from calib._config import check
-from calib.losses._base import LossSpec, Reduction
-from calib.losses._reduction import check_reduction, scale_batch_mean
-from calib.losses._registry import LOSSES
+from calib._config import check_fields, checked_field, in_range
+from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.losses._reduction import scale_batch_mean
 
 __all__ = ["MMCE", "MMCEConfig", "mmce_penalty"]
 
 MMCEVariant = Literal["weighted", "unweighted"]
-_VARIANTS = ("weighted", "unweighted")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,14 +56,12 @@ class MMCEConfig:
         kernel_width: w of the Laplacian kernel exp(−|r − r'|/w), > 0 (0.4).
     """
 
-    penalty_weight: float = 2.0
+    penalty_weight: float = checked_field(2.0, in_range(at_least=0))
     variant: MMCEVariant = "weighted"
-    kernel_width: float = 0.4
+    kernel_width: float = checked_field(0.4, in_range(above=0))
 
     def __post_init__(self) -> None:
-        check(self.penalty_weight >= 0, "penalty_weight", self.penalty_weight, "be >= 0")
-        check(self.variant in _VARIANTS, "variant", self.variant, "be one of 'weighted', 'unweighted'")
-        check(self.kernel_width > 0, "kernel_width", self.kernel_width, "be > 0")
+        check_fields(self)
 
 
 def _kernel(a: torch.Tensor, b: torch.Tensor, width: float) -> torch.Tensor:
@@ -95,22 +90,12 @@ def mmce_penalty(
     return squared.clamp_min(1e-10).sqrt()
 
 
-class MMCE(nn.Module):
+class MMCE(ConfiguredLoss):
     """mean CE + λ·MMCE (weighted or unweighted), reduced by ``reduction`` (see the module docstring)."""
 
-    def __init__(
-        self,
-        penalty_weight: float = 2.0,
-        variant: MMCEVariant = "weighted",
-        kernel_width: float = 0.4,
-        reduction: Reduction = "mean",
-    ) -> None:
-        super().__init__()
-        MMCEConfig(penalty_weight=penalty_weight, variant=variant, kernel_width=kernel_width)  # validates
-        self.penalty_weight = float(penalty_weight)
-        self.variant: MMCEVariant = variant
-        self.kernel_width = float(kernel_width)
-        self.reduction = check_reduction(reduction)
+    def __init__(self, penalty_weight: float = MMCEConfig.penalty_weight, variant: MMCEVariant = MMCEConfig.variant,
+                 kernel_width: float = MMCEConfig.kernel_width, reduction: Reduction = "mean") -> None:
+        super().__init__(MMCEConfig, locals())
 
     def forward(
         self, logits: torch.Tensor, targets: torch.Tensor, features: torch.Tensor | None = None
@@ -119,21 +104,6 @@ class MMCE(nn.Module):
         penalty = mmce_penalty(logits, targets, variant=self.variant, kernel_width=self.kernel_width)
         return scale_batch_mean(ce + self.penalty_weight * penalty, logits.shape[0], self.reduction)
 
-    def extra_repr(self) -> str:
-        return (
-            f"penalty_weight={self.penalty_weight}, variant={self.variant!r}, kernel_width={self.kernel_width}, "
-            f"reduction={self.reduction!r}"
-        )
 
-
-LOSSES.register("mmce")(
-    LossSpec(
-        config=MMCEConfig,
-        label="MMCE",
-        order=7,
-        build=lambda params, *, num_classes, reduction: MMCE(
-            params.penalty_weight, params.variant, params.kernel_width, reduction
-        ),
-        description="CE + λ·MMCE, Laplacian-kernel calibration penalty (Kumar et al., ICML 2018)",
-    )
-)
+register_loss("mmce", MMCEConfig, MMCE, "CE + λ·MMCE, Laplacian-kernel calibration penalty (Kumar et al., ICML 2018)",
+              label="MMCE", order=7)

@@ -10,7 +10,17 @@ from typing import Literal
 
 import pytest
 
-from calib._config import ConfigError, check_fields, check_values, checked_field, integer, number, or_null
+from calib._config import (
+    ConfigError,
+    all_of,
+    check_fields,
+    check_values,
+    checked_field,
+    in_range,
+    integer,
+    number,
+    or_null,
+)
 from calib.posthoc._method import CALIBRATION_FIELDS, build_calibrator, register_posthoc_method
 from calib.posthoc.histogram_binning import HistogramBinningEqualMass, HistogramBinningEqualMassConfig
 from calib.posthoc.parameterized_ts import ParameterizedTemperatureScaling, ParameterizedTemperatureScalingConfig
@@ -25,6 +35,10 @@ class Example:
     exponent: float = checked_field(1.0, number())
     size: int | None = checked_field(None, or_null(integer(at_least=2), "all of it"))
     kind: Literal["a", "b"] = "a"
+    share: float = checked_field(0.1, in_range(at_least=0, below=1))
+    momentum: float = checked_field(0.5, in_range(above=0, at_most=1))
+    gap: float = checked_field(0.0, in_range(at_least=0))
+    step: float = checked_field(1.0, all_of(number(), in_range(at_least=0)))
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -45,6 +59,13 @@ def test_the_defaults_pass():
     ("exponent", "1", 1, "`exponent` must be a finite number, got exponent='1'."),
     ("size", 1, None, "`size` must be null (all of it) or an integer >= 2, got size=1."),
     ("kind", "c", "b", "`kind` must be one of 'a', 'b', got kind='c'."),
+    ("share", 1.0, 0.0, "`share` must be in [0, 1), got share=1.0."),
+    ("share", math.nan, 0.5, "`share` must be in [0, 1), got share=nan."),
+    ("momentum", 0.0, 1.0, "`momentum` must be in (0, 1], got momentum=0.0."),
+    ("gap", -1.0, math.inf, "`gap` must be >= 0, got gap=-1.0."),
+    ("gap", "1", 0, "`gap` must be >= 0, got gap='1'."),
+    ("step", math.inf, 0.0, "`step` must be a finite number, got step=inf."),  # all_of: the first rule it breaks
+    ("step", -1.0, 2.0, "`step` must be >= 0, got step=-1.0."),
 ])
 def test_each_kind_of_rule(field, bad, good, message):
     assert getattr(Example(**{field: good}), field) == good

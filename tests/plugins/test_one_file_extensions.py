@@ -9,6 +9,7 @@ through ``PYTHONPATH``; the plugin is a ``.py`` file named with ``--plugin``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -83,7 +84,41 @@ register_posthoc_method("{name}", {cls}Config, lambda params, seed: {cls}(params
 '''
 
 LOSS = '''
-"""The Brier score as a training loss, as one file."""
+"""The Brier score as a training loss, as one file: a config class whose field declares its default and rule once,
+and a loss class that takes it by name (built from the config by ``register_loss``'s rule, no factory)."""
+from dataclasses import dataclass
+
+from torch import nn
+from torch.nn import functional as F
+
+from calib._config import check_fields, checked_field, in_range
+from calib.losses._base import register_loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class {cls}Config:
+    weight: float = checked_field(1.0, in_range(at_least=0))
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+class {cls}(nn.Module):
+    def __init__(self, weight={cls}Config.weight, *, num_classes, reduction="mean"):
+        super().__init__()
+        self.weight, self.num_classes, self.reduction = weight, num_classes, reduction
+
+    def forward(self, logits, targets, features=None):
+        per_sample = (logits.softmax(1) - F.one_hot(targets, self.num_classes)).pow(2).sum(1) * self.weight
+        return per_sample.mean() if self.reduction == "mean" else per_sample.sum()
+
+
+register_loss("{name}", {cls}Config, {cls}, "Brier score", label="{label}", order=100)
+'''
+
+LOSS_FACTORY = '''
+"""The same, in the form before ``register_loss``: a ``LossSpec`` with a ``build`` factory (still accepted, with a
+DeprecationWarning)."""
 from dataclasses import dataclass
 
 from torch import nn
@@ -152,9 +187,11 @@ PLUGIN = {"posthoc": ("third_ts", "ThirdTS", "PluginT", 3.0), "loss": ("brier_pl
 
 
 def _source(kind: str, spec: tuple, *, plugin: bool = False) -> str:
-    """The module of one extension; the plugin's post-hoc method keeps a hand-written factory (the older form)."""
+    """The module of one extension; the plugin's post-hoc method and loss keep a hand-written factory (the older
+    form)."""
     name, label, cls, *rest = spec
-    template = {"posthoc": POSTHOC_FACTORY if plugin else POSTHOC, "loss": LOSS, "stage2": STAGE2}[kind]
+    template = {"posthoc": POSTHOC_FACTORY if plugin else POSTHOC, "loss": LOSS_FACTORY if plugin else LOSS,
+                "stage2": STAGE2}[kind]
     return textwrap.dedent(template).format(name=name, label=label, cls=cls,
                                             temperature=rest[0] if rest else None)
 
@@ -167,10 +204,20 @@ def extended(tmp_path_factory):
     shutil.copytree(REPO / "calib", root / "calib", ignore=shutil.ignore_patterns("__pycache__"))
     for kind, folder in (("posthoc", "posthoc"), ("loss", "losses"), ("stage2", "methods")):
         (root / "calib" / folder / f"{OWN[kind][0]}.py").write_text(_source(kind, OWN[kind]))
+    # docs/extending.md's loss recipe, as it is written there
+    (root / "calib" / "losses" / "my_loss.py").write_text(_recipe("Create `calib/losses/my_loss.py`"))
     plugin = root / "my_extensions.py"
     plugin.write_text("\n".join(_source(kind, spec, plugin=True) for kind, spec in PLUGIN.items()))
     env = {**os.environ, "PYTHONPATH": str(root)}
     return root, plugin, env
+
+
+def _recipe(after: str) -> str:
+    """The first Python block of docs/extending.md after the line that starts with ``after``, as it is there."""
+    text = (REPO / "docs" / "extending.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text[text.index(after):], re.S)
+    assert block is not None, after
+    return block.group(1)
 
 
 def _study(script: str, *args: str, env: dict, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -190,7 +237,8 @@ def test_the_copy_is_what_the_scripts_import(extended):
 
 @pytest.mark.parametrize(("script", "labels"), [
     ("posthoc.py", ["HalfTS", "ThirdTS"]),
-    ("compare_methods.py", ["CE+HalfTS", "BrierLoss", "RidgeHead", "CE+ThirdTS", "BrierPlugin", "RidgePlugin"]),
+    ("compare_methods.py", ["CE+HalfTS", "BrierLoss", "RidgeHead", "CE+ThirdTS", "BrierPlugin", "RidgePlugin",
+                            "MyLoss"]),
     ("calibrate.py", ["HalfTS", "RidgeHead", "ThirdTS", "RidgePlugin"]),
 ])
 def test_each_is_a_methods_choice(extended, script, labels):
@@ -200,6 +248,17 @@ def test_each_is_a_methods_choice(extended, script, labels):
     help_text = " ".join(out.stdout.split())
     for label in labels:
         assert f" {label}," in help_text or f" {label} " in help_text or f" {label})" in help_text, label
+
+
+def test_the_loss_recipe_of_the_docs_passes_its_own_tests(extended):
+    """docs/extending.md's loss (in the copy since the fixture) and its test file, both as the page writes them."""
+    root, _, env = extended
+    tests = root / "recipe_tests"
+    tests.mkdir(exist_ok=True)
+    (tests / "test_loss_my_loss.py").write_text(_recipe("Test `tests/losses/test_loss_my_loss.py`"))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+                         capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert out.returncode == 0 and "4 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
 
 
 @pytest.mark.ray
