@@ -12,8 +12,11 @@ import difflib
 import fnmatch
 import importlib
 import pkgutil
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
+
+from calib._deprecation import REMOVED_AFTER
 
 T = TypeVar("T")
 
@@ -98,6 +101,9 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The entry registered under ``name`` (or an alias of it); an unknown name lists close matches and all
         names."""
+        if name in self._aliases:
+            warnings.warn(f"{self.kind} {name!r} is renamed {self._aliases[name]!r}; the old name is read until "
+                          f"calib {REMOVED_AFTER}", DeprecationWarning, stacklevel=2)
         name = self.canonical(name)
         if name not in self._read():
             close = difflib.get_close_matches(str(name), self._entries, n=3)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from calib._config import check, field_types
+from calib._deprecation import warn_renamed
 from calib.registries import LOSSES
 
 __all__ = ["ConfiguredLoss", "LossSpec", "Reduction", "TrainingStateLoss", "build_loss", "check_reduction",
@@ -70,9 +70,7 @@ class LossSpec:
             raise TypeError(f"LossSpec of {self.config.__name__} needs its loss class (`loss`) or, the older form, "
                             "a `build` factory: exactly one of them.")
         if self.build is not None:
-            warnings.warn(f"LossSpec(build=...) is deprecated: register the loss class of {self.config.__name__} "
-                          "with calib.losses.register_loss(name, Config, Loss, description, label=..., order=...), "
-                          "which builds it from the config's fields by name.", DeprecationWarning, stacklevel=3)
+            warn_renamed("LossSpec(build=...)", stacklevel=4)
 
     def create(self, params: Any, *, num_classes: int, reduction: Reduction) -> nn.Module:
         if self.loss is not None:

@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from calib._config import ConfigError, check_values, integer, number
+from calib._deprecation import warn_renamed
 from calib.metrics import expected_calibration_error, negative_log_likelihood, softmax64
 from calib.posthoc import _lbfgs
 from calib.posthoc._base import POSTHOC, DegenerateFitWarning, PostHocCalibrator, check_logits_labels
@@ -168,6 +169,7 @@ class TemperatureScaling(PostHocCalibrator):
             (T → 0): if it ends at a non-finite T or a higher NLL than at ``init_temperature``, the
             fit falls back to the default fit and warns (``RuntimeWarning``).
         num_bins: bins of the ECE objective (15).
+        line_search: the former name of ``lbfgs_line_search`` (``DeprecationWarning``).
 
     After :meth:`fit`, ``temperature`` (a 0-dim float64 buffer) holds T, ``grad_log_temperature``
     dNLL/d log T at T (any optimizer; ~0 at the NLL optimum) and ``fit_fallback`` whether the
@@ -184,8 +186,12 @@ class TemperatureScaling(PostHocCalibrator):
         max_iter: int = 50,
         lbfgs_line_search: bool = TemperatureScalingConfig.lbfgs_line_search,
         num_bins: int = 15,
+        line_search: bool | None = None,
     ) -> None:
         super().__init__()
+        if line_search is not None:  # the former name of lbfgs_line_search
+            warn_renamed("TemperatureScaling(line_search=...)")
+            lbfgs_line_search = line_search
         check_values(TemperatureScalingConfig, locals())
         _check_combination(objective, optimizer, lbfgs_line_search)
         number(above=0).check("init_temperature", init_temperature)

@@ -143,8 +143,8 @@ def test_a_loss_that_does_not_take_its_fields_by_name_is_refused(own_registry):
 
 
 def test_the_former_build_factory_still_works_with_a_deprecation_warning(own_registry):
-    with pytest.deprecated_call(match=r"LossSpec\(build=...\) is deprecated: register the loss class of "
-                                      r"SquaredGapConfig with calib.losses.register_loss"):
+    with pytest.deprecated_call(match=r"LossSpec\(build=...\) is renamed calib.losses.register_loss\(name, "
+                                      r"Config, Loss"):
         spec = LossSpec(config=SquaredGapConfig, description="old form", label="Old",
                         build=lambda params, *, num_classes, reduction: SquaredGap(
                             params.weight, num_classes=num_classes, reduction=reduction))
