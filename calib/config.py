@@ -88,6 +88,9 @@ class Stage1Config:
             with seed 1, the same for every seed and method), ``None`` for all of it. The rest is the
             held-out part of the training data that MaC-Cal's ``stats_source="heldout"`` reads. For
             CPU-sized runs of a large dataset and for data-size studies.
+        augment: train on the dataset's augmented images (its random crops and flips, e.g. Fashion-MNIST's
+            2-pixel crop); false trains on the plain training images, as they are evaluated, which lets a small
+            model such as LeNet-5 fit its training set and become overconfident (the full-cpu preset).
         amp: mixed precision on CUDA: "off", "bf16" or "fp16" autocast of the forward pass (fp16 with
             a gradient scaler); the loss is computed in float32. Ignored on the CPU. The Stage-I
             feature extraction that feeds Stage II runs in the same precision.
@@ -123,6 +126,7 @@ class Stage1Config:
     checkpoint: Literal["last", "best_val"] = "last"
     scheduler_step: Literal["epoch_end", "epoch_start"] = "epoch_end"
     train_size: int | None = None
+    augment: bool = True
     amp: Literal["off", "bf16", "fp16"] = "off"
     data_pipeline: Literal["auto", "device", "loader"] = "auto"
     compile: Literal["off", "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "off"
@@ -352,7 +356,7 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
 
 
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
-    "stage1": {"train_size": None, "plp_gamma": None, "balcal_delta": None},
+    "stage1": {"train_size": None, "plp_gamma": None, "balcal_delta": None, "augment": True},
     "source": {"labels_sha256": None, "calibration_fraction": None},
 }
 """Fields added after results were stored, per section ("stage1", "source"), with their defaults; a method's or

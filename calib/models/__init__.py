@@ -27,6 +27,7 @@ __all__ = [
     "ExternalModel",
     "HeResNet",
     "HeadNotFoundError",
+    "LeNet5",
     "ModelFactory",
     "OptionABlock",
     "SmallCNN",
@@ -60,6 +61,7 @@ from calib.models.external import (  # noqa: E402
     is_external,
 )
 from calib.models.he_resnet import HeResNet, OptionABlock  # noqa: E402
+from calib.models.lenet import LeNet5  # noqa: E402
 from calib.models.resnet import Bottleneck, CifarResNet  # noqa: E402
 from calib.models.small_cnn import SmallCNN  # noqa: E402
 from calib.models.wide_resnet import BasicBlock, WideResNet  # noqa: E402

@@ -107,7 +107,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
     preset decides are listed per preset in ``--help``."""
     parser.add_argument("--preset", default="quick", choices=PRESETS.names(),
                         help="study setup: quick = offline CPU minutes; medium = real images (Fashion-MNIST × "
-                             "ResNet-20), GPU minutes; paper = the papers' protocol on GPUs")
+                             "ResNet-20), GPU minutes; full-cpu = all of Fashion-MNIST × LeNet-5, CPU minutes per "
+                             "Stage I; paper = the papers' protocol on GPUs")
     parser.add_argument("--study", default=study, help="study name: the store partition (study=<name>)"
                         + (f" (default: {study_default})" if study_default else ""))
     parser.add_argument("--store", default="results", help="result-store directory or s3:// URI")

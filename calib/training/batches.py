@@ -15,11 +15,16 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from calib.datasets import DatasetSplits, TensorSplit
+from calib.datasets import Augmentation, DatasetSplits, TensorSplit
 from calib.training.augment import apply_augmentation, draw_augmentation, to_model_input
 from calib.training.device import loader_kwargs
 
-__all__ = ["DEVICE_MEMORY_SHARE", "DeviceBatches", "LoaderBatches", "eval_batches", "resolve_pipeline"]
+__all__ = [
+    "DEVICE_MEMORY_SHARE", "NO_AUGMENTATION", "DeviceBatches", "LoaderBatches", "eval_batches", "resolve_pipeline",
+]
+
+NO_AUGMENTATION = Augmentation(crop_padding=0, horizontal_flip=False)
+"""The images as they are (``stage1.augment: false``)."""
 
 DEVICE_MEMORY_SHARE = 0.25
 """``data_pipeline: auto`` holds a dataset on the GPU when its tensors take at most this share of the
@@ -106,14 +111,15 @@ class DeviceBatches:
     """Training batches gathered from tensors held on the device, cropped, flipped and normalised there.
 
     The augmentation's draws come from ``augment_generator`` (CPU, seeded per trial; its state is part
-    of a Stage-I checkpoint, so a resumed run draws what the uninterrupted one would have).
+    of a Stage-I checkpoint, so a resumed run draws what the uninterrupted one would have). ``augment=False``
+    gives the plain images (``stage1.augment``).
     """
 
     def __init__(self, data: DatasetSplits, batch_size: int, generator: torch.Generator, device: torch.device,
-                 augment_generator: torch.Generator, channels_last: bool = False) -> None:
+                 augment_generator: torch.Generator, channels_last: bool = False, *, augment: bool = True) -> None:
         assert data.tensors is not None
         self.split: TensorSplit = data.tensors.train
-        self.augmentation = data.tensors.augmentation
+        self.augmentation = data.tensors.augmentation if augment else NO_AUGMENTATION
         self.images = self.split.images.to(device)
         self.labels = self.split.labels.to(device)
         self.batch_size, self.generator, self.augment_generator = batch_size, generator, augment_generator

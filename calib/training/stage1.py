@@ -205,9 +205,10 @@ def _start_run(cfg: TrialConfig, data: DatasetSplits, device: torch.device) -> _
     if pipeline == "device":
         augment_generator = torch.Generator().manual_seed(cfg.seed + 1_000_003)  # independent of the order
         batches: DeviceBatches | LoaderBatches = DeviceBatches(data, s1.batch_size, generator, device,
-                                                               augment_generator, channels_last)
+                                                               augment_generator, channels_last, augment=s1.augment)
     else:
-        batches = LoaderBatches(data.train, s1.batch_size, generator, device, cfg.num_workers, channels_last)
+        batches = LoaderBatches(data.train if s1.augment else data.train_eval, s1.batch_size, generator, device,
+                                cfg.num_workers, channels_last)
     if isinstance(loss_fn, TrainingStateLoss):
         loss_fn.start_training(batches.num_samples)
     val_source = data.tensors.val if pipeline == "device" and data.tensors is not None else data.val

@@ -39,13 +39,14 @@ def test_each_default_once_and_never_none(script, capsys):
 
 def test_preset_defaults_are_the_presets_values(capsys):
     text = help_text("sensitivity_gamma.py", capsys)
-    quick, paper = PRESETS.get("quick"), PRESETS.get("paper")
-    assert (f"(default: medium: 60; paper: 350 (tiny-imagenet: 100); quick: {quick.stage1['epochs']})"
-            in flag_help(text, "--epochs"))
-    assert "(default: medium: 1 2 3; paper: 1; quick: 1 2 3 4 5)" in flag_help(text, "--seeds")
-    assert (f"(default: medium: 0.125 (0 without a GPU); paper: {paper.gpus_per_cached_trial:g}; quick: 0)"
+    quick, paper, full = PRESETS.get("quick"), PRESETS.get("paper"), PRESETS.get("full-cpu")
+    assert (f"(default: full-cpu: {full.stage1['epochs']}; medium: 60; paper: 350 (tiny-imagenet: 100); "
+            f"quick: {quick.stage1['epochs']})" in flag_help(text, "--epochs"))
+    assert ("(default: full-cpu: 1 2 3 4 5; medium: 1 2 3; paper: 1; quick: 1 2 3 4 5)"
+            in flag_help(text, "--seeds"))
+    assert (f"(default: full-cpu: 0; medium: 0.125 (0 without a GPU); paper: {paper.gpus_per_cached_trial:g}; quick: 0)"
             in flag_help(text, "--gpus-per-cached-trial"))
-    assert "(default: medium: 5; paper: 10; quick: 1)" in flag_help(text, "--checkpoint-every")
+    assert "(default: full-cpu: 5; medium: 5; paper: 10; quick: 1)" in flag_help(text, "--checkpoint-every")
     assert "(default: the whole training split)" in flag_help(text, "--train-size")
     assert "(default: 40 (the method's own))" in flag_help(text, "--stage2-epochs")
     assert "(default: 0.8 0.85 0.9 0.95 1.0)" in flag_help(text, "--gammas")

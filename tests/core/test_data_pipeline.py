@@ -11,10 +11,12 @@ import pytest
 import torch
 from trial_fixtures import tiny_config
 
+from calib._config import ConfigError
 from calib.config import config_hash, parse_trial_config, stage1_identity, trial_identity
 from calib.datasets import Augmentation, DatasetSplits, TensorData, TensorSplit, load_dataset
 from calib.models import create_model
 from calib.training import train_stage1
+from calib.training.augment import to_model_input
 from calib.training.batches import DeviceBatches, LoaderBatches, resolve_pipeline
 from calib.training.compile import COMPILE_MODES, DEFAULT_MODE, resolve_compile_mode
 from calib.training.stage1 import _compiled_forward, _excess_seconds, precision_of, predict
@@ -182,3 +184,41 @@ def test_auto_sizes_the_tensors_without_building_them():
     assert "_tensors" not in data.__dict__
     built = data.tensors.nbytes
     assert _tensor_bytes(data) == built == 1797 * 64 * 4 + 1797 * 8  # float32 images and int64 labels
+
+
+def test_without_augmentation_the_device_batches_are_the_plain_images():
+    data = augmented_digits()
+    plain = DeviceBatches(data, 32, torch.Generator().manual_seed(0), CPU, torch.Generator().manual_seed(1),
+                          augment=False)
+    split = data.tensors.train
+    for x, y, index in plain.indexed():
+        assert torch.equal(x, to_model_input(split.images[index], split)) and torch.equal(y, split.labels[index])
+
+
+class _Unreadable(torch.utils.data.Dataset):
+    """The augmented training view, which ``stage1.augment: false`` must not read."""
+
+    def __len__(self) -> int:
+        return 898
+
+    def __getitem__(self, index: int):
+        raise AssertionError("stage1.augment=false read the augmented training images")
+
+
+def test_augment_false_trains_on_the_plain_training_images(tmp_path):
+    data = dataclasses.replace(digits(), train=_Unreadable())
+    cfg = parse_trial_config(tiny_config(tmp_path, epochs=1, data_pipeline="loader", augment=False))
+    trained = train_stage1(cfg, data, CPU)
+    assert len(trained.history) == 1
+    with pytest.raises(AssertionError, match="read the augmented training images"):
+        train_stage1(parse_trial_config(tiny_config(tmp_path, epochs=1, data_pipeline="loader")), data, CPU)
+
+
+def test_augment_is_part_of_the_stage1_identity_only_when_false(tmp_path):
+    before = tiny_config(tmp_path)  # a config from before the field existed
+    same = parse_trial_config(tiny_config(tmp_path, augment=True))
+    plain = parse_trial_config(tiny_config(tmp_path, augment=False))
+    assert config_hash(stage1_identity(same)) == config_hash(stage1_identity(parse_trial_config(before)))
+    assert config_hash(stage1_identity(plain)) != config_hash(stage1_identity(same))
+    with pytest.raises(ConfigError, match=r"`stage1.augment` must be true or false, got stage1.augment='no'\."):
+        parse_trial_config(tiny_config(tmp_path, augment="no"))

@@ -115,6 +115,26 @@ def test_medium_preset_is_fashion_mnist_resnet20_and_asks_for_gpus_only_where_th
     assert gpu.resources("stage1") == {"CPU": 1.0, "GPU": 0.25}
 
 
+def test_full_cpu_preset_is_all_of_fashion_mnist_on_lenet5_one_cpu_a_trial(machine, tmp_path):
+    preset = preset_of(parse("--preset", "full-cpu"))
+    assert study_setups(parse("--preset", "full-cpu"), preset) == [("fashion-mnist", "lenet5")]
+    assert preset.seeds == (1, 2, 3, 4, 5)
+    cfg = parse_trial_config(base_config(preset, study="t", dataset="fashion-mnist", seed=1, method={"name": "mac_cal"},
+                                         data_root=str(tmp_path), artifact_root=str(tmp_path / "a")))
+    s1 = cfg.stage1
+    assert (s1.epochs, s1.milestones, s1.lr, s1.weight_decay, s1.loss_reduction, s1.grad_clip, s1.batch_size) == \
+        (20, (10, 15), 0.05, 1e-4, "mean", 2.0, 128)
+    assert s1.train_size is None and not s1.augment  # all 55,000 images, as they are: LeNet-5 overfits them
+    assert s1.data_pipeline == "device"
+    assert cfg.device == "cpu" and cfg.method.params.epochs == 40
+    machine(2, 0)
+    options = execution_options(parse("--preset", "full-cpu"), preset)
+    assert options.resources("stage1") == options.resources("cached") == {"CPU": 1.0, "GPU": 0.0}
+    sliced = preset_of(parse("--preset", "full-cpu", "--train-size", "300", "--epochs", "2"))
+    assert {k: sliced.stage1_for("fashion-mnist")[k] for k in ("train_size", "epochs", "milestones", "lr")} == \
+        {"train_size": 300, "epochs": 2, "milestones": [], "lr": 0.05}
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--gpus-per-trial", "1"], r"`--gpus-per-trial` asks for 1 GPU per Stage-I trial, but this machine has 0 GPUs "
                                 r"\(torch sees no CUDA device\).*use at most 0 \(--gpus-per-trial 0\), or --address"),
