@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -389,11 +390,12 @@ def test_another_user_of_the_nodes_cannot_take_or_touch_the_jobs_ray_folder(lab:
 
     user = f"calibx{lab.tag}"
     subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", user], check=True, capture_output=True)
-    decoy = lab.root / "decoy"  # root's: the other user links to it, and must not get it removed
-    decoy.mkdir()
+    # root's: the other user links to it, and must not get it removed; its name makes this run's folders (the test
+    # can run again in the same lab)
+    decoy = Path(tempfile.mkdtemp(prefix="decoy-", dir=lab.root))
     (decoy / "kept").write_text("root's\n")
     try:
-        run_dir, store = lab.root / "run-x", lab.root / "shared" / "store-x"
+        run_dir, store = lab.root / f"run-x-{decoy.name}", lab.root / "shared" / f"store-x-{decoy.name}"
         study = ["--store", str(store), "--data-root", str(lab.root / "data"), "--seeds", "1", "2", "--gammas", "0.9",
                  "--epochs", "60", "--stage2-epochs", "2", "--configs-per-trial", "1", "--cpus-per-trial", "1"]
         job = job_of(launch(lab, run_dir, "--nodes", "2", "--cpus-per-node", "1", "--handover-seconds", "0",
