@@ -15,7 +15,7 @@ REMOVED_AFTER = "0.2"
 
 RENAMES: dict[str, str] = {
     "TemperatureScaling(line_search=...)": "TemperatureScaling(lbfgs_line_search=...)",
-    "post-hoc method 'histogram_binning'": "post-hoc method 'histogram_binning_equal_mass'",
+    "post-hoc calibrator 'histogram_binning'": "post-hoc calibrator 'histogram_binning_equal_mass'",
     "LossSpec(build=...)": "calib.losses.register_loss(name, Config, Loss, description, label=..., order=...)",
 }
 """Old form -> new form, as the warning says them."""

@@ -56,6 +56,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, T] = {}
         self._aliases: dict[str, str] = {}
+        self._warned_aliases: set[str] = set()
         self._origins: dict[str, Any] = {}
         self._populate = populate
         self.version = 0
@@ -81,12 +82,16 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def alias(self, former: str, name: str) -> None:
+    def alias(self, former: str, name: str, *, warn: bool = False) -> None:
         """Accept ``former`` (a renamed entry's old name) wherever ``name`` is read: :meth:`get`, :meth:`create`,
-        ``in``, :meth:`canonical`; :meth:`names` and :meth:`items` list ``name`` only."""
+        ``in``, :meth:`canonical`; :meth:`names` and :meth:`items` list ``name`` only. ``warn``: :meth:`get` under
+        ``former`` warns (``DeprecationWarning``), for a registry users read by name; one that calib reads stored
+        names from stays silent."""
         if former in self._entries or former in self._aliases:
             raise ValueError(f"{self.kind} {former!r} is already registered")
         self._aliases[former] = name
+        if warn:
+            self._warned_aliases.add(former)
 
     def canonical(self, name: str) -> str:
         """``name``, or the name a :meth:`alias` maps it to."""
@@ -101,7 +106,7 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The entry registered under ``name`` (or an alias of it); an unknown name lists close matches and all
         names."""
-        if name in self._aliases:
+        if name in self._warned_aliases:
             warnings.warn(f"{self.kind} {name!r} is renamed {self._aliases[name]!r}; the old name is read until "
                           f"calib {REMOVED_AFTER}", DeprecationWarning, stacklevel=2)
         name = self.canonical(name)

@@ -180,7 +180,7 @@ class HistogramBinningEqualMass(PostHocCalibrator):
         return log_of_normalised(binned).to(logits.device)
 
 
-POSTHOC.alias("histogram_binning", "histogram_binning_equal_mass")
+POSTHOC.alias("histogram_binning", "histogram_binning_equal_mass", warn=True)
 
 
 @POSTHOC.register("histogram_binning_equal_width")

@@ -38,7 +38,7 @@ def _loss_spec(old: bool):
 OLD_AND_NEW = {  # old form: (its call, the new form's call, the new name its warning must say)
     "TemperatureScaling(line_search=...)": (lambda: _temperature(line_search=False),
                                             lambda: _temperature(lbfgs_line_search=False), "lbfgs_line_search"),
-    "post-hoc method 'histogram_binning'": (lambda: _histogram_binning("histogram_binning"),
+    "post-hoc calibrator 'histogram_binning'": (lambda: _histogram_binning("histogram_binning"),
                                             lambda: _histogram_binning("histogram_binning_equal_mass"),
                                             "'histogram_binning_equal_mass'"),
     "LossSpec(build=...)": (lambda: _loss_spec(True).create(_focal_config(), num_classes=3, reduction="sum"),
@@ -86,5 +86,5 @@ def test_extending_md_lists_every_rename():
     page = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text()
     table = page[page.index("## 9. Renamed names"):]
     for old in RENAMES:
-        shown = old.replace("post-hoc method 'histogram_binning'", "post-hoc method `histogram_binning`")
+        shown = old.replace("post-hoc calibrator 'histogram_binning'", "post-hoc calibrator `histogram_binning`")
         assert shown in table or f"`{old}`" in table, old
