@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from calib import registries
+from tests.core.test_layers import LAYERS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,6 +78,24 @@ def test_every_name_in_the_map_exists():
 def test_the_registries_row_names_each_registry():
     row = module_map()["calib/registries.py"]
     assert [name for name in registries.__all__ if f"`{name}`" not in row] == []
+
+
+def test_the_maps_paragraph_names_the_layers_in_order():
+    """§9's first paragraph names each package and module of tests/core/test_layers.py's layers, a layer after
+    the one above it (the ``_`` modules as "the `_` modules")."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    paragraph = text[text.index("## 9. Module map"):].split("\n\n")[1]
+    last = -1
+    for layer, prefixes in LAYERS:
+        places = []
+        for prefix in prefixes:
+            path = prefix.removeprefix("calib.").replace(".", "/")
+            name = "the `_` modules" if path.startswith("_") else f"`{path}/`" if (ROOT / "calib" / path).is_dir() \
+                else f"`{path}.py`"
+            assert name in paragraph, (layer, name)
+            places.append(paragraph.index(name))
+        assert min(places) > last, layer
+        last = max(places)
 
 
 def test_the_rule_catches_a_missing_module_and_accepts_its_package_row():
