@@ -224,6 +224,50 @@ def _recipe(after: str, language: str = "python") -> str:
     return block.group(1)
 
 
+# docs/extending.md's code blocks, each by its first line: the ones the tests of this file run, and the ones they do
+# not, with the reason. A block added to the page fails test_every_block_of_the_page_is_run_or_says_why until it is
+# in one of the two.
+RUN_HERE = {
+    "# my_package/calib_plugin.py": "test_the_plugin_and_the_architecture_recipes_build_their_models",
+    '"""My loss (Author et al., VENUE YEAR), docs/methods.md §4.x.': "the fixture; a row of the Ray run",
+    '"""My loss (calib/losses/my_loss.py)."""': "test_each_recipe_of_the_docs_passes_its_own_tests",
+    '"""My method (Author et al., VENUE YEAR), docs/methods.md §X."""': "the fixture; a row of the Ray run",
+    "from calib.trial import run_trial": "test_each_recipe_of_the_docs_passes_its_own_tests",
+    '"""Temperature scaling with T chosen on a grid (write the formula, define every symbol), docs/methods.md §5.x.':
+        "the fixture; a row of the Ray run",
+    '"""My calibrator (calib/posthoc/my_calibrator.py)."""': "test_each_recipe_of_the_docs_passes_its_own_tests",
+    '"""MyNet (Author et al. YEAR), docs/methods.md §7.1: blocks, widths, feature dimension."""':
+        "test_the_plugin_and_the_architecture_recipes_build_their_models",
+    '"""Does my method beat temperature scaling? Vanilla, CE+TS and my method (one table)."""':
+        "test_the_study_ladder_and_space_recipes_pass_every_check",
+    "# my_ladder.yaml: a Stage-I ladder": "test_the_study_ladder_and_space_recipes_pass_every_check",
+    "# search_spaces/my_method.yaml": "test_the_study_ladder_and_space_recipes_pass_every_check",
+}
+NOT_RUN = {
+    '[project.entry-points."calib.plugins"]': "a package's pyproject.toml: tests/plugins/test_plugins.py installs one",
+    'torch.save({"train_features": h_train, "train_labels": y_train,   # h: (N, d) float, y: (N,) int64':
+        "a fragment on the reader's tensors; tests/artifacts cover the features file format",
+    '"""MyData (Author et al. YEAR): layout, split and transforms, docs/methods.md §8."""':
+        "the loader's body is the reader's (their files); tests/datasets cover each shipped dataset",
+    'OOD_SETS.register("my-ood")(OODSet(load=_load_my_ood, require=_require_my_ood,':
+        "one line in calib/datasets/ood.py around the reader's loaders",
+    "@pytest.mark.ray": "a test of the §5 study on the helpers of tests/studies (run_script, TINY); the study script "
+                        "itself passes --check-only here",
+}
+
+
+def _blocks() -> list[str]:
+    """The first line of each fenced code block of docs/extending.md."""
+    text = (REPO / "docs" / "extending.md").read_text()
+    return [block.strip().splitlines()[0].strip() for block in re.findall(r"^\s*```\w*\n(.*?)```", text, re.M | re.S)]
+
+
+def test_every_block_of_the_page_is_run_or_says_why():
+    blocks = _blocks()
+    assert len(blocks) == len(set(blocks)) and not set(RUN_HERE) & set(NOT_RUN)
+    assert sorted(blocks) == sorted({**RUN_HERE, **NOT_RUN})
+
+
 def _study(script: str, *args: str, env: dict, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """The study script of this checkout, run from ``cwd`` (Ray's local workers put the driver's working directory
     first on their ``sys.path``: run from this checkout, they would import its calib)."""
