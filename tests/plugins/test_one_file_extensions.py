@@ -298,23 +298,26 @@ def test_each_is_a_methods_choice(extended, script, labels):
         assert f" {label}," in help_text or f" {label} " in help_text or f" {label})" in help_text, label
 
 
-@pytest.mark.parametrize(("test_file", "passed"), [
-    ("tests/losses/test_loss_my_loss.py", 4),
-    ("tests/methods/test_method_my_method.py", 1),
-    ("tests/posthoc/test_posthoc_my_calibrator.py", 2),
-])
-def test_each_recipe_of_the_docs_passes_its_own_tests(extended, test_file, passed):
+RECIPE_TESTS = {"tests/losses/test_loss_my_loss.py": 4, "tests/methods/test_method_my_method.py": 1,
+                "tests/posthoc/test_posthoc_my_calibrator.py": 2}  # each test file of the page: its tests
+
+
+def test_each_recipe_of_the_docs_passes_its_own_tests(extended):
     """docs/extending.md's loss, method and calibrator (in the copy since the fixture) and their test files, as the
-    page writes them; the method's uses the ``make_config`` fixture of tests/conftest.py, copied beside it."""
+    page writes them, in one pytest run; the method's uses the ``make_config`` fixture of tests/conftest.py, copied
+    beside them."""
     root, _, env = extended
-    tests = root / "recipe_tests" / Path(test_file).stem
-    tests.mkdir(parents=True)
+    tests = root / "recipe_tests"
+    tests.mkdir()
     for fixtures in ("conftest.py", "trial_fixtures.py"):
         shutil.copy(REPO / "tests" / fixtures, tests)
-    (tests / Path(test_file).name).write_text(_recipe(f"`{test_file}`"))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+    for test_file in RECIPE_TESTS:
+        (tests / Path(test_file).name).write_text(_recipe(f"`{test_file}`"))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", str(tests)],
                          capture_output=True, text=True, env=env, cwd=root, timeout=300)
-    assert out.returncode == 0 and f"{passed} passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    for test_file, count in RECIPE_TESTS.items():
+        assert len(re.findall(rf"^PASSED \S*{Path(test_file).name}::", out.stdout, re.M)) == count, test_file
 
 
 def _python(code: str, *, env: dict, cwd: Path) -> subprocess.CompletedProcess:
@@ -333,14 +336,13 @@ def test_the_plugin_and_the_architecture_recipes_build_their_models(extended, tm
     (models / "calib" / "models" / "my_net.py").write_text(_recipe("## 4. An architecture"))
     with (models / "calib" / "models" / "__init__.py").open("a") as init:
         init.write("from calib.models import my_net  # noqa: E402, F401\n")
-    check = ("import torch; from calib.models import create_model; model = create_model({name!r}, num_classes=10); "
-             "x = torch.randn(2, 3, 32, 32); h = model.features(x); "
-             "assert h.shape == (2, {width}) and torch.equal(model(x), model.head(h)); print('ok')")
-    out = _python("from calib.plugins import use_plugin; use_plugin(" + repr(str(plugin)) + "); "
-                  + check.format(name="my_plugin_net", width=64), env=env, cwd=tmp_path)
-    assert out.stdout.strip() == "ok", out.stderr[-3000:]
-    out = _python(check.format(name="my_net", width=256), env={**env, "PYTHONPATH": str(models)}, cwd=tmp_path)
-    assert out.stdout.strip() == "ok", out.stderr[-3000:]
+    check = ("model = create_model({name!r}, num_classes=10); h = model.features(x); "
+             "assert h.shape == (2, {width}) and torch.equal(model(x), model.head(h)); print({name!r}, 'ok'); ")
+    out = _python("import torch; from calib.models import create_model; from calib.plugins import use_plugin; "
+                  f"use_plugin({str(plugin)!r}); x = torch.randn(2, 3, 32, 32); "
+                  + check.format(name="my_plugin_net", width=64) + check.format(name="my_net", width=256),
+                  env={**env, "PYTHONPATH": str(models)}, cwd=tmp_path)
+    assert out.stdout.split() == ["my_plugin_net", "ok", "my_net", "ok"], out.stderr[-3000:]
 
 
 @pytest.mark.parametrize(("recipe", "command"), [
