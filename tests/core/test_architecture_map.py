@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from calib import registries
+from calib.presets import PRESETS
 from tests.core.test_layers import LAYERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +79,11 @@ def test_every_name_in_the_map_exists():
 def test_the_registries_row_names_each_registry():
     row = module_map()["calib/registries.py"]
     assert [name for name in registries.__all__ if f"`{name}`" not in row] == []
+
+
+def test_the_presets_row_names_each_preset():
+    row = module_map()["calib/presets.py"]
+    assert [name for name in PRESETS.names() if f"`{name}`" not in row] == []
 
 
 def test_the_maps_paragraph_names_the_layers_in_order():
