@@ -82,7 +82,7 @@ def test_the_registries_row_names_each_registry():
 
 
 def test_the_presets_row_names_each_preset():
-    row = module_map()["calib/presets.py"]
+    row = next(text for text in module_map().values() if text.startswith("`PRESETS`"))  # wherever presets live
     assert [name for name in PRESETS.names() if f"`{name}`" not in row] == []
 
 
