@@ -8,10 +8,12 @@ row's folder (or a folder below it).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 from calib import registries
+from calib.config import _PLACEMENT_KEYS, TrialConfig
 from calib.presets import PRESETS
 from tests.core.test_layers import LAYERS
 
@@ -79,6 +81,16 @@ def test_every_name_in_the_map_exists():
 def test_the_registries_row_names_each_registry():
     row = module_map()["calib/registries.py"]
     assert [name for name in registries.__all__ if f"`{name}`" not in row] == []
+
+
+def test_the_trial_config_table_has_every_key():
+    """§3's table names each field of ``TrialConfig``, and its sentence on ``trial_id`` each placement key."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index("## 3. The trial config"):text.index("## 4. ")]
+    keys = " ".join(re.findall(r"^\| (.*?) \|", section, re.M))
+    assert [f.name for f in dataclasses.fields(TrialConfig) if f"`{f.name}`" not in keys] == []
+    placement = " ".join(section[section.index("placement keys ("):].split(")")[0].split())
+    assert [key for key in _PLACEMENT_KEYS if f"`{key}`" not in placement] == []
 
 
 def test_the_presets_row_names_each_preset():
