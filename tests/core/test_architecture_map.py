@@ -4,6 +4,9 @@ The rule: a row's first cell is a path (``calib/trial.py``, or a folder ``calib/
 row is its own path, or when the row of the deepest folder holding it names its file (```rescore.py```) in the
 row's text. A package's ``__init__.py`` is named by its folder's row. Every ``.py`` file a row names exists in that
 row's folder (or a folder below it).
+
+Also held to the code: the map's rows of the registries and presets (every name), §9's paragraph on the layers
+(those of tests/core/test_layers.py, in order) and §3's table of the trial config (every ``TrialConfig`` field).
 """
 
 from __future__ import annotations
