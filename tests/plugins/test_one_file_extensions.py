@@ -347,10 +347,11 @@ def test_the_plugin_and_the_architecture_recipes_build_their_models(extended, tm
 
 @pytest.mark.parametrize(("recipe", "command"), [
     ("studies/my_study.py", ["my_study.py"]),
-    ("## 6. An ablation ladder", [str(REPO / "studies" / "ablation.py"), "--ladder", "my_ladder.yaml", "--mode",
-                          "incremental"]),
-    ("## 7. A search space", [str(REPO / "studies" / "search.py"), "--space", "my_method.yaml",
-                                        "--num-trials", "20", "--objective", "val_ece"]),
+    ("## 6. An ablation ladder",
+     [str(REPO / "studies" / "ablation.py"), "--ladder", "my_ladder.yaml", "--mode", "incremental"]),
+    ("## 7. A search space",
+     [str(REPO / "studies" / "search.py"), "--space", "my_method.yaml", "--num-trials", "20",
+      "--objective", "val_ece"]),
 ], ids=["study", "ladder", "search_space"])
 def test_the_study_ladder_and_space_recipes_pass_every_check(extended, tmp_path, recipe, command):
     """§5's study script (its rows on §2's method), §6's ladder and §7's search space (on §2's method), as the page
@@ -389,6 +390,7 @@ def test_each_runs_and_shows_in_the_tables(extended, tmp_path):
     assert by_label.loc["MyLoss", "loss"] == "my_loss" and by_label.loc["MyLoss", "loss_penalty_weight"] == 0.5
     assert by_label.loc["MyMethod", "method"] == "my_method" and by_label.loc["MyMethod", "method_lr"] == 0.1
     assert by_label.loc["CE+MyCal", "method_num_temperatures"] == 100
-    # a fixed T keeps the argmax: the accuracy of the CE Stage I
+    # a temperature (fixed, or the recipe's from its grid) keeps the argmax: the accuracy of the CE Stage I
     vanilla = by_label.loc["Vanilla", "test_accuracy"]
     assert by_label.loc["CE+HalfTS", "test_accuracy"] == vanilla == by_label.loc["CE+ThirdTS", "test_accuracy"]
+    assert by_label.loc["CE+MyCal", "test_accuracy"] == vanilla
