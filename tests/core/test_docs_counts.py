@@ -24,6 +24,7 @@ COUNTS = [
     ("docs/how-to/own-model.md", r"the table of its (\d+) rows", len(GIVEN_STAGE1_ROWS)),
     ("docs/how-to/own-model.md", r"the (\d+) post-hoc methods and", len(POSTHOC_METHODS)),
     ("docs/how-to/own-model.md", r"the (\d+) Stage-II methods\)", len(STAGE2_ROWS)),
+    ("docs/architecture.md", r"post-hoc \(the (\d+) calibrators of", len(POSTHOC_METHODS)),
 ]
 
 
