@@ -15,8 +15,8 @@ The hosts have no route beyond the bridge. Their Python is an overlay virtual en
 (``~/.config/pip/pip.conf``: no index, no build isolation, no dependency resolution), so the launcher's
 ``setup_commands`` find the pinned Ray and boto3 installed (a different pin fails: no index to get it
 from) and ``pip install -e ~/calib`` installs each host's own copy without touching the test
-environment. ``ray[default]``'s dashboard extras are not resolved: the hosts run Ray without its
-dashboard, as in CI's environment.
+environment. The test environment has ``ray[default]``'s dashboard packages (the ``test`` extra), so the
+hosts run Ray with its dashboard and agents, as the nodes of cluster.yaml do.
 
 Everything is created under one short-named directory (Ray's Unix sockets live under each host's
 ``TMPDIR``, and a socket path has at most 107 bytes) and torn down by
