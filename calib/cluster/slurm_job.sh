@@ -125,9 +125,9 @@ python -c 'import grpc' 2>/dev/null && CLIENT="--ray-client-server-port=$((BASE 
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$LOG_DIR/.ray-token-$SLURM_JOB_ID" RAY_USAGE_STATS_ENABLED=0
 # Ray stops at once on SIGTERM: its drain (up to 30 s, for Ray Serve) would outlast a short KillWait.
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
-# With Ray's dashboard dependencies (ray[default]) the head's autoscaler and dashboard process (headless here) serve
-# Prometheus metrics, on 44217 and 44227 for every job of the node unless told: the job's own ports instead.
-export AUTOSCALER_METRIC_PORT=$((BASE + 8)) DASHBOARD_METRIC_PORT=$((BASE + 9))
+# With Ray's dashboard dependencies (ray[default]) the head's dashboard process (headless here) serves Prometheus
+# metrics, on 44227 for every job of the node unless told: the job's own port instead.
+export DASHBOARD_METRIC_PORT=$((BASE + 8))
 (umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH") & wait $!
 export CALIB_STAGE1_HANDOVER_SECONDS=${CALIB_STAGE1_HANDOVER_SECONDS:-@handover_seconds@}
 CPUS=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}
@@ -189,10 +189,12 @@ stop_ray() {
 }
 
 say "Ray head on ${NODES[0]} ($HEAD_IP:$BASE), $((${#NODES[@]} - 1)) worker node(s); logs $RAY_LOGS-*.log"
+# No autoscaler (--no-monitor): Slurm gave the job its nodes, there is nothing to scale; and Ray's autoscaler, sent
+# Slurm's SIGTERM with the rest, would push its own traceback to the study's output before the job's last line.
 # shellcheck disable=SC2086  # $PORTS and $CLIENT hold several flags (or none): split into words on purpose
 srun --overlap --nodes=1 --ntasks=1 -w "${NODES[0]}" bash -c "$NODE_RAY" ray \
   ray start --head --block --node-ip-address="$HEAD_IP" --port=$BASE $PORTS $CLIENT \
-  --num-cpus="$CPUS" --num-gpus="$GPUS" --include-dashboard=false \
+  --num-cpus="$CPUS" --num-gpus="$GPUS" --include-dashboard=false --no-monitor \
   --disable-usage-stats@object_store@ >"$RAY_LOGS-${NODES[0]}.log" 2>&1 &
 STEPS+=($!)
 # Commands that a signal may kill run in the background, waited for: bash reports a foreground one killed by

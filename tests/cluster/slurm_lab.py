@@ -273,9 +273,8 @@ def check_listed_ports(listening: dict[int, str], base: int, *, head: bool) -> N
     ray = {port for port, process in listening.items() if process not in ("slurmd", "srun", "slurmstepd")}
     always = {base + 1, base + 2, base + 7} | ({base} if head else set())
     client = {base + 3} if head and _imports("import grpc") else set()
-    # The dashboard agent's gRPC, HTTP and metrics ports, and the head's autoscaler and dashboard metrics, with
-    # ray[default].
-    dashboard = ({base + 4, base + 5, base + 6} | ({base + 8, base + 9} if head else set())
+    # The dashboard agent's gRPC, HTTP and metrics ports, and the head's dashboard metrics, with ray[default].
+    dashboard = ({base + 4, base + 5, base + 6} | ({base + 8} if head else set())
                  if _imports("from ray._private.utils import get_dashboard_dependency_error as e; assert e() is None")
                  else set())
     workers = {port for port in ray if base + 20 <= port < base + 200}
