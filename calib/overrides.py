@@ -12,7 +12,6 @@ only to the configs whose method (loss) has it (:func:`apply_settings`).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from calib._config import ConfigError, coerce, field_types, fields_of_symbol
+from calib._config import ConfigError, coerce, did_you_mean, field_types, fields_of_symbol
 from calib.config import Stage1Config, TrialConfig, set_dotted
-from calib.registries import LOSSES, METHODS
+from calib.registries import DEFAULT_LOSS, LOSSES, METHODS
 from calib.stage1_source import Stage1Source
 
 __all__ = ["ABSENT", "ConfigSetting", "apply_settings", "current_value", "parse_setting", "settable_keys",
@@ -86,8 +85,7 @@ def _symbol_fields(key: str) -> list[str]:
 
 
 def _bad_key(key: str, why: str, allowed: Sequence[str]) -> ConfigError:
-    close = _symbol_fields(key) or [repr(c) for c in difflib.get_close_matches(key, allowed, n=1)]
-    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    hint = did_you_mean(key, allowed, first=_symbol_fields(key))
     return ConfigError(f"`--set {key}`: {why}.{hint} Allowed keys: {', '.join(allowed)}.")
 
 
@@ -201,7 +199,7 @@ def current_value(config: Mapping[str, Any], setting: ConfigSetting) -> Any:
     else the field's default (JSON-plain); :data:`ABSENT` where its method (loss) has no such field."""
     node: Any = config.get(setting.section) if setting.section else config
     if setting.section in _COMPONENTS:
-        node = {"name": node} if isinstance(node, str) else (node or {"name": "cross_entropy"})
+        node = {"name": node} if isinstance(node, str) else (node or {"name": DEFAULT_LOSS})
         cls = _COMPONENTS[setting.section].get(node["name"]).config
     else:
         cls = {"stage1": Stage1Config, "source": Stage1Source, "": TrialConfig}[setting.section]
@@ -231,6 +229,6 @@ def _none_has(setting: ConfigSetting, configs: Sequence[dict[str, Any]]) -> None
 def _name(component: Any) -> str:
     """The registered name of a config's method or loss section (a name, a mapping, or no loss: cross_entropy)."""
     if component is None:
-        return "cross_entropy"
+        return DEFAULT_LOSS
     return component if isinstance(component, str) else str(component.get("name"))
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow.dataset as pads
 
 from calib._config import ConfigError
-from calib.config import SEED_LIMIT, set_dotted
+from calib.config import is_seed, seed_rule, set_dotted
 from calib.metrics import higher_is_better
 from calib.presets import base_config
 from calib.report import format_mean_ci, report_step
@@ -223,9 +223,9 @@ def check_search_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
                      f"on)")
     if args.tpe_window < 0:
         parser.error(f"--tpe-window must be >= 0 (finished trials; 0: all), got {args.tpe_window}")
-    if not 0 <= args.sampler_seed < SEED_LIMIT:
-        parser.error(f"--sampler-seed must be an integer with 0 <= seed < 2**32 (Optuna's samplers seed NumPy with "
-                     f"it), got {args.sampler_seed}")
+    if not is_seed(args.sampler_seed):
+        rule = seed_rule("--sampler-seed", why="Optuna's samplers seed NumPy with it")
+        parser.error(f"--sampler-seed must {rule}, got {args.sampler_seed}")
 
 
 def report_search(completed, space, objective: str, replicates: Replicates, study: str, paths) -> None:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from calib._config import ConfigError
 from calib._registry import Registry
-from calib.methods.vanilla import FORMER_UNCALIBRATED_LABELS, UNCALIBRATED_LABEL
+from calib.methods.vanilla import UNCALIBRATED_LABEL, current_uncalibrated_label
 from calib.presets import base_config
 from calib.registries import LOSSES, METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
@@ -138,7 +138,7 @@ def loss_row(name: str) -> tuple[str, Row]:
 def row_label(text: str) -> str:
     """A row as a user types it (``--methods``, ``--losses``), under the label the tables give it now: the
     uncalibrated model's former names (``Vanilla (CE)``, ``CE``, ``Uncalibrated``) are ``Vanilla``."""
-    return UNCALIBRATED_LABEL if text in FORMER_UNCALIBRATED_LABELS else text
+    return str(current_uncalibrated_label(text))
 
 
 PROCEDURE_ROWS: dict[str, Row] = {"PLP": Row(stage1={"plp_gamma": 1.0}),

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from calib._config import ConfigError
-from calib.config import SEED_LIMIT
+from calib.config import check_seed
 from calib.overrides import ABSENT, ConfigSetting, apply_settings, current_value, parse_setting
 from calib.registries import METHODS
 
@@ -40,9 +40,7 @@ def study_settings(args: argparse.Namespace) -> list[ConfigSetting]:
                           f"--stage2-seeds {' '.join(map(str, stage2_seeds))} and "
                           f"--set {next(s for s in settings if s.key == 'stage2_seed')}.")
     for seed in stage2_seeds or ():
-        if not 0 <= seed < SEED_LIMIT:
-            raise ConfigError(f"`--stage2-seeds` must be integers with 0 <= seed < 2**32 = {SEED_LIMIT}, got "
-                              f"--stage2-seeds {seed}.")
+        check_seed(seed, "--stage2-seeds", many=True)
     return settings
 
 

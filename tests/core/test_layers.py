@@ -26,7 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first: a module imports its
     ("trial config and result", ("calib.config", "calib.overrides", "calib.stage1_source", "calib.trial_result")),
     ("components", ("calib.models", "calib.datasets", "calib.losses", "calib.metrics")),
     ("foundation", ("calib.registries", "calib.plugins", "calib.storage", "calib.progress", "calib._config",
-                    "calib._registry", "calib._versions", "calib._lease", "calib._help", "calib.exit_codes")),
+                    "calib._registry", "calib._versions", "calib._lease", "calib._help", "calib.exit_codes",
+                    "calib._deprecation")),
 ]
 PACKAGE = "calib"  # calib/__init__.py (``__version__``): the ground floor
 
