@@ -6,7 +6,8 @@ field of a section: ``stage1.<field>`` (:class:`~calib.config.Stage1Config`), ``
 registered method or loss). A value is read as the field's type wants it: ``10``, ``0.05``, ``1e-3``, ``null``,
 ``true``, ``[150, 250]`` (or ``150,250``), a name (``epoch_start``); a string field keeps its text as given (``off``
 stays a string). A method's or a loss's field is typed per config, against that config's method or loss, and applies
-only to the configs whose method (loss) has it (:func:`apply_settings`).
+only to the configs whose method (loss) has it (:func:`apply_settings`). ``<method name>.<field>``
+(``histogram_binning_equal_mass.num_bins=10``) sets the field of that one method only.
 """
 
 from __future__ import annotations
@@ -33,16 +34,18 @@ _COMPONENTS = {"method": METHODS, "loss": LOSSES}
 
 @dataclass(frozen=True)
 class ConfigSetting:
-    """One ``KEY=VALUE``: the dotted ``key``, its ``section`` ("stage1", "source", "method", "loss"; "" for a
-    top-level field), the ``field`` name and the ``text`` of the value as given."""
+    """One ``KEY=VALUE``: the dotted trial-config ``key`` it sets, its ``section`` ("stage1", "source", "method",
+    "loss"; "" for a top-level field), the ``field`` name, the ``text`` of the value as given, and ``only``: the one
+    method it applies to when given as ``<method name>.<field>`` ("": every config that has the field)."""
 
     key: str
     section: str
     field: str
     text: str
+    only: str = ""
 
     def __str__(self) -> str:
-        return f"{self.key}={self.text}"
+        return f"{self.only}.{self.field}={self.text}" if self.only else f"{self.key}={self.text}"
 
 
 def _top_level_types() -> dict[str, Any]:
@@ -123,9 +126,21 @@ def parse_setting(text: str, reserved: Mapping[str, str] = {}) -> ConfigSetting:
         if field not in fields:
             raise _bad_key(key, f"no registered {section} has the field {field!r}",
                            [k for k in allowed if k.startswith(f"{section}.")])
+    elif section in METHODS:
+        return _one_method_setting(f"{key}={value}", METHODS.canonical(section), field, value)
     else:
-        raise _bad_key(key, f"{section!r} is not a section of the trial config ({', '.join(_SECTIONS)})", allowed)
+        raise _bad_key(key, f"{section!r} is not a section of the trial config ({', '.join(_SECTIONS)}) nor a "
+                            f"registered method", allowed)
     return ConfigSetting(key, section, field, value)
+
+
+def _one_method_setting(text: str, name: str, field: str, value: str) -> ConfigSetting:
+    """``text``, ``<method name>.<field>=<value>``: the field of that method alone, its value typed against it."""
+    types = field_types(METHODS.get(name).config)
+    if field not in types:
+        raise ConfigError(f"`--set {text}`: {name} has no field {field!r}; its fields: {', '.join(types) or 'none'}.")
+    typed_value(value, types[field], f"{name}.{field}")
+    return ConfigSetting(f"method.{field}", "method", field, value, only=name)
 
 
 def typed_value(text: str, tp: Any, key: str) -> Any:
@@ -174,7 +189,7 @@ def apply_settings(configs: Sequence[dict[str, Any]], settings: Sequence[ConfigS
             if setting.section in _COMPONENTS:
                 name = _name(config.get(setting.section))
                 types = field_types(_COMPONENTS[setting.section].get(name).config)
-                if setting.field not in types:
+                if setting.field not in types or setting.only not in ("", name):
                     continue
                 tp = types[setting.field]
             elif setting.section:
@@ -200,6 +215,8 @@ def current_value(config: Mapping[str, Any], setting: ConfigSetting) -> Any:
     node: Any = config.get(setting.section) if setting.section else config
     if setting.section in _COMPONENTS:
         node = {"name": node} if isinstance(node, str) else (node or {"name": DEFAULT_LOSS})
+        if setting.only not in ("", node["name"]):
+            return ABSENT
         cls = _COMPONENTS[setting.section].get(node["name"]).config
     else:
         cls = {"stage1": Stage1Config, "source": Stage1Source, "": TrialConfig}[setting.section]
@@ -218,6 +235,9 @@ def current_value(config: Mapping[str, Any], setting: ConfigSetting) -> Any:
 def _none_has(setting: ConfigSetting, configs: Sequence[dict[str, Any]]) -> None:
     section = setting.section
     names = dict.fromkeys(_name(c.get(section)) for c in configs)
+    if setting.only:
+        raise ConfigError(f"`--set {setting}` names method {setting.only!r}; the methods of this run are "
+                          f"{', '.join(names)}.")
     having = _component_fields(section).get(setting.field, [])
     fields = sorted({f for n in names for f in field_types(_COMPONENTS[section].get(n).config)})
     raise ConfigError(

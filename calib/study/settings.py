@@ -41,6 +41,11 @@ def study_settings(args: argparse.Namespace) -> list[ConfigSetting]:
                           f"--set {next(s for s in settings if s.key == 'stage2_seed')}.")
     for seed in stage2_seeds or ():
         check_seed(seed, "--stage2-seeds", many=True)
+    for one in settings:
+        if one.only and any(s.key == one.key and not s.only for s in settings):
+            raise ConfigError(f"`--set {one}` and `--set {one.key}=...` both set {one.only}'s {one.field}: give one "
+                              f"(--set method.FIELD sets it for every method that has it, --set {one.only}.FIELD for "
+                              f"{one.only} alone).")
     return settings
 
 

@@ -11,6 +11,7 @@ import pytest
 from calib._config import ConfigError, did_you_mean
 from calib.config import SEED_LIMIT, check_seed, is_seed, parse_trial_config, seed_rule
 from calib.methods.vanilla import current_uncalibrated_label
+from calib.overrides import ABSENT, apply_settings, current_value, parse_setting
 from calib.registries import DEFAULT_LOSS, LOSSES
 from calib.report.published import published_ece
 from calib.search.space import _check_config
@@ -94,3 +95,23 @@ def test_each_rule_has_one_copy_in_the_sources():
     former = [p.relative_to(ROOT).as_posix() for p in SOURCES if "in FORMER_UNCALIBRATED_LABELS" in _code(p)
               or "for former in FORMER_UNCALIBRATED_LABELS" in _code(p)]
     assert former == ["calib/methods/vanilla.py"]
+
+
+def test_a_setting_of_one_method_applies_to_its_trials_alone():
+    setting = parse_setting("histogram_binning.num_bins=7")  # HB-EM's former name reads as its name
+    assert (setting.key, setting.only, str(setting)) == ("method.num_bins", "histogram_binning_equal_mass",
+                                                         "histogram_binning_equal_mass.num_bins=7")
+    configs = [{"method": {"name": "histogram_binning_equal_mass"}},
+               {"method": {"name": "histogram_binning_equal_width"}}, {"method": "vanilla"}]
+    assert apply_settings(configs, [setting]) == [{"method": {"name": "histogram_binning_equal_mass", "num_bins": 7}},
+                                                  *configs[1:]]
+    assert [current_value(c, setting) for c in configs] == [15, ABSENT, ABSENT]
+    with pytest.raises(ConfigError, match=r"^`--set histogram_binning_equal_mass\.num_bins=7` names method "
+                                          r"'histogram_binning_equal_mass'; the methods of this run are vanilla\.$"):
+        apply_settings(configs[2:], [setting])
+    with pytest.raises(ConfigError, match=r"^`histogram_binning_equal_mass\.num_bins` must be an integer, got "
+                                          r"histogram_binning_equal_mass\.num_bins='x'\.$"):
+        parse_setting("histogram_binning_equal_mass.num_bins=x")
+    with pytest.raises(ConfigError, match=r"'nonsense' is not a section of the trial config .* nor a registered "
+                                          r"method"):
+        parse_setting("nonsense.num_bins=7")
