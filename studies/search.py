@@ -75,7 +75,8 @@ def print_best(completed, space, objectives: list[str], replicates: Replicates) 
 def bases_with_settings(args, bases: list[dict], space) -> list[dict]:
     """The replicates' base configs with ``--set`` and ``--stage2-seeds`` applied; a key the space searches or fixes,
     or more than one Stage-II seed (each replicate runs its config once), is a ``ConfigError``."""
-    for setting in study_settings(args):
+    settings = study_settings(args)
+    for setting in settings:
         if setting.key in space.parameters or setting.key in space.base:
             what = "searches" if setting.key in space.parameters else "fixes"
             raise ConfigError(f"`--set {setting}`: the search space {args.space} {what} {setting.key}; change it in "
@@ -83,7 +84,7 @@ def bases_with_settings(args, bases: list[dict], space) -> list[dict]:
     if args.stage2_seeds and len(set(args.stage2_seeds)) > 1:
         raise ConfigError(f"`--stage2-seeds` takes one seed in a search (each replicate runs its sampled config "
                           f"once), got --stage2-seeds {' '.join(map(str, args.stage2_seeds))}.")
-    return with_settings(args, bases)
+    return with_settings(args, bases, settings=settings)
 
 
 def tuning_seeds(replicates: Replicates, study: str, paths) -> list[int]:

@@ -28,7 +28,7 @@ from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.row import Row
 from calib.study.row_file import file_rows
-from calib.study.settings import with_settings
+from calib.study.settings import study_settings, with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 __all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "MIXING_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "PROCEDURE_ROWS",
@@ -224,12 +224,14 @@ def run_rows(
                     configs.append({**config, "label": label, "label_rank": rank, **extra[dataset]})
         return configs
 
-    configs = with_settings(args, configs_of(rows, seeds))
+    settings = study_settings(args)  # read and checked once, for the run and the whole table
+    configs = with_settings(args, configs_of(rows, seeds), settings=settings)
     print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] {len(rows)} rows · setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} "
           f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=options,
-                   table=with_settings(args, configs_of(table, seeds[:1]), say=False) if table else None)
+                   table=with_settings(args, configs_of(table, seeds[:1]), say=False, settings=settings) if table
+                   else None)
     if isinstance(run, CheckedOnly):
         return run
     trials = with_current_labels(read_finished(paths.store, args.study, run.trial_ids))

@@ -49,16 +49,17 @@ def study_settings(args: argparse.Namespace) -> list[ConfigSetting]:
     return settings
 
 
-def with_settings(args: argparse.Namespace, configs: Sequence[dict[str, Any]], *, say: bool = True
-                  ) -> list[dict[str, Any]]:
+def with_settings(args: argparse.Namespace, configs: Sequence[dict[str, Any]], *, say: bool = True,
+                  settings: Sequence[ConfigSetting] | None = None) -> list[dict[str, Any]]:
     """``configs`` with the ``--set`` values applied to each (a ``method.``/``loss.`` one to those whose method
     (loss) has the field), then one copy per ``--stage2-seeds`` value (Stage II's seed; without the flag each
     trial's Stage II uses its ``seed``; a method that draws nothing in Stage II runs once). A key whose value the
     study varies between the rows of one setup and seed
     (γ of sensitivity_gamma, the sizes of posthoc, Mixup's α in compare_methods; a method's or loss's field between
     rows of that method or loss) is a :class:`ConfigError`: one value would make those rows one. ``say``: print one
-    line of what each setting applied to."""
-    settings = study_settings(args)
+    line of what each setting applied to. ``settings``: :func:`study_settings` of ``args`` when the caller has
+    them (a table study applies them to its run and its whole table), else read here."""
+    settings = study_settings(args) if settings is None else settings
     for setting in settings:
         _check_not_varied(setting, configs)
     out = apply_settings(configs, settings)

@@ -4,12 +4,13 @@ model's former labels. The helpers are checked against hand-written messages, an
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
 
 from calib._config import ConfigError, did_you_mean
-from calib.config import SEED_LIMIT, check_seed, is_seed, parse_trial_config, seed_rule
+from calib.config import SEED_LIMIT, check_seed, config_hash, is_seed, parse_trial_config, seed_rule, stage1_identity
 from calib.methods.vanilla import current_uncalibrated_label
 from calib.overrides import ABSENT, apply_settings, current_value, parse_setting
 from calib.registries import DEFAULT_LOSS, LOSSES
@@ -115,3 +116,31 @@ def test_a_setting_of_one_method_applies_to_its_trials_alone():
     with pytest.raises(ConfigError, match=r"'nonsense' is not a section of the trial config .* nor a registered "
                                           r"method"):
         parse_setting("nonsense.num_bins=7")
+
+
+def test_the_grid_places_its_trials_from_the_configs_parsed_once(make_config, monkeypatch):
+    import calib.search.grid as grid  # the module whose parse_trial_config is replaced below
+
+    methods = [{"name": "vanilla"}, {"name": "temperature_scaling"}, {"name": "mac_cal", "epochs": 2},
+               {"name": "mac_cal", "epochs": 2, "accuracy_weight": 0.5}]
+    configs = [make_config(seed=seed, method=m) for seed in (1, 2) for m in methods]
+    parsed = [parse_trial_config(c) for c in configs]
+    stage1_ids = {json.dumps(c, sort_keys=True): config_hash(stage1_identity(p))
+                  for c, p in zip(configs, parsed, strict=True)}
+
+    def no_parse(config):
+        raise AssertionError("a config was parsed again")
+
+    monkeypatch.setattr(grid, "parse_trial_config", no_parse)
+    roles = grid.assign_roles(configs, parsed)
+    assert [r["role"] for r in roles] == ["stage1", "stage1", *["cached"] * 6]
+    assert all(r["cfg"] is parsed[configs.index(r["config"])] for r in roles)
+    trials = grid.batch_roles(roles, configs_per_trial=8)
+    # round-robin over the two Stage Is; the two MaC-Cal rows of a seed share a population, TS runs alone
+    assert [(t["role"], len(t["configs"])) for t in trials] == [("stage1", 1), ("stage1", 1), ("cached", 1),
+                                                                ("cached", 1), ("cached", 2), ("cached", 2)]
+    assert [[c["seed"] for c in t["configs"]] for t in trials] == [[1], [2], [1], [2], [1, 1], [2, 2]]
+    for trial in trials:  # each trial's Stage I is its configs' own
+        assert {stage1_ids[json.dumps(c, sort_keys=True)] for c in trial["configs"]} == {trial["stage1_id"]}
+    monkeypatch.undo()
+    assert grid.batch_roles(grid.assign_roles(configs), configs_per_trial=8) == trials  # parsed there: the same
