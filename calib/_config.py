@@ -176,9 +176,10 @@ def or_null(rule: Rule, meaning: str) -> Rule:
     return Rule(f"null ({meaning}) or {rule.what}", lambda value: value is None or rule.holds(value))
 
 
-def checked_field(default: Any, rule: Rule) -> Any:
-    """A dataclass field with its default and its :class:`Rule` (checked by :func:`check_fields`)."""
-    return dataclasses.field(default=default, metadata={"rule": rule})
+def checked_field(default: Any, rule: Rule | None, **metadata: Any) -> Any:
+    """A dataclass field with its default and its :class:`Rule` (checked by :func:`check_fields`; None: no rule),
+    and any further ``metadata`` its class reads (a command-line flag's help, say)."""
+    return dataclasses.field(default=default, metadata={**metadata, **({"rule": rule} if rule else {})})
 
 
 @functools.cache
