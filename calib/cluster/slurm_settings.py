@@ -37,7 +37,8 @@ def parse_time(text: str) -> int:
     return int(first) * 60 + int(second or 0)  # MM[:SS]
 
 
-_SLURM_NAME = Rule("a Slurm name (letters, digits and _ . + -)", lambda value: bool(_NAME.fullmatch(str(value))))
+_SLURM_NAME = Rule("a Slurm name (letters, digits, underscores, dots, dashes and plus signs)",
+                   lambda value: bool(_NAME.fullmatch(str(value))))
 _SIZE = Rule("a size such as 64G or 500M (K, M, G, T)", lambda value: bool(_MEM.fullmatch(str(value))))
 _ON_OFF = Rule("true or false (on or off in a settings file)", lambda value: isinstance(value, bool))
 
