@@ -22,7 +22,7 @@ import os
 import re
 import types
 import unicodedata
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "check_values",
     "checked_field",
     "coerce",
+    "did_you_mean",
     "field_rules",
     "field_symbols",
     "field_types",
@@ -54,6 +55,21 @@ C = TypeVar("C")
 
 class ConfigError(ValueError):
     """A config value is unknown, of the wrong type or out of range; the message names key and value."""
+
+
+def did_you_mean(names: str | Iterable[object], choices: Iterable[str], *, n: int = 1,
+                 show: Callable[[str], str] = repr, first: Sequence[str] = (),
+                 form: str = " Did you mean {}?") -> str:
+    """The hint of an unknown name: ``form`` naming the ``n`` ``choices`` closest to each of ``names`` (as ``show``
+    writes them), or ``first`` (fields named by their paper's symbol) where there are any; "" when none is close.
+
+    >>> did_you_mean("gama", ["gamma", "alpha"])
+    " Did you mean 'gamma'?"
+    """
+    choices = [str(c) for c in choices]
+    close = list(first) or [show(c) for name in ([names] if isinstance(names, str) else names)
+                            for c in difflib.get_close_matches(str(name), choices, n=n)]
+    return form.format(" or ".join(close)) if close else ""
 
 
 def check(condition: bool, key: str, value: Any, rule: str, hint: str = "") -> None:
@@ -160,9 +176,10 @@ def or_null(rule: Rule, meaning: str) -> Rule:
     return Rule(f"null ({meaning}) or {rule.what}", lambda value: value is None or rule.holds(value))
 
 
-def checked_field(default: Any, rule: Rule) -> Any:
-    """A dataclass field with its default and its :class:`Rule` (checked by :func:`check_fields`)."""
-    return dataclasses.field(default=default, metadata={"rule": rule})
+def checked_field(default: Any, rule: Rule | None, **metadata: Any) -> Any:
+    """A dataclass field with its default and its :class:`Rule` (checked by :func:`check_fields`; None: no rule),
+    and any further ``metadata`` its class reads (a command-line flag's help, say)."""
+    return dataclasses.field(default=default, metadata={**metadata, **({"rule": rule} if rule else {})})
 
 
 @functools.cache
@@ -314,9 +331,8 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, prefix: str = "") -> C:
     types_ = field_types(cls)
     unknown = sorted(set(data) - set(types_), key=str)
     if unknown:
-        close = [repr(prefix + c) for k in unknown for c in difflib.get_close_matches(str(k), types_, n=1)]
-        close = [f for k in unknown for f in fields_of_symbol(cls, str(k), prefix)] or close
-        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        hint = did_you_mean(unknown, types_, show=lambda c: repr(prefix + c),
+                            first=[f for k in unknown for f in fields_of_symbol(cls, str(k), prefix)])
         valid = f"Valid keys: {', '.join(prefix + k for k in types_)}." if types_ else f"{cls.__name__} has no keys."
         raise ConfigError(
             f"Unknown key{'s' if len(unknown) > 1 else ''} "

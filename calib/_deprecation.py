@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["REMOVED_AFTER", "RENAMES", "warn_renamed"]
+__all__ = ["REMOVED_AFTER", "RENAMES", "renamed_message", "warn_renamed"]
 
 REMOVED_AFTER = "0.2"
 """The last release that still reads the old names below."""
@@ -17,11 +17,16 @@ RENAMES: dict[str, str] = {
     "TemperatureScaling(line_search=...)": "TemperatureScaling(lbfgs_line_search=...)",
     "post-hoc calibrator 'histogram_binning'": "post-hoc calibrator 'histogram_binning_equal_mass'",
     "LossSpec(build=...)": "calib.losses.register_loss(name, Config, Loss, description, label=..., order=...)",
+    "posthoc.py --param METHOD.FIELD=VALUE": "posthoc.py --set METHOD.FIELD=VALUE",
 }
 """Old form -> new form, as the warning says them."""
 
 
+def renamed_message(old: str) -> str:
+    """"<old> is renamed <new>; the old name is read until calib <release>" for ``old``, a key of :data:`RENAMES`."""
+    return f"{old} is renamed {RENAMES[old]}; the old name is read until calib {REMOVED_AFTER}"
+
+
 def warn_renamed(old: str, *, stacklevel: int = 3) -> None:
     """Warn that ``old`` (a key of :data:`RENAMES`) is renamed, naming the new form."""
-    warnings.warn(f"{old} is renamed {RENAMES[old]}; the old name is read until calib {REMOVED_AFTER}",
-                  DeprecationWarning, stacklevel=stacklevel)
+    warnings.warn(renamed_message(old), DeprecationWarning, stacklevel=stacklevel)

@@ -8,7 +8,6 @@ plugin registered each name (:func:`registering_as`, :meth:`Registry.origin`).
 from __future__ import annotations
 
 import contextlib
-import difflib
 import fnmatch
 import importlib
 import pkgutil
@@ -16,6 +15,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
+from calib._config import did_you_mean
 from calib._deprecation import REMOVED_AFTER
 
 T = TypeVar("T")
@@ -111,8 +111,7 @@ class Registry(Generic[T]):
                           f"calib {REMOVED_AFTER}", DeprecationWarning, stacklevel=2)
         name = self.canonical(name)
         if name not in self._read():
-            close = difflib.get_close_matches(str(name), self._entries, n=3)
-            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            hint = did_you_mean(str(name), self._entries, n=3)
             raise UnknownNameError(
                 f"Unknown {self.kind} {name!r}.{hint} Valid {self.kind} names: {', '.join(self.names())}."
             )

@@ -15,22 +15,22 @@ spaces address with dotted keys such as ``method.accuracy_weight`` or ``stage1.m
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from calib import storage
-from calib._config import ConfigError, check, from_dict, named_section
+from calib._config import ConfigError, check, did_you_mean, from_dict, named_section
 from calib._registry import Registry
 from calib.datasets import dataset_options
 from calib.datasets.corruptions import C_DIRECTORY, CORRUPTIONS
 from calib.datasets.subsets import check_train_size
 from calib.models import check_arch
-from calib.registries import DATASETS, LOSSES, METHODS, OOD_SETS
+from calib.registries import DATASETS, DEFAULT_LOSS, LOSSES, METHODS, OOD_SETS
 from calib.stage1_source import FILE_KINDS, Stage1Source, check_config_fits_given_stage1
 
 __all__ = [
@@ -40,9 +40,13 @@ __all__ = [
     "Stage1Config",
     "TrialConfig",
     "added_fields",
+    "check_seed",
+    "check_trial_config_keys",
     "config_hash",
     "get_dotted",
+    "is_seed",
     "parse_trial_config",
+    "seed_rule",
     "set_dotted",
     "stage1_identity",
     "trial_id",
@@ -55,6 +59,27 @@ SEED_LIMIT = 2**32
 """Trial seeds are ``0 <= seed < SEED_LIMIT``: NumPy's global seed (``np.random.seed``) takes no other,
 ``np.random.default_rng`` takes no negative one, and torch's generators take the derived seeds
 (``seed + 1_000_003``) of this range."""
+
+NUMPY_SEEDS = "NumPy's seeding takes no other"
+"""Why a seed is below :data:`SEED_LIMIT`, as the error says it."""
+
+
+def is_seed(value: int) -> bool:
+    """Whether ``value`` is a seed: ``0 <= value < SEED_LIMIT`` (2**32)."""
+    return 0 <= value < SEED_LIMIT
+
+
+def seed_rule(name: str, *, many: bool = False, why: str = NUMPY_SEEDS) -> str:
+    """What the seed ``name`` (a key, or a flag: then its values are called ``seed``) must be, completing
+    "`name` must ...": ``be an integer with 0 <= seed < 2**32 = 4294967296 (<why>)``."""
+    variable = "seed" if name.startswith("-") else name
+    return f"be {'integers' if many else 'an integer'} with 0 <= {variable} < 2**32 = {SEED_LIMIT} ({why})"
+
+
+def check_seed(value: int, name: str, *, many: bool = False, why: str = NUMPY_SEEDS) -> None:
+    """Raise :class:`ConfigError` "`name` must <:func:`seed_rule`>, got name=value." unless :func:`is_seed`."""
+    if not is_seed(value):
+        raise ConfigError(f"`{name}` must {seed_rule(name, many=many, why=why)}, got {name}={value!r}.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,20 +293,24 @@ def _component(registry: Registry, data: Any, key: str) -> Component:
     return Component(name, from_dict(registry.get(name).config, params, prefix=f"{key}."))
 
 
+def check_trial_config_keys(data: Mapping[str, Any]) -> None:
+    """Every key of the trial-config dict ``data`` is a :class:`TrialConfig` field; an unknown one is a
+    :class:`ConfigError` listing the valid keys and the closest ones."""
+    unknown = sorted(set(data) - _TOP_LEVEL, key=str)
+    if unknown:
+        raise ConfigError(
+            f"Unknown trial config key(s) {', '.join(map(repr, unknown))}. Valid keys: {', '.join(sorted(_TOP_LEVEL))}."
+            f"{did_you_mean(unknown, _TOP_LEVEL)}"
+        )
+
+
 def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     """Validate a plain trial-config dict; any bad key or value raises ``ConfigError``/``KeyError``."""
     if isinstance(data, TrialConfig):
         return data
     if not isinstance(data, dict):
         raise ConfigError(f"A trial config must be a mapping of trial config keys, got {data!r}.")
-    unknown = sorted(set(data) - _TOP_LEVEL, key=str)
-    if unknown:
-        close = [c for k in unknown for c in difflib.get_close_matches(str(k), _TOP_LEVEL, n=1)]
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise ConfigError(
-            f"Unknown trial config key(s) {', '.join(map(repr, unknown))}. Valid keys: {', '.join(sorted(_TOP_LEVEL))}."
-            f"{hint}"
-        )
+    check_trial_config_keys(data)
     missing = sorted(k for k in ("study", "seed", "dataset", "arch", "method", "data_root", "artifact_root")
                      if k not in data)
     if missing:
@@ -312,15 +341,13 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
     fields["dataset_options"] = {} if source.kind in FILE_KINDS else dataset_options(data["dataset"], options)
     fields["stage1"] = from_dict(Stage1Config, data.get("stage1", {}), prefix="stage1.") \
         if not isinstance(data.get("stage1"), Stage1Config) else data["stage1"]
-    fields["loss"] = _component(LOSSES, data.get("loss", "cross_entropy"), "loss")
+    fields["loss"] = _component(LOSSES, data.get("loss", DEFAULT_LOSS), "loss")
     fields["method"] = _component(METHODS, data["method"], "method")
     if fields.get("stage2_seed") is None:
         fields["stage2_seed"] = data["seed"]
     cfg = from_dict(TrialConfig, fields)
     for key in ("seed", "stage2_seed"):
-        check(0 <= getattr(cfg, key) < SEED_LIMIT, key, getattr(cfg, key),
-              f"be an integer with 0 <= {key} < 2**32 (it seeds Python, NumPy and torch; NumPy's seeding takes no "
-              f"other)")
+        check_seed(getattr(cfg, key), key, why="it seeds Python, NumPy and torch; NumPy's seeding takes no other")
     if cfg.source.kind != "train":
         check_config_fits_given_stage1(cfg)
         if cfg.source.kind in FILE_KINDS:

@@ -6,13 +6,13 @@ field of a section: ``stage1.<field>`` (:class:`~calib.config.Stage1Config`), ``
 registered method or loss). A value is read as the field's type wants it: ``10``, ``0.05``, ``1e-3``, ``null``,
 ``true``, ``[150, 250]`` (or ``150,250``), a name (``epoch_start``); a string field keeps its text as given (``off``
 stays a string). A method's or a loss's field is typed per config, against that config's method or loss, and applies
-only to the configs whose method (loss) has it (:func:`apply_settings`).
+only to the configs whose method (loss) has it (:func:`apply_settings`). ``<method name>.<field>``
+(``histogram_binning_equal_mass.num_bins=10``) sets the field of that one method only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from calib._config import ConfigError, coerce, field_types, fields_of_symbol
+from calib._config import ConfigError, coerce, did_you_mean, field_types, fields_of_symbol
 from calib.config import Stage1Config, TrialConfig, set_dotted
-from calib.registries import LOSSES, METHODS
+from calib.registries import DEFAULT_LOSS, LOSSES, METHODS
 from calib.stage1_source import Stage1Source
 
 __all__ = ["ABSENT", "ConfigSetting", "apply_settings", "current_value", "parse_setting", "settable_keys",
@@ -34,16 +34,18 @@ _COMPONENTS = {"method": METHODS, "loss": LOSSES}
 
 @dataclass(frozen=True)
 class ConfigSetting:
-    """One ``KEY=VALUE``: the dotted ``key``, its ``section`` ("stage1", "source", "method", "loss"; "" for a
-    top-level field), the ``field`` name and the ``text`` of the value as given."""
+    """One ``KEY=VALUE``: the dotted trial-config ``key`` it sets, its ``section`` ("stage1", "source", "method",
+    "loss"; "" for a top-level field), the ``field`` name, the ``text`` of the value as given, and ``only``: the one
+    method it applies to when given as ``<method name>.<field>`` ("": every config that has the field)."""
 
     key: str
     section: str
     field: str
     text: str
+    only: str = ""
 
     def __str__(self) -> str:
-        return f"{self.key}={self.text}"
+        return f"{self.only}.{self.field}={self.text}" if self.only else f"{self.key}={self.text}"
 
 
 def _top_level_types() -> dict[str, Any]:
@@ -86,8 +88,7 @@ def _symbol_fields(key: str) -> list[str]:
 
 
 def _bad_key(key: str, why: str, allowed: Sequence[str]) -> ConfigError:
-    close = _symbol_fields(key) or [repr(c) for c in difflib.get_close_matches(key, allowed, n=1)]
-    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    hint = did_you_mean(key, allowed, first=_symbol_fields(key))
     return ConfigError(f"`--set {key}`: {why}.{hint} Allowed keys: {', '.join(allowed)}.")
 
 
@@ -125,9 +126,21 @@ def parse_setting(text: str, reserved: Mapping[str, str] = {}) -> ConfigSetting:
         if field not in fields:
             raise _bad_key(key, f"no registered {section} has the field {field!r}",
                            [k for k in allowed if k.startswith(f"{section}.")])
+    elif section in METHODS:
+        return _one_method_setting(f"{key}={value}", METHODS.canonical(section), field, value)
     else:
-        raise _bad_key(key, f"{section!r} is not a section of the trial config ({', '.join(_SECTIONS)})", allowed)
+        raise _bad_key(key, f"{section!r} is not a section of the trial config ({', '.join(_SECTIONS)}) nor a "
+                            f"registered method", allowed)
     return ConfigSetting(key, section, field, value)
+
+
+def _one_method_setting(text: str, name: str, field: str, value: str) -> ConfigSetting:
+    """``text``, ``<method name>.<field>=<value>``: the field of that method alone, its value typed against it."""
+    types = field_types(METHODS.get(name).config)
+    if field not in types:
+        raise ConfigError(f"`--set {text}`: {name} has no field {field!r}; its fields: {', '.join(types) or 'none'}.")
+    typed_value(value, types[field], f"{name}.{field}")
+    return ConfigSetting(f"method.{field}", "method", field, value, only=name)
 
 
 def typed_value(text: str, tp: Any, key: str) -> Any:
@@ -176,7 +189,7 @@ def apply_settings(configs: Sequence[dict[str, Any]], settings: Sequence[ConfigS
             if setting.section in _COMPONENTS:
                 name = _name(config.get(setting.section))
                 types = field_types(_COMPONENTS[setting.section].get(name).config)
-                if setting.field not in types:
+                if setting.field not in types or setting.only not in ("", name):
                     continue
                 tp = types[setting.field]
             elif setting.section:
@@ -201,7 +214,9 @@ def current_value(config: Mapping[str, Any], setting: ConfigSetting) -> Any:
     else the field's default (JSON-plain); :data:`ABSENT` where its method (loss) has no such field."""
     node: Any = config.get(setting.section) if setting.section else config
     if setting.section in _COMPONENTS:
-        node = {"name": node} if isinstance(node, str) else (node or {"name": "cross_entropy"})
+        node = {"name": node} if isinstance(node, str) else (node or {"name": DEFAULT_LOSS})
+        if setting.only not in ("", node["name"]):
+            return ABSENT
         cls = _COMPONENTS[setting.section].get(node["name"]).config
     else:
         cls = {"stage1": Stage1Config, "source": Stage1Source, "": TrialConfig}[setting.section]
@@ -220,6 +235,9 @@ def current_value(config: Mapping[str, Any], setting: ConfigSetting) -> Any:
 def _none_has(setting: ConfigSetting, configs: Sequence[dict[str, Any]]) -> None:
     section = setting.section
     names = dict.fromkeys(_name(c.get(section)) for c in configs)
+    if setting.only:
+        raise ConfigError(f"`--set {setting}` names method {setting.only!r}; the methods of this run are "
+                          f"{', '.join(names)}.")
     having = _component_fields(section).get(setting.field, [])
     fields = sorted({f for n in names for f in field_types(_COMPONENTS[section].get(n).config)})
     raise ConfigError(
@@ -231,6 +249,6 @@ def _none_has(setting: ConfigSetting, configs: Sequence[dict[str, Any]]) -> None
 def _name(component: Any) -> str:
     """The registered name of a config's method or loss section (a name, a mapping, or no loss: cross_entropy)."""
     if component is None:
-        return "cross_entropy"
+        return DEFAULT_LOSS
     return component if isinstance(component, str) else str(component.get("name"))
 

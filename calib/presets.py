@@ -15,6 +15,7 @@ from typing import Any
 
 from calib._config import field_types
 from calib._registry import Registry
+from calib.registries import DEFAULT_LOSS
 
 __all__ = ["PRESETS", "Preset", "base_config", "with_preset_stage2"]
 
@@ -171,7 +172,7 @@ def base_config(
         "dataset": dataset,
         "arch": arch or preset.setups([dataset])[0][1],
         "stage1": preset.stage1_for(dataset),
-        "loss": dict(loss or {"name": "cross_entropy"}),
+        "loss": dict(loss or {"name": DEFAULT_LOSS}),
         "method": dict(method),
         "data_root": data_root,
         "artifact_root": artifact_root,

@@ -19,7 +19,7 @@ from typing import Any
 
 from calib._registry import Registry
 
-__all__ = ["DATASETS", "LOSSES", "METHODS", "MODELS", "OOD_SETS", "POSTHOC"]
+__all__ = ["DATASETS", "DEFAULT_LOSS", "LOSSES", "METHODS", "MODELS", "OOD_SETS", "POSTHOC"]
 
 
 def _populate() -> None:
@@ -40,6 +40,9 @@ MODELS: Registry[Any] = Registry("architecture", populate=_populate)
 
 LOSSES: Registry[Any] = Registry("loss", populate=_populate)
 """Stage-I loss name → :class:`calib.losses.LossSpec`."""
+
+DEFAULT_LOSS = "cross_entropy"
+"""The loss of a trial config that names none: the vanilla Stage I (:mod:`calib.losses.cross_entropy`)."""
 
 METHODS: Registry[Any] = Registry("method", populate=_populate)
 """Method name → :class:`calib.methods.MethodSpec`: what runs on a Stage-I artifact."""

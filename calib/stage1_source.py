@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from calib import storage
 from calib._config import ConfigError, check
-from calib.registries import LOSSES, METHODS
+from calib.registries import DEFAULT_LOSS, LOSSES, METHODS
 
 if TYPE_CHECKING:
     from calib.config import TrialConfig
@@ -87,7 +87,7 @@ def check_config_fits_given_stage1(cfg: TrialConfig) -> None:
     kind = cfg.source.kind
     given = f"this trial's Stage I comes from a {kind} file (source.kind={kind!r}), which calib does not train"
     runs_on_it = f"The methods that run on a given Stage I: {', '.join(METHODS.names())}."
-    if cfg.loss.name != "cross_entropy" or cfg.loss.params != LOSSES.get("cross_entropy").config():
+    if cfg.loss.name != DEFAULT_LOSS or cfg.loss.params != LOSSES.get(DEFAULT_LOSS).config():
         raise ConfigError(f"`loss`={cfg.loss.name!r} is a way to train Stage I, but {given}: loss-based methods do "
                           f"not apply to it (they are Stage-I trainings). {runs_on_it}")
     for key, name in (("mixup_alpha", "Mixup"), ("mit_alpha", "MIT"), ("plp_gamma", "PLP"), ("balcal_delta", "BalCAL")):

@@ -9,9 +9,9 @@ split of NLL and Brier per method and size, mean ± 95% CI over draws (and seeds
 calibration-set size. ``studies/report.py`` regenerates the table and the figure from the store.
 
 Sizes above the validation split are an error when given with ``--sizes``; the default sizes that do
-not fit a dataset (the digits' split has 269 images) are left out with one line. ``--param`` sets one
-method's parameter, e.g. ``--param histogram_binning_equal_mass.num_bins=10``; ``--set method.num_bins=10`` sets
-it for every method of the run that has the field.
+not fit a dataset (the digits' split has 269 images) are left out with one line. ``--set`` sets one method's
+parameter, e.g. ``--set histogram_binning_equal_mass.num_bins=10``; ``--set method.num_bins=10`` sets it for every
+method of the run that has the field (``--param``, its former name, still reads until calib 0.2).
 
 ``--predictions FILE [FILE ...]`` calibrates a model's predictions instead of a Stage I: one file of held-out
 predictions and labels per setup (netcal's ``.npz`` records, ``logits``/``probs`` + ``labels``, a ``.npy`` pair
@@ -31,19 +31,18 @@ finite optimum, ...) prints a warning line and is counted in the table's ``degen
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import sys
 from typing import Any
 
-from calib._config import ConfigError, field_types
+from calib._config import ConfigError
+from calib._deprecation import renamed_message, warn_renamed
 from calib.artifacts.features_file import read_features_file
 from calib.artifacts.sources import predictions_split
 from calib.config import parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.synthetic_logits import write_synthetic_logits
 from calib.methods.vanilla import UNCALIBRATED_LABEL
-from calib.overrides import typed_value
 from calib.presets import Preset, base_config
-from calib.registries import METHODS
 from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary, plot_calibration_sizes
 from calib.search import CheckedOnly, run_grid
@@ -74,30 +73,19 @@ def calibration_size(text: str) -> int | None:
     return size
 
 
-def method_params(assignments: list[str], names: list[str], sets: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """``--param METHOD.FIELD=VALUE`` by registered method name: ``--set method.FIELD=VALUE`` for one method of
-    the run, its value typed and checked against that method's field as ``--set`` does. A field that ``--set`` also
-    sets is an error (which of the two holds would be unclear)."""
-    params: dict[str, dict[str, Any]] = {}
-    set_keys = {text.partition("=")[0].strip() for text in sets}
-    for assignment in assignments:
-        key, sep, value = assignment.partition("=")
-        name, dot, field = key.partition(".")
-        name = METHODS.canonical(name)  # a renamed method's former name (histogram_binning) still reads
-        if not (sep and dot and field):
-            raise ConfigError(f"`--param` must be METHOD.FIELD=VALUE, got {assignment!r}.")
-        if name not in names:
-            raise ConfigError(f"`--param` {assignment!r} names method {name!r}; the methods of this run are "
-                              f"{', '.join(names)}.")
-        types = field_types(METHODS.get(name).config)
-        if field not in types:
-            raise ConfigError(f"`--param {assignment}`: {name} has no field {field!r}; its fields: "
-                              f"{', '.join(types) or 'none'}.")
-        if f"method.{field}" in set_keys:
-            raise ConfigError(f"`--param {assignment}` and `--set method.{field}=...` both set {name}'s {field}: give "
-                              f"one (--set sets it for every method that has it, --param for {name} alone).")
-        params.setdefault(name, {})[field] = typed_value(value, types[field], f"{name}.{field}")
-    return params
+class RenamedSet(argparse.Action):
+    """``--param METHOD.FIELD=VALUE``, ``--set``'s former name here: a ``--set`` value, with one line (and a
+    ``DeprecationWarning``) saying so."""
+
+    OLD = "posthoc.py --param METHOD.FIELD=VALUE"
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if not getattr(namespace, "_param_said", False):
+            print(f"warning: {renamed_message(self.OLD)}", file=sys.stderr)
+            namespace._param_said = True
+        warn_renamed(self.OLD, stacklevel=2)
+        namespace.set = [*(namespace.set or ()), values]
 
 
 def sizes_for(dataset: str, val_images: int | None, sizes: list[int | None], explicit: bool, study: str
@@ -157,8 +145,8 @@ def table_rank(label: str, size: int | None) -> int:
     return (list(POSTHOC_METHODS).index(label) + 1) * RANK_STRIDE + (RANK_STRIDE - 1 if size is None else size)
 
 
-@guarded_main
-def main(argv: list[str] | None = None) -> int | CheckedOnly:
+def posthoc_parser() -> argparse.ArgumentParser:
+    """The flags of this study."""
     parser = study_parser(__doc__, study="posthoc", figures=True)
     parser.add_argument("--methods", nargs="+", default=None, choices=POSTHOC_METHODS, metavar="METHOD",
                         help="post-hoc methods, from: %(choices)s (default: all)")
@@ -167,16 +155,20 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                              "with --predictions: all)")
     parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS,
                         help=f"uniform draws of each size below 'all' (default: {DEFAULT_DRAWS})")
-    parser.add_argument("--param", action="append", default=[], metavar="METHOD.FIELD=VALUE",
-                        help="a parameter of one method of the run, e.g. histogram_binning_equal_mass.num_bins=10 "
-                             "(repeatable; --set method.FIELD=VALUE sets the field of every method that has it)")
+    parser.add_argument("--param", action=RenamedSet, metavar="METHOD.FIELD=VALUE",
+                        help="former name of --set METHOD.FIELD=VALUE (read until calib 0.2)")
     parser.add_argument("--synthetic-classes", type=int, default=None, metavar="K",
                         help="calibrate over-confident synthetic logits of K classes (5,000 validation and 10,000 "
                              "test samples) instead of a trained model; 100 is the paper preset's regime")
     parser.add_argument("--synthetic-seed", type=int, default=0,
                         help="the seed of the --synthetic-classes data set (default: 0)")
     add_predictions_args(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+@guarded_main
+def main(argv: list[str] | None = None) -> int | CheckedOnly:
+    args = posthoc_parser().parse_args(argv)
     if args.draws < 1:
         raise ConfigError(f"`--draws` must be an integer >= 1, got --draws {args.draws}.")
     use_synthetic_logits(args)
@@ -187,7 +179,6 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     seeds = args.seeds or list(preset.seeds if preset.dataset_sources else preset.seeds[:1])
     args.methods = args.methods or list(POSTHOC_METHODS)
     names = [POSTHOC_METHODS[label] for label in args.methods]
-    params = method_params(args.param, names, args.set)
     explicit = args.sizes is not None
     default_sizes = ("all",) if preset.dataset_sources else DEFAULT_SIZES  # the benchmarks fit on the whole part
     sizes = list(dict.fromkeys(args.sizes if explicit else [calibration_size(s) for s in default_sizes]))
@@ -211,7 +202,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                     rank = table_rank(label, size)
                     for draw in range(args.draws if size is not None else 1):
                         subset = {} if size is None else {"calibration_size": size, "calibration_draw": draw}
-                        method = {"name": name, **params.get(name, {}), **subset}
+                        method = {"name": name, **subset}
                         configs.append({**base_config(method=method, **common), "label_rank": rank,
                                         "label": f"{label} · {'all' if size is None else f'n={size}'}"})
     configs = with_settings(args, configs)

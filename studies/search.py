@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow.dataset as pads
 
 from calib._config import ConfigError
-from calib.config import SEED_LIMIT, set_dotted
+from calib.config import is_seed, seed_rule, set_dotted
 from calib.metrics import higher_is_better
 from calib.presets import base_config
 from calib.report import format_mean_ci, report_step
@@ -75,7 +75,8 @@ def print_best(completed, space, objectives: list[str], replicates: Replicates) 
 def bases_with_settings(args, bases: list[dict], space) -> list[dict]:
     """The replicates' base configs with ``--set`` and ``--stage2-seeds`` applied; a key the space searches or fixes,
     or more than one Stage-II seed (each replicate runs its config once), is a ``ConfigError``."""
-    for setting in study_settings(args):
+    settings = study_settings(args)
+    for setting in settings:
         if setting.key in space.parameters or setting.key in space.base:
             what = "searches" if setting.key in space.parameters else "fixes"
             raise ConfigError(f"`--set {setting}`: the search space {args.space} {what} {setting.key}; change it in "
@@ -83,7 +84,7 @@ def bases_with_settings(args, bases: list[dict], space) -> list[dict]:
     if args.stage2_seeds and len(set(args.stage2_seeds)) > 1:
         raise ConfigError(f"`--stage2-seeds` takes one seed in a search (each replicate runs its sampled config "
                           f"once), got --stage2-seeds {' '.join(map(str, args.stage2_seeds))}.")
-    return with_settings(args, bases)
+    return with_settings(args, bases, settings=settings)
 
 
 def tuning_seeds(replicates: Replicates, study: str, paths) -> list[int]:
@@ -223,9 +224,9 @@ def check_search_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
                      f"on)")
     if args.tpe_window < 0:
         parser.error(f"--tpe-window must be >= 0 (finished trials; 0: all), got {args.tpe_window}")
-    if not 0 <= args.sampler_seed < SEED_LIMIT:
-        parser.error(f"--sampler-seed must be an integer with 0 <= seed < 2**32 (Optuna's samplers seed NumPy with "
-                     f"it), got {args.sampler_seed}")
+    if not is_seed(args.sampler_seed):
+        rule = seed_rule("--sampler-seed", why="Optuna's samplers seed NumPy with it")
+        parser.error(f"--sampler-seed must {rule}, got {args.sampler_seed}")
 
 
 def report_search(completed, space, objective: str, replicates: Replicates, study: str, paths) -> None:

@@ -69,7 +69,6 @@ inputs and labels)::
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -80,6 +79,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from calib._config import did_you_mean
 from calib.artifacts.artifact import SPLITS, SplitCache
 
 __all__ = ["FEATURES_FILE_SUFFIXES", "FeaturesFile", "FeaturesFileError", "read_features_file"]
@@ -273,10 +273,8 @@ class _Reader:
         if missing:
             parts.append("missing required key(s): " + "; ".join(missing))
         if unknown:
-            hints = []
-            for k in unknown:
-                close = difflib.get_close_matches(str(k), [a for a in _ACCEPTED if a not in raw], n=1)
-                hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            hints = [f"{k!r}" + did_you_mean(str(k), [a for a in _ACCEPTED if a not in raw], form=" (did you mean {}?)")
+                     for k in unknown]
             parts.append("unknown key(s): " + ", ".join(hints))
         raise self.error("; ".join(parts) + f". Accepted keys: {', '.join(_ACCEPTED)} — the features and "
                          "labels of every split, and head_weight (head_bias optional) and/or the logits of "

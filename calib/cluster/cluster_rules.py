@@ -4,7 +4,6 @@ applies them)."""
 
 from __future__ import annotations
 
-import difflib
 import math
 import posixpath
 import re
@@ -12,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from calib._config import did_you_mean
 from calib.cluster.cluster_file import (
     CALIB_KEYS,
     CALIB_SECTION,
@@ -55,8 +55,8 @@ def calib_settings(config: dict[str, Any]) -> tuple[dict[str, Any], list[Problem
     problems = []
     for name in calib:
         if name not in CALIB_KEYS:
-            close = difflib.get_close_matches(str(name), CALIB_KEYS, n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(CALIB_KEYS)}"
+            hint = (did_you_mean(str(name), CALIB_KEYS, show=lambda c: f"`{c}`", form="; did you mean {}?")
+                    or f"; known: {', '.join(CALIB_KEYS)}")
             problems.append(Problem(f"{CALIB_SECTION}.{name}", f"unknown calib setting{hint}"))
     return calib, problems
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import difflib
 import json
 import logging
 import re
@@ -15,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from calib._config import did_you_mean
 from calib.cluster.cluster_file import CALIB_KEYS, CALIB_SECTION, Problem
 
 __all__ = ["PREPARATION_ERROR_KEYS", "ray_checks"]
@@ -63,11 +63,8 @@ def _schema_problems(config: dict[str, Any]) -> list[Problem]:
             for name in err.instance:
                 if name in allowed or any(re.search(p, str(name)) for p in patterns):
                     continue
-                hint = ""
-                if not where and name in CALIB_KEYS:
-                    hint = f"; calib's settings go under `{CALIB_SECTION}`"
-                elif close := difflib.get_close_matches(str(name), allowed, n=1):
-                    hint = f"; did you mean `{close[0]}`?"
+                hint = (f"; calib's settings go under `{CALIB_SECTION}`" if not where and name in CALIB_KEYS else
+                        did_you_mean(str(name), allowed, show=lambda c: f"`{c}`", form="; did you mean {}?"))
                 problems.append(Problem(_join(where, str(name)),
                                         f"unknown key: Ray's cluster schema allows no `{name}` here{hint}"))
         elif err.validator == "required" and isinstance(err.instance, dict):

@@ -8,13 +8,13 @@ import argparse
 import dataclasses
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from calib._config import ConfigError
+from calib._config import ConfigError, Rule, checked_field, field_rules, integer
 
 __all__ = ["SlurmSettings", "add_setting_flags", "given_settings", "parse_time"]
 
@@ -37,42 +37,48 @@ def parse_time(text: str) -> int:
     return int(first) * 60 + int(second or 0)  # MM[:SS]
 
 
-def _setting(default: Any, help: str | None, *, low: int | None = None, name: bool = False, flag: str | None = None,
+_SLURM_NAME = Rule("a Slurm name (letters, digits, underscores, dots, dashes and plus signs)",
+                   lambda value: bool(_NAME.fullmatch(str(value))))
+_SIZE = Rule("a size such as 64G or 500M (K, M, G, T)", lambda value: bool(_MEM.fullmatch(str(value))))
+_ON_OFF = Rule("true or false (on or off in a settings file)", lambda value: isinstance(value, bool))
+
+
+def _setting(default: Any, help: str | None, rule: Rule | None = None, *, flag: str | None = None,
              metavar: str | None = None, repeat: bool = False) -> Any:
-    """A field of :class:`SlurmSettings` with its flag: ``help`` (None: no flag), ``low`` (an integer at least
-    this), ``name`` (a Slurm name), ``flag`` (the flag when it is not the field's name with dashes), ``repeat`` (a
-    tuple given by repeating the flag)."""
-    return field(default=default, metadata={"help": help, "low": low, "name": name, "flag": flag,
-                                            "metavar": metavar, "repeat": repeat})
+    """A :func:`~calib._config.checked_field` of :class:`SlurmSettings` with its flag: ``help`` (None: no flag),
+    ``rule`` (what its value must be; a None default is always allowed), ``flag`` (the flag when it is not the
+    field's name with dashes), ``repeat`` (a tuple given by repeating the flag)."""
+    return checked_field(default, rule, help=help, flag=flag, metavar=metavar, repeat=repeat)
 
 
 @dataclass(frozen=True)
 class SlurmSettings:
     """What the job asks Slurm for, and how it runs (docs/how-to/slurm.md)."""
 
-    partition: str | None = _setting(None, "Slurm partition (default: the cluster's default)", name=True)
-    account: str | None = _setting(None, "account to charge", name=True)
-    qos: str | None = _setting(None, "quality of service", name=True)
-    nodes: int = _setting(1, "nodes of the job (default 1): Ray's head and workers", low=1)
-    gpus_per_node: int = _setting(0, "GPUs on each node (default 0)", low=0)
-    cpus_per_node: int | None = _setting(None, "CPUs on each node (default: Slurm's default for one task)", low=1)
-    mem_per_node: str | None = _setting(None, "memory on each node, e.g. 64G")
+    partition: str | None = _setting(None, "Slurm partition (default: the cluster's default)", _SLURM_NAME)
+    account: str | None = _setting(None, "account to charge", _SLURM_NAME)
+    qos: str | None = _setting(None, "quality of service", _SLURM_NAME)
+    nodes: int = _setting(1, "nodes of the job (default 1): Ray's head and workers", integer(at_least=1))
+    gpus_per_node: int = _setting(0, "GPUs on each node (default 0)", integer(at_least=0))
+    cpus_per_node: int | None = _setting(None, "CPUs on each node (default: Slurm's default for one task)",
+                                         integer(at_least=1))
+    mem_per_node: str | None = _setting(None, "memory on each node, e.g. 64G", _SIZE)
     time: str = _setting("24:00:00", "time limit of each start of the job (default 24:00:00)")
     signal_seconds: int = _setting(300, "Slurm's warning this long before the time limit: the study stops cleanly "
-                                        "and the job requeues itself (default 300)", low=1)
+                                        "and the job requeues itself (default 300)", integer(at_least=1))
     """Slurm's warning this long before the time limit (it may come up to a minute early)."""
     max_requeues: int = _setting(3, "starts after the first the job may have, time limits and preemptions together "
-                                    "(default 3)", low=0)
+                                    "(default 3)", integer(at_least=0))
     """Starts after the first that the job may have (requeued by itself at the time limit, or preempted)."""
     handover_seconds: int = _setting(120, "how often a Stage I being trained saves the state a requeued job "
-                                          "continues from (default 120)", low=0)
+                                          "continues from (default 120)", integer(at_least=0))
     """How often a Stage I being trained saves the state a requeued job continues from."""
     setup: tuple[str, ...] = _setting((), "a shell line run before anything else on the job (repeatable), e.g. "
                                           "'module load cuda/12.4' and 'source ~/venv/bin/activate'",
                                       metavar="LINE", repeat=True)
     run_dir: str = _setting(".", "the folder the job runs the command from, on the cluster's shared file system "
                                  "(created if missing); logs go to <run dir>/slurm/ (default: this folder)")
-    job_name: str | None = _setting(None, "job name (default calib-<study>)", name=True)
+    job_name: str | None = _setting(None, "job name (default calib-<study>)", _SLURM_NAME)
     sbatch_options: tuple[str, ...] = _setting((), "another #SBATCH option, as given (repeatable), e.g. "
                                                    "--sbatch-option=--constraint=a100",
                                                flag="--sbatch-option", metavar="OPTION", repeat=True)
@@ -81,7 +87,8 @@ class SlurmSettings:
     """Where each node keeps Ray's files, ``<ray_tmp>/calib-<job id>.XXXXXXXX`` (made by the job, mode 0700): short
     and node-local."""
     mps: bool = _setting(True, "start NVIDIA MPS on every node of a GPU job before Ray, so trials sharing a GPU run at "
-                               "once (default: on); --no-mps where the site runs MPS itself or must not share GPUs")
+                               "once (default: on); --no-mps where the site runs MPS itself or must not share GPUs",
+                         _ON_OFF)
     """NVIDIA MPS on each node of a GPU job, for its Ray (:mod:`calib.cluster.mps`); no effect without GPUs."""
     shared_paths: tuple[str, ...] = _setting(
         (), "a folder every node of the job sees at this path although calib takes it for node-local (under /tmp, "
@@ -115,16 +122,11 @@ class SlurmSettings:
 
     def check(self) -> None:
         """Raise ``ConfigError`` naming the first value out of range."""
+        rules = field_rules(type(self))
         for f in dataclasses.fields(self):
-            value, low = getattr(self, f.name), f.metadata["low"]
-            if low is not None and not (value is None and f.default is None) and (
-                    not isinstance(value, int) or isinstance(value, bool) or value < low):
-                raise ConfigError(f"{_flag(f)} must be an integer >= {low}, got {value!r}.")
-        if not isinstance(self.mps, bool):
-            raise ConfigError(f"--mps must be true or false (on or off in a settings file), got {self.mps!r}.")
-        if self.mem_per_node is not None and not _MEM.fullmatch(str(self.mem_per_node)):
-            raise ConfigError(f"--mem-per-node must be a size such as 64G or 500M (K, M, G, T), got "
-                              f"{self.mem_per_node!r}.")
+            value = getattr(self, f.name)
+            if f.name in rules and not (value is None and f.default is None) and not rules[f.name].holds(value):
+                raise ConfigError(f"{_flag(f)} must be {rules[f.name].what}, got {value!r}.")
         limit = parse_time(self.time)
         if limit <= self.signal_seconds + 60:
             raise ConfigError(f"--time {self.time} ({limit} s) must be longer than the warning before it "
@@ -134,10 +136,6 @@ class SlurmSettings:
             if not Path(str(folder)).expanduser().is_absolute():
                 raise ConfigError(f"--shared-path must be an absolute path (a folder every node sees there), got "
                                   f"{folder!r}.")
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.metadata["name"] and value is not None and not _NAME.fullmatch(str(value)):
-                raise ConfigError(f"{_flag(f)} {value!r} has characters Slurm names do not use.")
 
 
 def _flag(f: dataclasses.Field) -> str:
@@ -154,7 +152,7 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
             options.update(action="append", dest=f.name, metavar=f.metadata["metavar"])
         elif f.type == "bool":
             options.update(action=argparse.BooleanOptionalAction)
-        elif f.metadata["low"] is not None:
+        elif f.type in ("int", "int | None"):
             options.update(type=int)
         parser.add_argument(_flag(f), **options)
 

@@ -8,6 +8,7 @@ import torch
 from torch.nn import functional as F
 
 from calib.losses._base import ConfiguredLoss, Reduction, register_loss
+from calib.registries import DEFAULT_LOSS
 
 __all__ = ["CrossEntropy", "CrossEntropyConfig"]
 
@@ -29,4 +30,4 @@ class CrossEntropy(ConfiguredLoss):
         return F.cross_entropy(logits, targets, reduction=self.reduction)
 
 
-register_loss("cross_entropy", CrossEntropyConfig, CrossEntropy, "cross-entropy (vanilla)")
+register_loss(DEFAULT_LOSS, CrossEntropyConfig, CrossEntropy, "cross-entropy (vanilla)")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from calib._config import did_you_mean
 from calib._registry import UnknownNameError
 from calib.metrics._binning import top_label
 from calib.metrics._validation import ArrayLike, check_num_bins, check_probs_labels
@@ -185,8 +185,7 @@ def higher_is_better(name: str) -> bool:
     (True, False)
     """
     if name not in METRICS:
-        close = difflib.get_close_matches(str(name), METRICS, n=3)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        hint = did_you_mean(str(name), METRICS, n=3)
         raise UnknownNameError(f"Unknown metric {name!r}.{hint} Valid metric names: {', '.join(METRICS)}.")
     return METRICS[name].higher_is_better
 

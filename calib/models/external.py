@@ -16,13 +16,13 @@ split with one forward pass at construction.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from calib._config import did_you_mean
 from calib._registry import UnknownNameError
 from calib.models import MODELS
 from calib.models._base import CalibModel
@@ -66,8 +66,7 @@ def _import_timm() -> Any:
 
 
 def _unknown(kind: str, name: str, candidates: Sequence[str], prefix: str, how_to_list: str) -> UnknownNameError:
-    close = difflib.get_close_matches(name, candidates, n=3)
-    hint = f" Did you mean {' or '.join(repr(prefix + c) for c in close)}?" if close else ""
+    hint = did_you_mean(name, candidates, n=3, show=lambda c: repr(prefix + c))
     return UnknownNameError(f"Unknown {kind} {prefix + name!r}.{hint} List the valid names with: {how_to_list}")
 
 
@@ -75,8 +74,7 @@ def _split(name: str) -> tuple[str, str]:
     """``"torchvision:resnet18"`` → ``("torchvision", "resnet18")``; an unknown prefix is an UnknownNameError."""
     source, _, model = name.partition(":")
     if source not in EXTERNAL_SOURCES:
-        close = difflib.get_close_matches(source, EXTERNAL_SOURCES, n=1)
-        hint = f" Did you mean '{close[0]}:{model}'?" if close else ""
+        hint = did_you_mean(source, EXTERNAL_SOURCES, show=lambda c: f"'{c}:{model}'")
         raise UnknownNameError(
             f"Unknown architecture source {source + ':'!r} in {name!r}.{hint} External architectures are named "
             f"'torchvision:<name>' or 'timm:<name>'; calib's own architectures have no prefix "

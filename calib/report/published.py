@@ -6,7 +6,7 @@ calib's registered names and by the row labels of ``calib.study.rows.METHOD_ROWS
 
 from __future__ import annotations
 
-from calib.methods.vanilla import FORMER_UNCALIBRATED_LABELS, UNCALIBRATED_LABEL
+from calib.methods.vanilla import current_uncalibrated_label
 
 __all__ = ["PUBLISHED_ECE", "published_ece"]
 
@@ -41,5 +41,4 @@ PUBLISHED_ECE: dict[tuple[str, str], dict[str, float]] = {
 def published_ece(dataset: str, arch: str, row: str) -> float | None:
     """MaC-Cal Table 1's ECE (percent) for ``row`` on (dataset, arch), or ``None`` if not published (the
     uncalibrated model also under its former names)."""
-    row = UNCALIBRATED_LABEL if row in FORMER_UNCALIBRATED_LABELS else row
-    return PUBLISHED_ECE.get((dataset, arch), {}).get(row)
+    return PUBLISHED_ECE.get((dataset, arch), {}).get(str(current_uncalibrated_label(row)))

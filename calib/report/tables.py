@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from calib.methods.vanilla import FORMER_UNCALIBRATED_LABELS, UNCALIBRATED_LABEL
+from calib.methods.vanilla import current_uncalibrated_label
 from calib.metrics import METRICS, higher_is_better
-from calib.registries import METHODS
+from calib.registries import DEFAULT_LOSS, METHODS
 
 __all__ = ["PREDICTION_CHANGE_COLUMNS", "column_higher_is_better", "comparison_values", "format_mean_ci",
            "is_fraction_metric", "latex_escape", "mean_ci", "mixed_trainings", "summarize", "to_markdown",
@@ -134,17 +134,6 @@ def mixed_trainings(trials: pd.DataFrame) -> str | None:
 _EQUAL_MASS_HB = re.compile(r"(^|\+)HB(?= · |$)")
 
 
-def _current_uncalibrated_label(label: object) -> object:
-    """The uncalibrated model's former row names (``Vanilla (CE)``, ``CE``, ``Uncalibrated``) as ``Vanilla``, also
-    as the Stage I of a combined row (``CE +MaC-Cal`` → ``Vanilla +MaC-Cal``)."""
-    if not isinstance(label, str):
-        return label
-    for former in FORMER_UNCALIBRATED_LABELS:
-        if label == former or label.startswith(former + " +"):
-            return UNCALIBRATED_LABEL + label[len(former):]
-    return label
-
-
 def with_current_labels(trials: pd.DataFrame) -> pd.DataFrame:
     """``trials`` with their methods and labels as calib names them now: a method stored under its former name
     reads as its name (``histogram_binning`` is ``histogram_binning_equal_mass``: ``METHODS.canonical``); the
@@ -158,9 +147,9 @@ def with_current_labels(trials: pd.DataFrame) -> pd.DataFrame:
         return trials
     labels = trials["label"].astype(object)
     mixing = [column for column in ("stage1_mixup_alpha", "stage1_mit_alpha") if column in trials]
-    ce = trials["loss"].isin(["cross_entropy", None]) if "loss" in trials else methods == "vanilla"
+    ce = trials["loss"].isin([DEFAULT_LOSS, None]) if "loss" in trials else methods == "vanilla"
     ce &= trials[mixing].isna().all(axis=1)
-    renamed = labels.where(~ce, labels.map(_current_uncalibrated_label))
+    renamed = labels.where(~ce, labels.map(current_uncalibrated_label))
     if not renamed.equals(labels):
         trials = trials.assign(label=renamed)
         labels = renamed

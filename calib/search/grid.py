@@ -13,7 +13,7 @@ from typing import Any
 
 from calib import storage
 from calib.artifacts import stage1_exists
-from calib.config import config_hash, parse_trial_config, stage1_identity
+from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity
 from calib.search.compaction import compact_study_store
 from calib.search.display import ProgressDisplay
 from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions, placement, run_configs
@@ -40,23 +40,26 @@ def _grid_trainable(tune_config: dict[str, Any], *, store: str, options: Executi
     tune.report(run_configs(_grid_configs(tune_config), store, options))
 
 
-def assign_roles(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``{"config", "role"}`` per config, Stage-I trainers first: the first trial of every Stage-I
-    config whose artifact is not stored yet is a ``"stage1"`` trial, every other one ``"cached"``.
+def assign_roles(configs: Sequence[dict[str, Any]], parsed: Sequence[TrialConfig] | None = None
+                 ) -> list[dict[str, Any]]:
+    """``{"config", "role", "cfg", "stage1_id"}`` per config, Stage-I trainers first: the first trial of every
+    Stage-I config whose artifact is not stored yet is a ``"stage1"`` trial, every other one ``"cached"``; ``cfg``
+    is the config parsed (``parsed``, the configs as the caller parsed them, or parsed here), ``stage1_id`` the
+    hash of its Stage I.
 
     Trainers go first (round-robin over Stage-I configs, as :func:`_interleave_stage1`), and
     :class:`calib.search.searcher.Stage1FirstSearcher` starts the others once their artifact exists.
     """
+    parsed = [parse_trial_config(c) for c in configs] if parsed is None else parsed
     trainers, cached = [], []
     seen: set[str] = set()
-    for config in _interleave_stage1(configs):
-        cfg = parse_trial_config(config)
-        key = config_hash(stage1_identity(cfg))
+    for config, cfg, key in _interleave_stage1(configs, parsed):
+        entry = {"config": config, "cfg": cfg, "stage1_id": key}
         if key in seen or stage1_exists(cfg):
-            cached.append({"config": config, "role": "cached"})
+            cached.append({**entry, "role": "cached"})
         else:
             seen.add(key)
-            trainers.append({"config": config, "role": "stage1"})
+            trainers.append({**entry, "role": "stage1"})
     return trainers + cached
 
 
@@ -65,25 +68,24 @@ def batch_roles(roles: Sequence[dict[str, Any]], configs_per_trial: int) -> list
     ones in chunks of up to ``configs_per_trial`` of one population group (configs of methods without
     populations alone), as ``{"configs": [...], "role": ..., "stage1_id": ...}`` (the configs of one
     population share their Stage I)."""
-    def stage1_id(config: dict[str, Any]) -> str:
-        return config_hash(stage1_identity(parse_trial_config(config)))
-
-    trials = [{"configs": [r["config"]], "role": "stage1", "stage1_id": stage1_id(r["config"])}
+    trials = [{"configs": [r["config"]], "role": "stage1", "stage1_id": r["stage1_id"]}
               for r in roles if r["role"] == "stage1"]
-    cached = [r["config"] for r in roles if r["role"] == "cached"]
-    for group in population_groups([parse_trial_config(c) for c in cached]):
-        configs = [cached[i] for i in group]
-        trials += [{"configs": configs[i:i + configs_per_trial], "role": "cached", "stage1_id": stage1_id(configs[i])}
-                   for i in range(0, len(configs), configs_per_trial)]
+    cached = [r for r in roles if r["role"] == "cached"]
+    for group in population_groups([r["cfg"] for r in cached]):
+        entries = [cached[i] for i in group]
+        trials += [{"configs": [r["config"] for r in entries[i:i + configs_per_trial]], "role": "cached",
+                    "stage1_id": entries[i]["stage1_id"]} for i in range(0, len(entries), configs_per_trial)]
     return trials
 
 
-def _interleave_stage1(configs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Round-robin over Stage-I groups, so concurrent trials train different Stage Is instead of
-    queueing on one artifact's lock."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for config in configs:
-        groups.setdefault(config_hash(stage1_identity(parse_trial_config(config))), []).append(config)
+def _interleave_stage1(configs: Sequence[dict[str, Any]], parsed: Sequence[TrialConfig]
+                       ) -> list[tuple[dict[str, Any], TrialConfig, str]]:
+    """(config, its parsed form, its Stage I's hash) of each config, round-robin over Stage-I groups, so
+    concurrent trials train different Stage Is instead of queueing on one artifact's lock."""
+    groups: dict[str, list[tuple[dict[str, Any], TrialConfig, str]]] = {}
+    for config, cfg in zip(configs, parsed, strict=True):
+        key = config_hash(stage1_identity(cfg))
+        groups.setdefault(key, []).append((config, cfg, key))
     queues = list(groups.values())
     return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
@@ -125,7 +127,8 @@ def run_grid(
     check_manifest(store, study, manifest)
     ids = [trial_id(c) for c in parsed]
     done = completed_trial_ids(store, study, trial_ids=ids)
-    pending = [c for c, i in zip(configs, ids, strict=True) if i not in done]
+    todo = [n for n, i in enumerate(ids) if i not in done]  # each config parsed once, above: its index says which
+    pending = [configs[n] for n in todo]
     run = StudyRun(trial_ids=ids, skipped=len(configs) - len(pending))
     if options.verbose:
         print(f"[{study}] {len(configs)} trials: {run.skipped} already in the store, {len(pending)} to run", flush=True)
@@ -144,7 +147,8 @@ def run_grid(
     )
     display = ProgressDisplay(study, len(pending), objective) if options.verbose else None
     callbacks = [progress_callback(display, _grid_configs, store, study, options.max_failures)]
-    trials = batch_roles(assign_roles(pending), options.configs_per_trial or DEFAULT_CONFIGS_PER_TRIAL)
+    trials = batch_roles(assign_roles(pending, [parsed[n] for n in todo]),
+                         options.configs_per_trial or DEFAULT_CONFIGS_PER_TRIAL)
     tuner = tune.Tuner(
         trainable,
         # A cap on concurrent trials is also Tune's cap on pending ones with a searcher (1 without it): as
@@ -157,7 +161,7 @@ def run_grid(
     with stoppable(study, len(pending), display) as stop:
         tuner.fit()
     compact_study_store(store, study, verbose=options.verbose)
-    stored = completed_trial_ids(store, study, trial_ids=[trial_id(c) for c in pending])
+    stored = completed_trial_ids(store, study, trial_ids=[ids[n] for n in todo])
     if "signal" in stop:
         raise StudyInterrupted(interrupted_message(study, stop["signal"], len(stored), len(pending)))
     run.failed = len(pending) - len(stored)

@@ -26,7 +26,6 @@ and the allowed range). ``method.*`` keys address the method that ``base`` names
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import os
@@ -35,11 +34,12 @@ from typing import Any
 
 from calib._config import ConfigError, _coerce, field_types, from_dict, load_yaml, named_section
 from calib._registry import UnknownNameError
-from calib.config import SEED_LIMIT, Stage1Config, TrialConfig, set_dotted
+from calib.config import Stage1Config, TrialConfig, check_seed, check_trial_config_keys, set_dotted
 from calib.datasets import DATASETS
 from calib.losses import LOSSES
 from calib.methods import METHODS
 from calib.models import MODELS
+from calib.registries import DEFAULT_LOSS
 
 __all__ = ["DEFAULT_METHOD", "Distribution", "SearchSpace", "load_search_space", "parse_search_space"]
 
@@ -165,13 +165,8 @@ def _check_config(config: dict[str, Any]) -> None:
 
     Placement and the dataset-dependent checks of :func:`calib.config.parse_trial_config` are left to
     the study, which validates its complete trial configs before Ray starts."""
+    check_trial_config_keys(config)
     top = field_types(TrialConfig)
-    unknown = sorted(set(config) - set(top), key=str)
-    if unknown:
-        close = [c for k in unknown for c in difflib.get_close_matches(str(k), top, n=1)]
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise ConfigError(f"Unknown trial config key(s) {', '.join(map(repr, unknown))}. "
-                          f"Valid keys: {', '.join(sorted(top))}.{hint}")
     from_dict(Stage1Config, config.get("stage1", {}), prefix="stage1.")
     for section, registry in (("loss", LOSSES), ("method", METHODS)):
         cls, params = _section_of(config, section, registry)
@@ -183,16 +178,15 @@ def _check_config(config: dict[str, Any]) -> None:
                 DATASETS.get(value)
             elif key == "arch":
                 MODELS.get(value)
-            elif key == "seed" and not 0 <= value < SEED_LIMIT:
-                raise ConfigError(f"`seed` must be an integer with 0 <= seed < 2**32 (NumPy's seeding takes no "
-                                  f"other), got seed={value!r}.")
+            elif key == "seed":
+                check_seed(value, "seed")
             elif key == "num_bins" and value < 1:
                 raise ConfigError(f"`num_bins` must be an integer >= 1, got num_bins={value!r}.")
 
 
 def _check_against_config(space: SearchSpace, source: str) -> None:
     """Every probe of ``space`` (:meth:`SearchSpace.probes`) over its ``base`` is a valid config."""
-    config: dict[str, Any] = {"stage1": {}, "loss": {"name": "cross_entropy"}, "method": {"name": DEFAULT_METHOD}}
+    config: dict[str, Any] = {"stage1": {}, "loss": {"name": DEFAULT_LOSS}, "method": {"name": DEFAULT_METHOD}}
     try:
         for key, value in space.base.items():
             if not isinstance(key, str) or not key:

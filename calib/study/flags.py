@@ -197,8 +197,9 @@ def add_set_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="set a trial-config field on every trial of the run, after the preset, the other flags "
                             "and the study's rows: stage1.FIELD, method.FIELD (the trials whose method has it), "
-                            "loss.FIELD (likewise), or a top-level field such as num_bins, cifar100_test_norm, "
-                            "stage2_seed; the value is typed and checked against the field (e.g. "
+                            "loss.FIELD (likewise), METHOD.FIELD (the trials of that registered method alone, e.g. "
+                            "histogram_binning_equal_mass.num_bins=10), or a top-level field such as num_bins, "
+                            "cifar100_test_norm, stage2_seed; the value is typed and checked against the field (e.g. "
                             "stage1.scheduler_step=epoch_start, method.accuracy_weight=0.9, "
                             "stage1.milestones=[20,40]); "
                             "repeatable (default: none)")

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from calib.registries import DEFAULT_LOSS
+
 __all__ = ["Row"]
 
 
@@ -14,6 +16,6 @@ __all__ = ["Row"]
 class Row:
     """One labelled config variant: a loss, a method and Stage-I changes (each ``{"name": ..., **fields}``)."""
 
-    loss: Mapping[str, Any] = field(default_factory=lambda: {"name": "cross_entropy"})
+    loss: Mapping[str, Any] = field(default_factory=lambda: {"name": DEFAULT_LOSS})
     method: Mapping[str, Any] = field(default_factory=lambda: {"name": "vanilla"})
     stage1: Mapping[str, Any] = field(default_factory=dict)

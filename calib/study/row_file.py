@@ -20,7 +20,7 @@ import yaml
 from calib._config import ConfigError
 from calib.config import parse_trial_config
 from calib.presets import PRESETS, base_config
-from calib.registries import LOSSES, METHODS
+from calib.registries import DEFAULT_LOSS, LOSSES, METHODS
 from calib.study.row import Row
 from calib.study.sources import preset_of
 
@@ -119,11 +119,11 @@ def read_row_file(path: str, label: str | None = None) -> tuple[str, Row]:
     for section in SECTIONS:
         if not isinstance(data.get(section, {}), dict):
             raise ConfigError(f"--row {path}: `{section}` must be a mapping of its fields, got {data[section]!r}.")
-    method, loss = dict(data.get("method") or {}), dict(data.get("loss") or {"name": "cross_entropy"})
+    method, loss = dict(data.get("method") or {}), dict(data.get("loss") or {"name": DEFAULT_LOSS})
     if "name" not in method:
         raise ConfigError(f"--row {path}: `method` needs a `name` (one of {', '.join(METHODS.names())}).")
     METHODS.get(method["name"])
-    LOSSES.get(loss.setdefault("name", "cross_entropy"))
+    LOSSES.get(loss.setdefault("name", DEFAULT_LOSS))
     row = Row(loss=loss, method=method, stage1=dict(data.get("stage1") or {}))
     _check_fields(path, row)
     label = label if label is not None else data.get("label")

@@ -15,7 +15,7 @@ import pandas as pd
 
 from calib._config import ConfigError
 from calib._registry import Registry
-from calib.methods.vanilla import FORMER_UNCALIBRATED_LABELS, UNCALIBRATED_LABEL
+from calib.methods.vanilla import UNCALIBRATED_LABEL, current_uncalibrated_label
 from calib.presets import base_config
 from calib.registries import LOSSES, METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
@@ -28,7 +28,7 @@ from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.row import Row
 from calib.study.row_file import file_rows
-from calib.study.settings import with_settings
+from calib.study.settings import study_settings, with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
 
 __all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "MIXING_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "PROCEDURE_ROWS",
@@ -138,7 +138,7 @@ def loss_row(name: str) -> tuple[str, Row]:
 def row_label(text: str) -> str:
     """A row as a user types it (``--methods``, ``--losses``), under the label the tables give it now: the
     uncalibrated model's former names (``Vanilla (CE)``, ``CE``, ``Uncalibrated``) are ``Vanilla``."""
-    return UNCALIBRATED_LABEL if text in FORMER_UNCALIBRATED_LABELS else text
+    return str(current_uncalibrated_label(text))
 
 
 PROCEDURE_ROWS: dict[str, Row] = {"PLP": Row(stage1={"plp_gamma": 1.0}),
@@ -224,12 +224,14 @@ def run_rows(
                     configs.append({**config, "label": label, "label_rank": rank, **extra[dataset]})
         return configs
 
-    configs = with_settings(args, configs_of(rows, seeds))
+    settings = study_settings(args)  # read and checked once, for the run and the whole table
+    configs = with_settings(args, configs_of(rows, seeds), settings=settings)
     print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] {len(rows)} rows · setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} "
           f"· store {paths.store}")
     run = run_grid(configs, store=paths.store, study=args.study, options=options,
-                   table=with_settings(args, configs_of(table, seeds[:1]), say=False) if table else None)
+                   table=with_settings(args, configs_of(table, seeds[:1]), say=False, settings=settings) if table
+                   else None)
     if isinstance(run, CheckedOnly):
         return run
     trials = with_current_labels(read_finished(paths.store, args.study, run.trial_ids))

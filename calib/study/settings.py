@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from calib._config import ConfigError
-from calib.config import SEED_LIMIT
+from calib.config import check_seed
 from calib.overrides import ABSENT, ConfigSetting, apply_settings, current_value, parse_setting
 from calib.registries import METHODS
 
@@ -40,22 +40,26 @@ def study_settings(args: argparse.Namespace) -> list[ConfigSetting]:
                           f"--stage2-seeds {' '.join(map(str, stage2_seeds))} and "
                           f"--set {next(s for s in settings if s.key == 'stage2_seed')}.")
     for seed in stage2_seeds or ():
-        if not 0 <= seed < SEED_LIMIT:
-            raise ConfigError(f"`--stage2-seeds` must be integers with 0 <= seed < 2**32 = {SEED_LIMIT}, got "
-                              f"--stage2-seeds {seed}.")
+        check_seed(seed, "--stage2-seeds", many=True)
+    for one in settings:
+        if one.only and any(s.key == one.key and not s.only for s in settings):
+            raise ConfigError(f"`--set {one}` and `--set {one.key}=...` both set {one.only}'s {one.field}: give one "
+                              f"(--set method.FIELD sets it for every method that has it, --set {one.only}.FIELD for "
+                              f"{one.only} alone).")
     return settings
 
 
-def with_settings(args: argparse.Namespace, configs: Sequence[dict[str, Any]], *, say: bool = True
-                  ) -> list[dict[str, Any]]:
+def with_settings(args: argparse.Namespace, configs: Sequence[dict[str, Any]], *, say: bool = True,
+                  settings: Sequence[ConfigSetting] | None = None) -> list[dict[str, Any]]:
     """``configs`` with the ``--set`` values applied to each (a ``method.``/``loss.`` one to those whose method
     (loss) has the field), then one copy per ``--stage2-seeds`` value (Stage II's seed; without the flag each
     trial's Stage II uses its ``seed``; a method that draws nothing in Stage II runs once). A key whose value the
     study varies between the rows of one setup and seed
     (γ of sensitivity_gamma, the sizes of posthoc, Mixup's α in compare_methods; a method's or loss's field between
     rows of that method or loss) is a :class:`ConfigError`: one value would make those rows one. ``say``: print one
-    line of what each setting applied to."""
-    settings = study_settings(args)
+    line of what each setting applied to. ``settings``: :func:`study_settings` of ``args`` when the caller has
+    them (a table study applies them to its run and its whole table), else read here."""
+    settings = study_settings(args) if settings is None else settings
     for setting in settings:
         _check_not_varied(setting, configs)
     out = apply_settings(configs, settings)

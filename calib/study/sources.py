@@ -14,7 +14,7 @@ from typing import Any
 from calib._config import ConfigError
 from calib.artifacts.predictions_file import split_pair
 from calib.artifacts.sources import check_source, resolve_source
-from calib.config import SEED_LIMIT, Stage1Config, parse_trial_config
+from calib.config import Stage1Config, check_seed, parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.subsets import check_train_size
 from calib.models import check_arch
@@ -48,9 +48,7 @@ def preset_of(args: argparse.Namespace) -> Preset:
         if value is not None and value < 1:
             raise ConfigError(f"`{flag}` must be an integer >= 1 (the {what}), got {flag}={value}.")
     for seed in getattr(args, "seeds", None) or ():
-        if not 0 <= seed < SEED_LIMIT:
-            raise ConfigError(f"`--seeds` must be integers with 0 <= seed < 2**32 = {SEED_LIMIT} (NumPy's seeding "
-                              f"takes no other), got --seeds={seed}.")
+        check_seed(seed, "--seeds", many=True)
     preset = PRESETS.get(args.preset)
     preset = _with_own_model(args, preset)
     if train_size is not None:

@@ -93,7 +93,8 @@ def test_slurm_time_limits_in_every_format(text: str, seconds: int):
     (SlurmSettings(gpus_per_node=-1), "--gpus-per-node must be an integer >= 0, got -1"),
     (SlurmSettings(max_requeues=True), "--max-requeues must be an integer >= 0, got True"),
     (SlurmSettings(mem_per_node="64GB"), "--mem-per-node must be a size such as 64G"),
-    (SlurmSettings(partition="gpu a100"), "--partition 'gpu a100' has characters Slurm names do not use"),
+    (SlurmSettings(partition="gpu a100"), "--partition must be a Slurm name (letters, digits, underscores, dots, "
+                                          "dashes and plus signs), got 'gpu a100'."),
     (SlurmSettings(mps="yes"), "--mps must be true or false (on or off in a settings file), got 'yes'"),
 ])
 def test_bad_settings_name_the_value_and_what_is_allowed(settings: SlurmSettings, message: str):

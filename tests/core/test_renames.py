@@ -35,6 +35,15 @@ def _loss_spec(old: bool):
     return LossSpec(config=FocalLossConfig, build=None, description="focal", label="FL", loss=FocalLoss)
 
 
+def _posthoc_settings(flag: str):
+    from in_process import study_module
+
+    from calib.study.settings import study_settings
+
+    args = study_module("posthoc.py").posthoc_parser().parse_args([flag, "histogram_binning_equal_mass.num_bins=5"])
+    return study_settings(args)
+
+
 OLD_AND_NEW = {  # old form: (its call, the new form's call, the new name its warning must say)
     "TemperatureScaling(line_search=...)": (lambda: _temperature(line_search=False),
                                             lambda: _temperature(lbfgs_line_search=False), "lbfgs_line_search"),
@@ -44,6 +53,8 @@ OLD_AND_NEW = {  # old form: (its call, the new form's call, the new name its wa
     "LossSpec(build=...)": (lambda: _loss_spec(True).create(_focal_config(), num_classes=3, reduction="sum"),
                             lambda: _loss_spec(False).create(_focal_config(), num_classes=3, reduction="sum"),
                             "calib.losses.register_loss"),
+    "posthoc.py --param METHOD.FIELD=VALUE": (lambda: _posthoc_settings("--param"), lambda: _posthoc_settings("--set"),
+                                              "posthoc.py --set"),
 }
 
 

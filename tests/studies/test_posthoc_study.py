@@ -16,7 +16,7 @@ from calib.posthoc import calibration_indices
 def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     store = tmp_path / "results"
     out = run_study("posthoc.py", "--store", str(store), "--methods", "TS", "HB", "HB-EM", "--sizes", "50", "120",
-                     "all", "--draws", "2", "--param", "histogram_binning.num_bins=5", *TINY)
+                     "all", "--draws", "2", "--set", "histogram_binning.num_bins=5", *TINY)
     assert out.returncode == 0, out.stderr[-3000:]
     assert ("| method | calibration set | degenerate | n | ECE | smECE | NLL | Brier | Acc | ΔAcc | changed | KS | "
             "NLL cal | NLL ref | Brier cal | Brier ref | fit s |") in out.stdout
@@ -27,7 +27,7 @@ def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     assert len(df) == 1 + 3 * (2 * 2 + 1) and (df["status"] == "ok").all() and df["trial_id"].is_unique
     assert df["stage1_id"].nunique() == 1 and (~df["stage1_cache_hit"]).sum() == 1, "one Stage I for every fit"
     posthoc = df[df["method"] != "vanilla"]
-    # `histogram_binning`, HB-EM's former name, still reads in --param; the rows carry its name now
+    # `histogram_binning`, HB-EM's former name, still reads in --set; the rows carry its name now
     assert posthoc.loc[posthoc["method"] == "histogram_binning_equal_mass", "method_num_bins"].eq(5).all()
     assert posthoc.loc[posthoc["method"] == "histogram_binning_equal_width", "method_num_bins"].eq(15).all()
     sized = posthoc[posthoc["method_calibration_size"].notna()]
@@ -59,8 +59,8 @@ def test_sizes_and_draws_on_one_stage1_and_the_report(tmp_path):
     (["--sizes", "50", "500"], "`--sizes` 500 exceed the 269 images of digits-noisy's validation split"),
     (["--sizes", "1"], "'1' is not a calibration-set size"),
     (["--methods", "TS", "Platt"], "invalid choice: 'Platt'"),
-    (["--param", "histogram_binning.num_bins=0"], "`method.num_bins` must be an integer >= 1, got method.num_bins=0"),
-    (["--methods", "TS", "--param", "histogram_binning.num_bins=5"], "names method 'histogram_binning_equal_mass'"),
+    (["--set", "histogram_binning.num_bins=0"], "`method.num_bins` must be an integer >= 1, got method.num_bins=0"),
+    (["--methods", "TS", "--set", "histogram_binning.num_bins=5"], "names method 'histogram_binning_equal_mass'"),
     (["--synthetic-classes", "1"], "`--synthetic-classes` must be an integer >= 2, got --synthetic-classes 1"),
     (["--synthetic-seed", "3"], "`--synthetic-seed` draws the data of --synthetic-classes; without it it does not "
                                 "apply, got --synthetic-seed 3"),

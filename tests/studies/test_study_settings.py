@@ -93,15 +93,22 @@ def test_stage2_seeds_and_set_name_one_seed(tmp_path, monkeypatch, capsys):
     assert code == 2 and err.startswith("error: `--stage2-seeds` and `--set stage2_seed=...` both choose"), err
 
 
-def test_param_and_set_of_one_field_are_refused(tmp_path, monkeypatch, capsys):
-    args = ["--store", str(tmp_path), *TINY, "--methods", "HB-EM", "--param", "histogram_binning.num_bins=5",
+def test_one_method_and_every_method_setting_of_one_field_are_refused(tmp_path, monkeypatch, capsys):
+    args = ["--store", str(tmp_path), *TINY, "--methods", "HB-EM", "--set", "histogram_binning.num_bins=5",
             "--set", "method.num_bins=7"]
     code, err = run_refused("posthoc.py", args, monkeypatch, capsys)
     # histogram_binning is the former name of histogram_binning_equal_mass (HB-EM): the message names it now
     assert code == 2 and "both set histogram_binning_equal_mass's num_bins: give one" in err, err
-    code, err = run_refused("posthoc.py", [*args[:-2], "--param", "histogram_binning.bins=5"], monkeypatch, capsys)
-    assert code == 2 and ("error: `--param histogram_binning.bins=5`: histogram_binning_equal_mass has no field "
-                          "'bins'") in err
+    code, err = run_refused("posthoc.py", [*args[:-4], "--set", "histogram_binning.bins=5"], monkeypatch, capsys)
+    assert code == 2 and err == ("error: `--set histogram_binning.bins=5`: histogram_binning_equal_mass has no field "
+                                 "'bins'; its fields: calibration_size, calibration_draw, num_bins.\n"), err
+    # posthoc.py's --param, --set's former name there: the same setting, after one line saying it is renamed
+    code, err = run_refused("posthoc.py", [*args[:-4], "--param", "histogram_binning.bins=5"], monkeypatch, capsys)
+    assert code == 2 and err.splitlines() == [
+        "warning: posthoc.py --param METHOD.FIELD=VALUE is renamed posthoc.py --set METHOD.FIELD=VALUE; the old name "
+        "is read until calib 0.2",
+        "error: `--set histogram_binning.bins=5`: histogram_binning_equal_mass has no field 'bins'; its fields: "
+        "calibration_size, calibration_draw, num_bins."], err
 
 
 @pytest.mark.ray
