@@ -219,10 +219,10 @@ class SlurmLab:
         statuses = [int(status) for _, status in sorted(found)]
         return [f"exit {s >> 8}" if s & 0x7F == 0 else f"signal {s & 0x7F}" for s in statuses]
 
-    def on_node(self, node: SlurmNode, command: str, *, user: str | None = None) -> subprocess.CompletedProcess:
-        """``command`` (sh) on ``node`` as its jobs see it (its network and its own /tmp), as ``user`` (another
-        account of the machine: ``runuser``) or root; its output captured as text, never raising."""
-        as_user = ["runuser", "-u", user, "--"] if user else []
+    def on_node(self, node: SlurmNode, command: str, *, user: int | None = None) -> subprocess.CompletedProcess:
+        """``command`` (sh) on ``node`` as its jobs see it (its network and its own /tmp), as the Unix user of uid
+        ``user`` (its own group, no other: ``setpriv``) or root; its output captured as text, never raising."""
+        as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"] if user else []
         return subprocess.run(["nsenter", f"--target={node.process.pid}", "--mount", "--net", *as_user, "sh", "-c",
                                f"cd / && {command}"], capture_output=True, text=True, timeout=60)
 

@@ -388,8 +388,9 @@ def test_another_user_of_the_nodes_cannot_take_or_touch_the_jobs_ray_folder(lab:
     one that docs/how-to/slurm.md lists (:func:`check_listed_ports`)."""
     from calib.store import read_trials
 
-    user = f"calibx{lab.tag}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", user], check=True, capture_output=True)
+    # Another Unix user: a uid of its own, without a line in /etc/passwd (useradd would rewrite that file, and
+    # replacing it detaches the bind mounts of /etc/passwd that the SSH hosts of the other cluster tests run on).
+    user = next(uid for uid in range(61000 + int(lab.tag, 16) % 2000, 65000) if uid not in _passwd_uids())
     # root's: the other user links to it, and must not get it removed; its name makes this run's folders (the test
     # can run again in the same lab)
     decoy = Path(tempfile.mkdtemp(prefix="decoy-", dir=lab.root))
@@ -440,10 +441,15 @@ def test_another_user_of_the_nodes_cannot_take_or_touch_the_jobs_ray_folder(lab:
         assert (decoy / "kept").read_text() == "root's\n"
         assert not left_running(lab), left_running(lab)
     finally:
-        subprocess.run(["userdel", user], capture_output=True)
         for node in lab.nodes:
             for path in node.tmp.glob("calib-*.zzzzzzzz"):
                 path.unlink()
+
+
+def _passwd_uids() -> set[int]:
+    import pwd
+
+    return {entry.pw_uid for entry in pwd.getpwall()}
 
 
 CANCEL_DELAYS = (1, 5, 15, 25)
