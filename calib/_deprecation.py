@@ -22,9 +22,10 @@ RENAMES: dict[str, str] = {
 """Old form -> new form, as the warning says them."""
 
 
-def renamed_message(old: str) -> str:
-    """"<old> is renamed <new>; the old name is read until calib <release>" for ``old``, a key of :data:`RENAMES`."""
-    return f"{old} is renamed {RENAMES[old]}; the old name is read until calib {REMOVED_AFTER}"
+def renamed_message(old: str, new: str | None = None) -> str:
+    """"<old> is renamed <new>; the old name is read until calib <release>"; ``new`` defaults to ``old``'s entry in
+    :data:`RENAMES` (a registry alias names its own)."""
+    return f"{old} is renamed {RENAMES[old] if new is None else new}; the old name is read until calib {REMOVED_AFTER}"
 
 
 def warn_renamed(old: str, *, stacklevel: int = 3) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from calib._config import did_you_mean
-from calib._deprecation import REMOVED_AFTER
+from calib._deprecation import renamed_message
 
 T = TypeVar("T")
 
@@ -107,8 +107,8 @@ class Registry(Generic[T]):
         """The entry registered under ``name`` (or an alias of it); an unknown name lists close matches and all
         names."""
         if name in self._warned_aliases:
-            warnings.warn(f"{self.kind} {name!r} is renamed {self._aliases[name]!r}; the old name is read until "
-                          f"calib {REMOVED_AFTER}", DeprecationWarning, stacklevel=2)
+            warnings.warn(renamed_message(f"{self.kind} {name!r}", repr(self._aliases[name])), DeprecationWarning,
+                          stacklevel=2)
         name = self.canonical(name)
         if name not in self._read():
             hint = did_you_mean(str(name), self._entries, n=3)
