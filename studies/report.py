@@ -13,6 +13,10 @@ Nemenyi's critical difference, Holm against the control) and a critical-differen
 --table FILE: one paper table from its spec (tables/*.yaml: studies, rows, setups × metrics, control, caption,
 label): writes <name>.tex, <name>.md and <name>.csv (one line per cell) into --out (default <store>/report/paper)
 and prints the Markdown. A spec naming an unknown study, row, metric or setup exits 2 and writes nothing.
+
+--export-features DIR: every Stage I of the store's ok rows labelled --label (default: Vanilla, the CE model) as a
+features file, DIR/<dataset>_<arch>_<label>_seed<seed>.pt, and DIR/SHA256SUMS; `--features FILE` re-runs the two-stage
+and post-hoc tables on it without training the Stage I again.
 """
 
 from __future__ import annotations
@@ -20,11 +24,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pyarrow.dataset as pads
+
 from calib._config import check
 from calib._help import CommandParser, HelpFormatter
+from calib.artifacts.export import export_features
+from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.report.build import build_report
 from calib.report.figure_options import FIGURE_FORMATS, add_figure_args, figure_options_of, use_figure_options
 from calib.report.paper import load_spec, write_table
+from calib.report.tables import with_current_labels
+from calib.store import read_trials
 from calib.study.flags import add_table_args
 from calib.study.main import guarded_main
 from calib.study.paths import StudyPaths
@@ -50,11 +60,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alpha", type=float, default=0.05,
                         help="significance level of the markers, Holm's test and Nemenyi's CD (default: 0.05)")
     add_figure_args(parser)
+    exporting = parser.add_argument_group("features files")
+    exporting.add_argument("--export-features", metavar="DIR", default=None,
+                           help="write every Stage I of the store's rows labelled --label as a features file in DIR "
+                                "(<dataset>_<arch>_<label>_seed<seed>.pt, and DIR/SHA256SUMS), instead of the report")
+    exporting.add_argument("--label", default=UNCALIBRATED_LABEL,
+                           help="with --export-features: the rows whose Stage I to export")
+    exporting.add_argument("--study", default=None, help="with --export-features: only this study's rows")
+    exporting.add_argument("--artifacts", default=None,
+                           help="with --export-features: the Stage-I artifact directory or s3:// URI "
+                                "(default: <store>/artifacts)")
     args = parser.parse_args(argv)
     use_figure_options(figure_options_of(args))
     check(0 < args.alpha < 1, "--alpha", args.alpha, "lie in (0, 1)", "e.g. --alpha 0.05")
-    paths = StudyPaths(args.store, None, ".")
+    paths = StudyPaths(args.store, args.artifacts, ".")
     store = paths.store
+    if args.export_features:
+        return exported(args, paths)
+    for flag, given in (("--artifacts", args.artifacts), ("--study", args.study),
+                        ("--label", None if args.label == UNCALIBRATED_LABEL else args.label)):
+        check(given is None, flag, given, "come with --export-features DIR")
     if args.table:
         return paper_tables(args, store, Path(args.out).resolve() if args.out else paths.outputs / "report" / "paper")
     check(not args.correct_across, "--correct-across", True, "come with --table FILE")
@@ -83,6 +108,23 @@ def paper_tables(args: argparse.Namespace, store: str, out: Path) -> int:
         print(text)
         print(f"{spec.name}: {', '.join(_shown(path) for path in written)}")
     return status
+
+
+def exported(args: argparse.Namespace, paths: StudyPaths) -> int:
+    """The --export-features files, one line each with its size and SHA-256."""
+    check(not args.table, "--table", args.table, "not come with --export-features (one or the other)")
+    trials = with_current_labels(read_trials(paths.store, study=args.study, filters=pads.field("status") == "ok"))
+    trials = trials[trials["label"].astype(str) == args.label] if not trials.empty else trials
+    where = f"study {args.study!r}" if args.study else "the store"
+    check(not trials.empty, "--label", args.label, f"be the label of an ok row of {where} ({paths.store})",
+          "e.g. --label Vanilla (the rows of compare_methods: python studies/compare_methods.py --store ...)")
+    out = Path(args.export_features).resolve()
+    written = export_features(trials, paths.artifacts, out)
+    for item in written:
+        print(f"{_shown(item.path)}  {item.size / 1e6:.1f} MB  sha256 {item.sha256}  (Stage I {item.stage1_id})")
+    print(f"{len(written)} features files, {sum(i.size for i in written) / 1e6:.1f} MB; checksums: "
+          f"{_shown(out / 'SHA256SUMS')} (sha256sum -c SHA256SUMS)")
+    return 0
 
 
 def _shown(path: Path) -> str:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from calib._config import ConfigError
 from calib._registry import Registry
+from calib.config import parse_trial_config
 from calib.methods.vanilla import UNCALIBRATED_LABEL, current_uncalibrated_label
 from calib.presets import base_config
 from calib.registries import LOSSES, METHODS
@@ -181,6 +182,16 @@ def with_file_rows(files: Sequence[tuple[str, Row]], rows: Mapping[str, Row]) ->
     return out
 
 
+def _fits_given_stage1(config: dict[str, Any]) -> bool:
+    """Whether a row of the study's table runs on the given Stage I (a checkpoint, features or predictions file):
+    the rows that train a Stage I do not, and are no part of this source's table (its manifest)."""
+    try:
+        parse_trial_config(config)
+    except ConfigError:
+        return False
+    return True
+
+
 def run_rows(
     args: argparse.Namespace,
     rows: Mapping[str, Row],
@@ -229,9 +240,10 @@ def run_rows(
     print(settings_line(args.study, preset, configs, options))
     print(f"[{args.study}] {len(rows)} rows · setups {', '.join(f'{d}/{a}' for d, a in setups)} · seeds {seeds} "
           f"· store {paths.store}")
-    run = run_grid(configs, store=paths.store, study=args.study, options=options,
-                   table=with_settings(args, configs_of(table, seeds[:1]), say=False, settings=settings) if table
-                   else None)
+    whole = with_settings(args, configs_of(table, seeds[:1]), say=False, settings=settings) if table else None
+    if whole is not None and (preset.source or preset.dataset_sources):
+        whole = [config for config in whole if _fits_given_stage1(config)]
+    run = run_grid(configs, store=paths.store, study=args.study, options=options, table=whole)
     if isinstance(run, CheckedOnly):
         return run
     trials = with_current_labels(read_finished(paths.store, args.study, run.trial_ids))

@@ -4,12 +4,15 @@ overridden (``--train-size 300 --epochs 2 --stage2-epochs 2``): the same code pa
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import pandas as pd
 import pytest
+import torch
 from in_process import run_study
 
+from calib.artifacts.features_file import read_features_file
 from calib.datasets import fashion_mnist
 
 HAS_FILES = all(os.path.isfile(os.path.join(fashion_mnist.SYSTEM_FOLDER, name))
@@ -42,3 +45,51 @@ def test_full_cpu_preset_runs_on_a_slice(tmp_path):
     assert df["test_bin_count"].map(sum).eq(10_000).all()  # the whole t10k test set, whatever the training slice
     history = pd.read_parquet(store / "history")
     assert sorted(history.loc[history["stage"] == "stage1", "epoch"].unique()) == [0, 1]  # 2 epochs, from 0
+    exported_rows_reproduce_from_their_features_file(tmp_path, store, df)
+
+
+def exported_rows_reproduce_from_their_features_file(tmp_path, store, trained):
+    """report.py --export-features writes the Stage I as a features file (its cached splits and head, bitwise) and
+    SHA256SUMS; the same rows run from that file (--features) give the trained Stage I's numbers."""
+    exported = tmp_path / "features"
+    out = run_study("report.py", "--store", str(store), "--export-features", str(exported))
+    assert out.returncode == 0, out.stderr[-3000:]
+    file = exported / "fashion-mnist_lenet5_Vanilla_seed1.pt"
+    assert sorted(p.name for p in exported.iterdir()) == ["SHA256SUMS", file.name]
+    digest = hashlib.sha256(file.read_bytes()).hexdigest()
+    assert (exported / "SHA256SUMS").read_text() == f"{digest}  {file.name}\n"
+    assert f"sha256 {digest}" in out.stdout
+    stage1_id = str(trained["stage1_id"].iloc[0])
+    cache = torch.load(store / "artifacts" / "stage1" / stage1_id / "cache.pt", weights_only=True)
+    model = torch.load(store / "artifacts" / "stage1" / stage1_id / "model.pt", weights_only=True)
+    features = read_features_file(file)
+    for split in ("train", "val", "test"):
+        assert torch.equal(features.splits[split].features, cache[f"{split}_features"])
+        assert torch.equal(features.splits[split].logits, cache[f"{split}_logits"])
+        assert torch.equal(features.splits[split].labels, cache[f"{split}_labels"])
+    assert torch.equal(features.head_state["weight"], model["head.weight"])
+    assert torch.equal(features.head_state["bias"], model["head.bias"])
+
+    again = tmp_path / "again"
+    out = run_study("compare_methods.py", "--preset", "full-cpu", "--stage2-epochs", "2", "--seeds", "1",
+                    "--store", str(again), "--features", str(file),
+                    "--methods", "Vanilla", "CE+TS", "MaC-Cal")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rerun = pd.read_parquet(again / "trials").set_index("label")
+    assert set(rerun["source_kind"]) == {"features"} and set(rerun["source_sha256"]) == {digest}
+    trained = trained.set_index("label")
+    for label in ("Vanilla", "CE+TS", "MaC-Cal"):
+        for metric in ("test_ece", "test_accuracy", "test_nll"):
+            assert rerun.loc[label, metric] == pytest.approx(trained.loc[label, metric], rel=1e-6, abs=1e-9), \
+                (label, metric)
+
+
+def test_export_features_refuses_a_label_without_rows_and_options_without_export(tmp_path):
+    """A label the store has no ok row of, and --label without --export-features: one error line, exit 2, no file."""
+    out = run_study("report.py", "--store", str(tmp_path / "results"), "--export-features", str(tmp_path / "out"),
+                    "--label", "Nope")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("error: `--label` must be the label of an ok row")
+    assert not (tmp_path / "out").exists()
+    out = run_study("report.py", "--store", str(tmp_path / "results"), "--label", "LS")
+    assert out.returncode == 2 and "`--label` must come with --export-features DIR, got --label='LS'" in out.stderr
