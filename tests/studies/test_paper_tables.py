@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import scipy.stats
 from trial_fixtures import tiny_config
 
 from calib.config import parse_trial_config
@@ -131,6 +132,10 @@ def test_the_csv_holds_the_policy_numbers_of_a_hand_computed_table(tmp_path, cap
     ("setups: [{dataset: cifar10, arch: resnet51}]", "unknown architecture 'resnet51'"),
     ("colour: red", "unknown key 'colour'"),
     ("control: CE+TS", "the control 'CE+TS' is not one of the spec's rows"),
+    ("rows: [Vanilla, {label: LS, against: CE+TS}]", "row 'LS' is tested against 'CE+TS', which is not another row"),
+    ("rows: [Vanilla, {label: LS, against: LS}]", "row 'LS' is tested against 'LS', which is not another row"),
+    ("rows: [Vanilla, {label: LS, against: Vanilla}]\ncontrol: Vanilla",
+     "`control` and rows' `against` exclude each other"),
 ])
 def test_an_unknown_name_is_one_line_and_exit_2_with_nothing_written(change, named, store, tmp_path, capsys):
     key = change.split(":")[0]
@@ -143,6 +148,35 @@ def test_an_unknown_name_is_one_line_and_exit_2_with_nothing_written(change, nam
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and named in err[0]
     assert not out.exists()
+
+
+def test_rows_against_their_own_row_are_paired_tests_with_holm_over_the_pairs(tmp_path):
+    """Two pairs over 3 seeds (MaC-Cal Table 3's layout): LS's ECE 1, 2, 3 % and LS +MaC-Cal's 0.5, 1.4, 2.2 %
+    (differences −0.5, −0.6, −0.8), FL's 2, 3, 4 % and FL +MaC-Cal's 2.1, 2.9, 4.3 % (+0.1, −0.1, +0.3). Each pair's
+    p is scipy's paired t-test of its two rows alone; Holm over the 2 pairs: LS's 2·p, FL's max(that, p)."""
+    values = {"LS": [0.01, 0.02, 0.03], "LS +MaC-Cal": [0.005, 0.014, 0.022],
+              "FL": [0.02, 0.03, 0.04], "FL +MaC-Cal": [0.021, 0.029, 0.043]}
+    write_rows(tmp_path / "store", tmp_path, "combine", list(values), 3, values=values)
+    spec = tmp_path / "pairs.yaml"
+    spec.write_text("name: pairs\ncaption: Pairs.\nlabel: tab:pairs\nstudies: [combine]\nrows: [LS, "
+                    "{label: LS +MaC-Cal, against: LS}, FL, {label: FL +MaC-Cal, against: FL}]\n"
+                    "metrics: {test_ece: ECE}\n")
+    assert report_main()(["--table", str(spec), "--store", str(tmp_path / "store"), "--out",
+                          str(tmp_path / "out")]) == 0
+    cells = pd.read_csv(tmp_path / "out" / "pairs.csv").set_index("row")
+    p_ls = scipy.stats.ttest_rel(values["LS +MaC-Cal"], values["LS"]).pvalue
+    p_fl = scipy.stats.ttest_rel(values["FL +MaC-Cal"], values["FL"]).pvalue
+    assert cells.loc["LS +MaC-Cal", "p"] == pytest.approx(p_ls, rel=1e-9)
+    assert cells.loc["FL +MaC-Cal", "p"] == pytest.approx(p_fl, rel=1e-9)
+    assert cells.loc["LS +MaC-Cal", "p_adjusted"] == pytest.approx(2 * p_ls, rel=1e-9) and 2 * p_ls < 0.05
+    assert cells.loc["FL +MaC-Cal", "p_adjusted"] == pytest.approx(max(2 * p_ls, p_fl), rel=1e-9)
+    assert cells.loc["LS +MaC-Cal", "difference"] == pytest.approx(-0.019 / 3)
+    assert list(cells["marker"].fillna("")) == ["", "better", "", ""]
+    assert pd.isna(cells.loc["LS", "p"]) and pd.isna(cells.loc["FL", "p"])  # the rows tested against: untested
+    md = (tmp_path / "out" / "pairs.md").read_text()
+    assert "| LS +MaC-Cal | **1.37 ± 2.11** ▲ |" in md
+    assert ("▲ / ▼: significantly better / worse than the row above it: paired t-test on seed of the two rows, Holm "
+            "over the pairs of each column, α = 0.05") in md
 
 
 def test_a_missing_study_names_the_command_that_runs_it(tmp_path, capsys):

@@ -72,6 +72,43 @@ def _legend(legends: dict[str, list[str]]) -> list[str]:
     return shared + [f"{header}: {line}" for header, lines in legends.items() for line in lines if line not in shared]
 
 
+def _pairs_tested(spec: TableSpec, group: pd.DataFrame, comparison: policy.SetupComparison,
+                  pairs: dict[str, str], *, alpha: float, store: str | None, study: str,
+                  test: str) -> policy.SetupComparison:
+    """``comparison`` (no control) with each row of ``pairs`` tested against its own row under the policy (the
+    paired test over seeds of the two rows alone), then Holm over the pairs of each column."""
+    cells = comparison.cells.copy()
+    held = set(group["label"].astype(str))
+    legend: list[str] = []
+    for label, against in pairs.items():
+        if label not in held or against not in held:
+            continue
+        pair = group[group["label"].astype(str).isin([label, against])]
+        tested = policy.compare_setup(pair, spec.metrics, against, alpha=alpha, store=store, study=study, test=test)
+        ours = tested.cells[tested.cells["label"] == label].set_index("metric")
+        if not tested.test:
+            legend += [line.replace(f"the control {against}", against) for line in tested.legend]
+        for metric in spec.metrics:
+            index = cells.index[(cells["label"] == label) & (cells["metric"] == metric)][0]
+            for column in ("test", "p", "difference", "difference_low", "difference_high"):
+                cells.at[index, column] = ours.at[metric, column]
+    for metric in spec.metrics:  # Holm over the pairs of the column
+        index = cells.index[cells["metric"] == metric]
+        adjusted = policy.adjust_across(cells.loc[index], alpha)
+        cells.loc[index, ["p_adjusted", "marker"]] = adjusted[["p_adjusted", "marker"]].to_numpy()
+    used = {t for t in cells["test"] if t}
+    kind = {"t-test": "paired t-test on seed", "wilcoxon": "Wilcoxon signed-rank test on seed",
+            "bootstrap": "paired bootstrap over seeds and test samples"}
+    labels = [row.label for row in spec.rows]
+    above = all(labels.index(b) == labels.index(a) + 1 for b, a in pairs.items())
+    partner = "the row above it" if above else "the row it is paired with (" + "; ".join(
+        f"{spec.name_of(b)} against {spec.name_of(a)}" for b, a in pairs.items()) + ")"
+    legend.insert(0, f"▲ / ▼: significantly better / worse than {partner}: "
+                     f"{', '.join(kind[t] for t in sorted(used)) or 'no test'} of the two rows, Holm over the pairs "
+                     f"of each column, α = {alpha:g}; n: seeds, each seed's trials averaged first.")
+    return policy.SetupComparison(cells, legend, None, ", ".join(sorted(used)))
+
+
 def table_cells(spec: TableSpec, trials: pd.DataFrame, *, control: str | None = None, alpha: float = 0.05,
                 correct_across: bool = False, store: str | None = None, test: str = "t-test",
                 log: Callable[[str], None] = print) -> TableCells:
@@ -85,6 +122,7 @@ def table_cells(spec: TableSpec, trials: pd.DataFrame, *, control: str | None = 
     setups = _setups(spec, trials, log)
     present = [row.label for row in spec.rows if (trials["label"] == row.label).any()]
     control = _control(spec, control, present, log)
+    pairs = {row.label: row.against for row in spec.rows if row.against} if not control else {}
     frames, legends, published = [], {}, {}
     for setup in setups:
         group = _setup_trials(spec, trials, setup)
@@ -94,6 +132,9 @@ def table_cells(spec: TableSpec, trials: pd.DataFrame, *, control: str | None = 
         here_control = control if control in set(group["label"]) else None
         comparison = policy.compare_setup(group, spec.metrics, here_control, alpha=alpha, store=store, study=study,
                                             test=test)
+        if pairs:
+            comparison = _pairs_tested(spec, group, comparison, pairs, alpha=alpha, store=store, study=study,
+                                       test=test)
         studies = group.groupby("label")["study"].first()
         labels = comparison.cells["label"]
         frames.append(comparison.cells.assign(study=labels.map(studies).astype(str),

@@ -33,10 +33,12 @@ _OTHER_COLUMNS = ("ood_auroc", "ood_fpr95", "corrupted_ece", "corrupted_accuracy
 
 @dataclass(frozen=True)
 class RowSpec:
-    """One row: the ``label`` the store holds and the ``name`` the paper prints."""
+    """One row: the ``label`` the store holds and the ``name`` the paper prints; ``against``: the row (label) this
+    one is tested against, for a table of pairs (each loss and the loss + MaC-Cal) that no single control covers."""
 
     label: str
     name: str
+    against: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,14 +106,20 @@ def _rows(value: Any, where: str) -> tuple[RowSpec, ...]:
     for entry in value:
         if isinstance(entry, str):
             rows.append(RowSpec(entry, entry))
-        elif isinstance(entry, dict) and set(entry) <= {"label", "name"} and "label" in entry:
+        elif isinstance(entry, dict) and set(entry) <= {"label", "name", "against"} and "label" in entry:
             label = _text(entry["label"], "rows.label", where)
-            rows.append(RowSpec(label, _text(entry.get("name", label), "rows.name", where)))
+            against = _text(entry["against"], "rows.against", where) if "against" in entry else None
+            rows.append(RowSpec(label, _text(entry.get("name", label), "rows.name", where), against))
         else:
-            raise ConfigError(f"{where}: a row must be a label or {{label: ..., name: ...}}, got {entry!r}")
+            raise ConfigError(f"{where}: a row must be a label or {{label: ..., name: ..., against: ...}}, "
+                              f"got {entry!r}")
     labels = [row.label for row in rows]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"{where}: row {next(x for x in labels if labels.count(x) > 1)!r} is listed twice")
+    for row in rows:
+        if row.against is not None and (row.against not in labels or row.against == row.label):
+            raise ConfigError(f"{where}: row {row.label!r} is tested against {row.against!r}, which is not another "
+                              f"row of the spec; rows: {', '.join(labels)}")
     return tuple(rows)
 
 
@@ -177,6 +185,9 @@ def load_spec(path: str | Path, catalogs: Mapping[str, Callable[[tuple[str, ...]
     control = data.get("control")
     if control is not None and control not in {row.label for row in rows}:
         raise ConfigError(f"{where}: the control {control!r} is not one of the spec's rows")
+    if control is not None and any(row.against for row in rows):
+        raise ConfigError(f"{where}: `control` and rows' `against` exclude each other: one control for every row, "
+                          f"or each row against its own")
     decimals = data.get("decimals", 2)
     if not isinstance(decimals, int) or isinstance(decimals, bool) or not 0 <= decimals <= 6:
         raise ConfigError(f"{where}: `decimals` must be an integer in 0..6, got {decimals!r}")
