@@ -8,6 +8,7 @@ One module per concern:
 - :mod:`~calib.artifacts.publish`: first-writer-wins publishing to an object store, and fetching;
 - :mod:`~calib.artifacts.stage1`: :func:`get_or_train_stage1`, which puts the above together;
 - :mod:`~calib.artifacts.splits`: OOD, corrupted and method splits computed on first use.
+- :mod:`~calib.artifacts.export`: stored Stage Is written out as features files (``report.py --export-features``).
 """
 
 from calib.artifacts.artifact import SPLITS, SplitCache, Stage1Artifact, stage1_dir, stage1_exists

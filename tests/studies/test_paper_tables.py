@@ -74,7 +74,7 @@ def _catalogs():
 
 def test_a_spec_ships_for_every_seed_table():
     assert {p.stem for p in SPECS} == {"mac_cal_table1", "mac_cal_table3", "mac_cal_table5", "fedlas_table1",
-                                       "fedlas_table4", "smart_posthoc", "gamma_sensitivity"}
+                                       "fedlas_table4", "smart_posthoc", "gamma_sensitivity", "two_stage_vs_ts"}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
