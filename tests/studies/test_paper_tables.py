@@ -74,7 +74,8 @@ def _catalogs():
 
 def test_a_spec_ships_for_every_seed_table():
     assert {p.stem for p in SPECS} == {"mac_cal_table1", "mac_cal_table3", "mac_cal_table5", "fedlas_table1",
-                                       "fedlas_table4", "smart_posthoc", "gamma_sensitivity", "two_stage_vs_ts"}
+                                       "fedlas_table4", "smart_posthoc", "gamma_sensitivity", "two_stage_vs_ts",
+                                       "mac_cal_table5_steps"}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
@@ -177,6 +178,26 @@ def test_rows_against_their_own_row_are_paired_tests_with_holm_over_the_pairs(tm
     assert "| LS +MaC-Cal | **1.37 ± 2.11** ▲ |" in md
     assert ("▲ / ▼: significantly better / worse than the row above it: paired t-test on seed of the two rows, Holm "
             "over the pairs of each column, α = 0.05") in md
+
+
+def test_rows_against_their_own_row_win_over_the_studys_default_control(tmp_path):
+    """An ablation's default control is its first rung; a spec whose rows name `against` tests each rung against the
+    rung before it instead: +Gradient Restriction's difference is from +Masked Retraining (3 - 2 = +1 point), not
+    from Vanilla (+2)."""
+    values = {"Vanilla": [0.01, 0.02, 0.03], "+Masked Retraining": [0.02, 0.03, 0.045],
+              "+Gradient Restriction": [0.03, 0.04, 0.055]}
+    write_rows(tmp_path / "store", tmp_path, "ablation", list(values), 3, values=values)
+    spec = tmp_path / "steps.yaml"
+    spec.write_text("name: steps\ncaption: Steps.\nlabel: tab:steps\nstudies: [ablation]\nrows: [Vanilla, "
+                    "{label: +Masked Retraining, against: Vanilla}, "
+                    "{label: +Gradient Restriction, against: +Masked Retraining}]\nmetrics: {test_ece: ECE}\n")
+    assert report_main()(["--table", str(spec), "--store", str(tmp_path / "store"), "--out",
+                          str(tmp_path / "out")]) == 0
+    cells = pd.read_csv(tmp_path / "out" / "steps.csv").set_index("row")
+    assert cells.loc["+Gradient Restriction", "difference"] == pytest.approx(0.01)
+    assert cells.loc["+Masked Retraining", "difference"] == pytest.approx(0.035 / 3)
+    assert pd.isna(cells.loc["Vanilla", "p"])
+    assert "than the row above it" in (tmp_path / "out" / "steps.md").read_text()
 
 
 def test_a_missing_study_names_the_command_that_runs_it(tmp_path, capsys):

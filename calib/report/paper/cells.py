@@ -121,8 +121,9 @@ def table_cells(spec: TableSpec, trials: pd.DataFrame, *, control: str | None = 
     trials = trials[trials["label"].isin([row.label for row in spec.rows])]
     setups = _setups(spec, trials, log)
     present = [row.label for row in spec.rows if (trials["label"] == row.label).any()]
-    control = _control(spec, control, present, log)
-    pairs = {row.label: row.against for row in spec.rows if row.against} if not control else {}
+    # rows tested against their own row (`against`), unless --control names one row for all
+    pairs = {row.label: row.against for row in spec.rows if row.against} if control is None else {}
+    control = None if pairs else _control(spec, control, present, log)
     frames, legends, published = [], {}, {}
     for setup in setups:
         group = _setup_trials(spec, trials, setup)
