@@ -151,20 +151,27 @@ def test_an_unknown_name_is_one_line_and_exit_2_with_nothing_written(change, nam
     assert not out.exists()
 
 
+def paired_table(tmp_path: Path, study: str, values: dict[str, list[float]], rows: str) -> tuple[pd.DataFrame, str]:
+    """``values`` (label -> test ECE per seed) stored in ``study``, then ``report.py --table`` of a spec with ``rows``
+    (YAML) and the test ECE: the CSV's cells by row, and the Markdown."""
+    write_rows(tmp_path / "store", tmp_path, study, list(values), 3, values=values)
+    spec = tmp_path / "pairs.yaml"
+    spec.write_text(f"name: pairs\ncaption: Pairs.\nlabel: tab:pairs\nstudies: [{study}]\nrows: {rows}\n"
+                    "metrics: {test_ece: ECE}\n")
+    assert report_main()(["--table", str(spec), "--store", str(tmp_path / "store"), "--out",
+                          str(tmp_path / "out")]) == 0
+    return (pd.read_csv(tmp_path / "out" / "pairs.csv").set_index("row"),
+            (tmp_path / "out" / "pairs.md").read_text())
+
+
 def test_rows_against_their_own_row_are_paired_tests_with_holm_over_the_pairs(tmp_path):
     """Two pairs over 3 seeds (MaC-Cal Table 3's layout): LS's ECE 1, 2, 3 % and LS +MaC-Cal's 0.5, 1.4, 2.2 %
     (differences −0.5, −0.6, −0.8), FL's 2, 3, 4 % and FL +MaC-Cal's 2.1, 2.9, 4.3 % (+0.1, −0.1, +0.3). Each pair's
     p is scipy's paired t-test of its two rows alone; Holm over the 2 pairs: LS's 2·p, FL's max(that, p)."""
     values = {"LS": [0.01, 0.02, 0.03], "LS +MaC-Cal": [0.005, 0.014, 0.022],
               "FL": [0.02, 0.03, 0.04], "FL +MaC-Cal": [0.021, 0.029, 0.043]}
-    write_rows(tmp_path / "store", tmp_path, "combine", list(values), 3, values=values)
-    spec = tmp_path / "pairs.yaml"
-    spec.write_text("name: pairs\ncaption: Pairs.\nlabel: tab:pairs\nstudies: [combine]\nrows: [LS, "
-                    "{label: LS +MaC-Cal, against: LS}, FL, {label: FL +MaC-Cal, against: FL}]\n"
-                    "metrics: {test_ece: ECE}\n")
-    assert report_main()(["--table", str(spec), "--store", str(tmp_path / "store"), "--out",
-                          str(tmp_path / "out")]) == 0
-    cells = pd.read_csv(tmp_path / "out" / "pairs.csv").set_index("row")
+    cells, md = paired_table(tmp_path, "combine", values, "[LS, {label: LS +MaC-Cal, against: LS}, FL, "
+                                                          "{label: FL +MaC-Cal, against: FL}]")
     p_ls = scipy.stats.ttest_rel(values["LS +MaC-Cal"], values["LS"]).pvalue
     p_fl = scipy.stats.ttest_rel(values["FL +MaC-Cal"], values["FL"]).pvalue
     assert cells.loc["LS +MaC-Cal", "p"] == pytest.approx(p_ls, rel=1e-9)
@@ -174,7 +181,6 @@ def test_rows_against_their_own_row_are_paired_tests_with_holm_over_the_pairs(tm
     assert cells.loc["LS +MaC-Cal", "difference"] == pytest.approx(-0.019 / 3)
     assert list(cells["marker"].fillna("")) == ["", "better", "", ""]
     assert pd.isna(cells.loc["LS", "p"]) and pd.isna(cells.loc["FL", "p"])  # the rows tested against: untested
-    md = (tmp_path / "out" / "pairs.md").read_text()
     assert "| LS +MaC-Cal | **1.37 ± 2.11** ▲ |" in md
     assert ("▲ / ▼: significantly better / worse than the row above it: paired t-test on seed of the two rows, Holm "
             "over the pairs of each column, α = 0.05") in md
@@ -186,18 +192,13 @@ def test_rows_against_their_own_row_win_over_the_studys_default_control(tmp_path
     from Vanilla (+2)."""
     values = {"Vanilla": [0.01, 0.02, 0.03], "+Masked Retraining": [0.02, 0.03, 0.045],
               "+Gradient Restriction": [0.03, 0.04, 0.055]}
-    write_rows(tmp_path / "store", tmp_path, "ablation", list(values), 3, values=values)
-    spec = tmp_path / "steps.yaml"
-    spec.write_text("name: steps\ncaption: Steps.\nlabel: tab:steps\nstudies: [ablation]\nrows: [Vanilla, "
-                    "{label: +Masked Retraining, against: Vanilla}, "
-                    "{label: +Gradient Restriction, against: +Masked Retraining}]\nmetrics: {test_ece: ECE}\n")
-    assert report_main()(["--table", str(spec), "--store", str(tmp_path / "store"), "--out",
-                          str(tmp_path / "out")]) == 0
-    cells = pd.read_csv(tmp_path / "out" / "steps.csv").set_index("row")
+    rows = ("[Vanilla, {label: +Masked Retraining, against: Vanilla}, "
+            "{label: +Gradient Restriction, against: +Masked Retraining}]")
+    cells, md = paired_table(tmp_path, "ablation", values, rows)
     assert cells.loc["+Gradient Restriction", "difference"] == pytest.approx(0.01)
     assert cells.loc["+Masked Retraining", "difference"] == pytest.approx(0.035 / 3)
     assert pd.isna(cells.loc["Vanilla", "p"])
-    assert "than the row above it" in (tmp_path / "out" / "steps.md").read_text()
+    assert "than the row above it" in md
 
 
 def test_a_missing_study_names_the_command_that_runs_it(tmp_path, capsys):
