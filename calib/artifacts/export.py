@@ -17,9 +17,9 @@ import pandas as pd
 import torch
 
 from calib._config import ConfigError
-from calib.artifacts.artifact import SPLITS, Stage1Artifact, load_local, remote_dir, stage1_dir
-from calib.artifacts.publish import fetch_checked
+from calib.artifacts.artifact import SPLITS, Stage1Artifact
 from calib.artifacts.sources import file_sha256
+from calib.artifacts.stage1 import stored_stage1
 
 __all__ = ["ExportedFeatures", "export_features", "features_dict", "write_features_file"]
 
@@ -66,12 +66,9 @@ def write_features_file(artifact: Stage1Artifact, path: str | os.PathLike) -> Ex
 
 
 def open_artifact(artifact_root: str, stage1_id: str) -> Stage1Artifact:
-    """The stored Stage I ``stage1_id`` under ``artifact_root`` (local, or fetched from an object store), checked."""
-    final = stage1_dir(artifact_root, stage1_id)
-    remote = remote_dir(artifact_root, stage1_id)
-    artifact = load_local(final, stage1_id, remote)
-    if artifact is None and remote is not None:
-        artifact = fetch_checked(remote, final, stage1_id)
+    """The stored Stage I ``stage1_id`` under ``artifact_root``, checked as a trial finds it
+    (:func:`~calib.artifacts.stage1.stored_stage1`); ConfigError if there is none."""
+    artifact = stored_stage1(artifact_root, stage1_id)
     if artifact is None:
         raise ConfigError(f"Stage I {stage1_id} is not in {artifact_root} (or failed its checks); --artifacts names "
                           f"the Stage-I artifact directory the store's trials used")

@@ -78,6 +78,12 @@ def _find(final: Path, stage1_id: str, remote: str | None) -> Stage1Artifact | N
     return fetch_checked(remote, final, stage1_id)
 
 
+def stored_stage1(artifact_root: str, stage1_id: str) -> Stage1Artifact | None:
+    """The stored Stage I ``stage1_id`` under ``artifact_root`` after its checks, as a trial would find it (with an
+    object-store root: the published writer's, fetched when the local copy is not it); None if there is none."""
+    return _find(stage1_dir(artifact_root, stage1_id), stage1_id, remote_dir(artifact_root, stage1_id))
+
+
 def _published(final: Path, remote: str | None) -> bool:
     if remote is None:
         return (final / "record.json").exists()
