@@ -62,6 +62,7 @@ FIRST_PORT = 20_000
 JOB_TEMPLATE = "slurm_job.sh"
 """The job script's template, package data of :mod:`calib.cluster` (its ``@name@`` placeholders are filled by
 :func:`render_script`; shellcheck reads the template and every script rendered from it)."""
+
 # ---------------------------------------------------------------------------------------------------
 # The script
 
@@ -90,7 +91,6 @@ def _object_store_bytes(mem: str | None) -> int | None:
     units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
     number, unit = (mem[:-1], mem[-1]) if mem[-1] in units else (mem, "M")  # Slurm's default unit: MB
     return int(int(number) * units[unit] * 0.3)
-
 
 
 class _JobTemplate(string.Template):
