@@ -231,6 +231,8 @@ RUN_HERE = {
     "# my_package/calib_plugin.py": "test_the_plugin_and_the_architecture_recipes_build_their_models",
     '"""My loss (Author et al., VENUE YEAR), docs/methods.md §4.x.': "the fixture; a row of the Ray run",
     '"""My loss (calib/losses/my_loss.py)."""': "test_each_recipe_of_the_docs_passes_its_own_tests",
+    '"""Input noise, a Stage-I training procedure: each training batch x becomes x + σ·ε, ε ~ N(0, I)."""':
+        "tests/plugins/test_plugin_procedure.py (a --plugin file)",
     '"""My method (Author et al., VENUE YEAR), docs/methods.md §X."""': "the fixture; a row of the Ray run",
     "from calib.trial import run_trial": "test_each_recipe_of_the_docs_passes_its_own_tests",
     '"""Temperature scaling with T chosen on a grid (write the formula, define every symbol), docs/methods.md §5.x.':
