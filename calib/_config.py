@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import numbers
 import os
@@ -34,19 +35,23 @@ __all__ = [
     "check_values",
     "checked_field",
     "coerce",
+    "config_fields",
     "did_you_mean",
     "field_rules",
     "field_symbols",
     "field_types",
     "fields_of_symbol",
     "from_dict",
+    "get_dotted",
     "in_range",
     "integer",
+    "joined_configs",
     "load_yaml",
     "named_section",
     "number",
     "one_of",
     "or_null",
+    "set_dotted",
     "symbol_name",
 ]
 
@@ -209,9 +214,27 @@ def check_fields(config: Any) -> None:
     check_values(type(config), {name: getattr(config, name) for name in field_rules(type(config))})
 
 
+def joined_configs(cls: type) -> tuple[type, ...]:
+    """The config dataclasses whose fields are keys of ``cls``'s section too, after its own: what its classmethod
+    ``joined_configs()`` returns (:class:`~calib.config.Stage1Config`: the registered training procedures'
+    configs, so ``stage1.mixup_alpha`` is a key of the ``stage1`` section); none for any other class."""
+    joined = getattr(cls, "joined_configs", None)
+    return tuple(joined()) if joined is not None else ()
+
+
 def field_types(cls: type) -> dict[str, Any]:
-    """Resolved type hints of a dataclass's init fields, in declaration order."""
-    return dict(_field_types(cls))
+    """Resolved type hints of a dataclass's init fields, in declaration order, then those of its
+    :func:`joined_configs`."""
+    out = dict(_field_types(cls))
+    for joined in joined_configs(cls):
+        out.update(_field_types(joined))
+    return out
+
+
+def config_fields(cls: type) -> list[dataclasses.Field]:
+    """The init fields of dataclass ``cls`` and of its :func:`joined_configs` (their defaults), in the order of
+    :func:`field_types`."""
+    return [f for c in (cls, *joined_configs(cls)) for f in dataclasses.fields(c) if f.init]
 
 
 @functools.cache
@@ -312,8 +335,9 @@ def symbol_name(text: str) -> str:
 def field_symbols(cls: type) -> dict[str, str]:
     """The paper's symbol of each field of the config dataclass ``cls`` that its docstring gives one
     (``accuracy_weight: γ, ...`` under Attributes): field -> symbol."""
-    return {m.group(1): m.group(2).rstrip(".;") for line in (cls.__doc__ or "").splitlines()
-            if (m := _ATTRIBUTE_LINE.match(line)) and m.group(1) in field_types(cls)}
+    return {m.group(1): m.group(2).rstrip(".;") for c in (cls, *joined_configs(cls))
+            for line in (c.__doc__ or "").splitlines()
+            if (m := _ATTRIBUTE_LINE.match(line)) and m.group(1) in field_types(c)}
 
 
 def fields_of_symbol(cls: type, text: str, prefix: str = "") -> list[str]:
@@ -378,3 +402,26 @@ def load_yaml(path: str | os.PathLike, what: str) -> Any:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{os.fspath(path)}: not valid YAML: {problem}{where}. Fix the syntax there (indentation, "
                           f"a missing `:` or an unclosed quote or bracket).") from None
+
+
+def get_dotted(config: dict[str, Any], key: str) -> Any:
+    """The value at ``key`` ("method.accuracy_weight", "seed") of a plain config; ``KeyError`` if absent."""
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(f"`{key}` is not in the trial config ({part!r} missing).")
+        node = node[part]
+    return node
+
+
+def set_dotted(config: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """A copy of ``config`` with ``key`` ("method.accuracy_weight", "seed") set to ``value``."""
+    out = json.loads(json.dumps(config))
+    *parents, leaf = key.split(".")
+    node = out
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"`{key}`: {part!r} is not a section of the trial config.")
+    node[leaf] = value
+    return out

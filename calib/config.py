@@ -24,13 +24,23 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from calib import storage
-from calib._config import ConfigError, check, did_you_mean, from_dict, named_section
+from calib._config import (
+    ConfigError,
+    check,
+    did_you_mean,
+    field_types,
+    from_dict,
+    get_dotted,
+    named_section,
+    set_dotted,
+)
 from calib._registry import Registry
 from calib.datasets import dataset_options
 from calib.datasets.corruptions import C_DIRECTORY, CORRUPTIONS
 from calib.datasets.subsets import check_train_size
 from calib.models import check_arch
-from calib.registries import DATASETS, DEFAULT_LOSS, LOSSES, METHODS, OOD_SETS
+from calib.registries import DATASETS, DEFAULT_LOSS, LOSSES, METHODS, OOD_SETS, PROCEDURES
+from calib.seeds import SEED_LIMIT, check_seed, is_seed, seed_rule
 from calib.stage1_source import FILE_KINDS, Stage1Source, check_config_fits_given_stage1
 
 __all__ = [
@@ -55,36 +65,13 @@ __all__ = [
 ]
 
 
-SEED_LIMIT = 2**32
-"""Trial seeds are ``0 <= seed < SEED_LIMIT``: NumPy's global seed (``np.random.seed``) takes no other,
-``np.random.default_rng`` takes no negative one, and torch's generators take the derived seeds
-(``seed + 1_000_003``) of this range."""
-
-NUMPY_SEEDS = "NumPy's seeding takes no other"
-"""Why a seed is below :data:`SEED_LIMIT`, as the error says it."""
-
-
-def is_seed(value: int) -> bool:
-    """Whether ``value`` is a seed: ``0 <= value < SEED_LIMIT`` (2**32)."""
-    return 0 <= value < SEED_LIMIT
-
-
-def seed_rule(name: str, *, many: bool = False, why: str = NUMPY_SEEDS) -> str:
-    """What the seed ``name`` (a key, or a flag: then its values are called ``seed``) must be, completing
-    "`name` must ...": ``be an integer with 0 <= seed < 2**32 = 4294967296 (<why>)``."""
-    variable = "seed" if name.startswith("-") else name
-    return f"be {'integers' if many else 'an integer'} with 0 <= {variable} < 2**32 = {SEED_LIMIT} ({why})"
-
-
-def check_seed(value: int, name: str, *, many: bool = False, why: str = NUMPY_SEEDS) -> None:
-    """Raise :class:`ConfigError` "`name` must <:func:`seed_rule`>, got name=value." unless :func:`is_seed`."""
-    if not is_seed(value):
-        raise ConfigError(f"`{name}` must {seed_rule(name, many=many, why=why)}, got {name}={value!r}.")
-
-
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, init=False)
 class Stage1Config:
     """Stage-I training (docs/methods.md §7.2). Defaults are the papers' CIFAR protocol (FOCAL-R).
+
+    Its keys are these fields and each registered training procedure's (``mixup_alpha``, ``mit_alpha``, ``plp_gamma``,
+    ``balcal_delta``, a plugin's: :mod:`calib.training.procedures`), read as attributes (``stage1.mixup_alpha``);
+    ``procedures`` holds each one's config by name.
 
     Attributes:
         epochs: training epochs (350 in the papers).
@@ -96,15 +83,6 @@ class Stage1Config:
         lr_decay: multiplicative learning-rate decay at each milestone (0.1).
         grad_clip: max L2 norm of the gradient, ``None`` for no clipping (2.0).
         loss_reduction: "sum" over the batch (FOCAL-R, which MaC-Cal uses) or "mean" (ACLS/FeDLaS).
-        mixup_alpha: α of Mixup's Beta(α, α); ``None`` trains without Mixup (docs/methods.md §4.8).
-        mit_alpha: α of MIT's Beta(α, α) (Mixup Inference in Training: two mixed forward passes whose
-            outputs are decoupled; docs/methods.md §4.9); ``None`` trains without MIT.
-        plp_gamma: γ of PLP, progressively layer-peeled training (Wang & Zhang, ICML 2024; docs/methods.md
-            §4.10): stage k of 11 starts at epoch ⌊(k/11)^γ · epochs⌋ and freezes the model's top layers
-            (:mod:`calib.training.plp`); ``None`` trains every layer throughout. The PLP row uses 1.0.
-        balcal_delta: δ of BalCAL (Ni et al., CVPR 2025; docs/methods.md §4.10): trains a simplex-ETF
-            classifier beside the linear head and balances the two by the accuracy-confidence feedback rule
-            (:mod:`calib.training.balcal`); ``None`` trains the plain model. The BalCAL row uses 0.95.
         checkpoint: the model kept: the "last" epoch (FOCAL-R's default) or the "best_val" accuracy.
         scheduler_step: when the learning-rate schedule advances: at the "epoch_end" (PyTorch's
             convention), or at the "epoch_start" as FOCAL-R's ``train.py`` does, which moves every decay
@@ -144,10 +122,6 @@ class Stage1Config:
     lr_decay: float = 0.1
     grad_clip: float | None = 2.0
     loss_reduction: Literal["mean", "sum"] = "sum"
-    mixup_alpha: float | None = None
-    mit_alpha: float | None = None
-    plp_gamma: float | None = None
-    balcal_delta: float | None = None
     checkpoint: Literal["last", "best_val"] = "last"
     scheduler_step: Literal["epoch_end", "epoch_start"] = "epoch_end"
     train_size: int | None = None
@@ -156,6 +130,7 @@ class Stage1Config:
     data_pipeline: Literal["auto", "device", "loader"] = "auto"
     compile: Literal["off", "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "off"
     channels_last: bool = True
+    procedures: dict[str, Any] = dataclasses.field(default_factory=dict, init=False, repr=False, hash=False)
 
     EXECUTION_FIELDS: ClassVar[tuple[str, ...]] = ("data_pipeline", "compile", "channels_last")
     """Fields that change how Stage I runs, not what it trains: left out of the trial and Stage-I ids."""
@@ -176,24 +151,55 @@ class Stage1Config:
               "be > 0 or null (no clipping)")
         check(self.train_size is None or self.train_size >= 1, "stage1.train_size", self.train_size,
               "be an integer >= 1 (training images Stage I trains on), or null for the whole training split")
-        check(self.mixup_alpha is None or self.mixup_alpha > 0, "stage1.mixup_alpha", self.mixup_alpha,
-              "be > 0, or null to train without Mixup")
-        check(self.mit_alpha is None or self.mit_alpha > 0, "stage1.mit_alpha", self.mit_alpha,
-              "be > 0, or null to train without MIT")
-        check(self.plp_gamma is None or self.plp_gamma > 0, "stage1.plp_gamma", self.plp_gamma,
-              "be > 0, or null to train without PLP's layer peeling")
-        check(self.balcal_delta is None or self.balcal_delta > 0, "stage1.balcal_delta", self.balcal_delta,
-              "be > 0, or null to train without BalCAL's ETF classifier")
-        if self.balcal_delta is not None and (self.mixup_alpha is not None or self.mit_alpha is not None):
-            raise ConfigError(
-                "`stage1.balcal_delta` trains on clean inputs: set stage1.mixup_alpha and stage1.mit_alpha to null, "
-                f"got stage1.mixup_alpha={self.mixup_alpha!r}, stage1.mit_alpha={self.mit_alpha!r}."
-            )
-        if self.mixup_alpha is not None and self.mit_alpha is not None:
-            raise ConfigError(
-                "`stage1.mixup_alpha` and `stage1.mit_alpha` exclude each other: pick Mixup or MIT and set the "
-                f"other to null, got stage1.mixup_alpha={self.mixup_alpha!r}, stage1.mit_alpha={self.mit_alpha!r}."
-            )
+
+    def __init__(self, **values: Any) -> None:
+        own = {f.name: f for f in dataclasses.fields(Stage1Config) if f.init}
+        specs = PROCEDURES.items()
+        unknown = sorted(set(values) - set(own) - {k for _, spec in specs for k in field_types(spec.config)})
+        if unknown:
+            raise TypeError(f"Stage1Config got unexpected keyword argument(s) {', '.join(map(repr, unknown))}.")
+        for name, f in own.items():
+            object.__setattr__(self, name, values[name] if name in values else
+                               f.default if f.default is not dataclasses.MISSING else f.default_factory())
+        self.__post_init__()
+        object.__setattr__(self, "procedures", {name: spec.config(**{k: values[k] for k in field_types(spec.config)
+                                                                     if k in values}) for name, spec in specs})
+        _check_one_batch_loss(self)
+
+    @classmethod
+    def joined_configs(cls) -> tuple[type, ...]:
+        """The registered training procedures' config classes: their fields are ``stage1`` keys too."""
+        return tuple(spec.config for _, spec in PROCEDURES.items())
+
+    def __getattr__(self, name: str) -> Any:  # a name that is no attribute: a training procedure's field
+        for params in self.__dict__.get("procedures", {}).values():
+            if name in field_types(type(params)):
+                return getattr(params, name)
+        raise AttributeError(f"Stage1Config has no field {name!r}.")
+
+    def on(self) -> list[tuple[str, Any]]:
+        """(name, spec) of the training procedures this config turns on, in registration order."""
+        return [(name, spec) for name, spec in PROCEDURES.items() if spec.is_on(self.procedures[name])]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``stage1`` section as a plain dict: the own fields, then each procedure's."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        for params in self.procedures.values():
+            out.update(dataclasses.asdict(params))
+        return _plain(out)
+
+
+def _check_one_batch_loss(s1: Stage1Config) -> None:
+    """At most one procedure that computes a batch's loss itself (Mixup, MIT, BalCAL) is on."""
+    losses = [(name, spec) for name, spec in s1.on() if spec.computes_batch_loss]
+    if len(losses) > 1:
+        (_, last), others = losses[-1], [spec for _, spec in losses[:-1]]
+        got = ", ".join(f"stage1.{spec.switch}={getattr(s1, spec.switch)!r}" for _, spec in losses)
+        raise ConfigError(
+            f"`stage1.{last.switch}` {last.excluded_because}: set {' and '.join(f'stage1.{o.switch}' for o in others)} "
+            f"to null ({', '.join(spec.label or name for name, spec in losses)} each compute a batch's loss and "
+            f"exclude each other), got {got}."
+        )
 
 
 @dataclass(frozen=True)
@@ -248,7 +254,7 @@ class TrialConfig:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, Component):
+            if isinstance(value, (Component, Stage1Config)):
                 out[f.name] = value.to_dict()
             elif dataclasses.is_dataclass(value):
                 out[f.name] = _plain(dataclasses.asdict(value))
@@ -383,11 +389,12 @@ def parse_trial_config(data: dict[str, Any] | TrialConfig) -> TrialConfig:
 
 
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
-    "stage1": {"train_size": None, "plp_gamma": None, "balcal_delta": None, "augment": True},
+    "stage1": {"train_size": None, "augment": True},
     "source": {"labels_sha256": None, "calibration_fraction": None},
 }
 """Fields added after results were stored, per section ("stage1", "source"), with their defaults; a method's or
-a loss's own are its spec's ``added_fields`` (:func:`added_fields`). At its default such a field is left out of the
+a loss's own are its spec's ``added_fields``, a training procedure's its config's fields unless its spec says
+``identity_at_default`` (:func:`added_fields`). At its default such a field is left out of the
 identity hashes, so the trials and Stage-I artifacts stored before it existed keep their ids (a re-run skips them
 instead of training them again). The top-level ``stage2_seed`` is left out where it equals ``seed`` (its default)."""
 
@@ -398,6 +405,10 @@ def added_fields(section: str, name: str | None = None) -> dict[str, Any]:
     if section in ("method", "loss"):
         registry = METHODS if section == "method" else LOSSES
         return dict(registry.get(name).added_fields) if name in registry else {}
+    if section == "stage1":
+        procedures = {f.name: f.default for _, spec in PROCEDURES.items() if not spec.identity_at_default
+                      for f in dataclasses.fields(spec.config) if f.init}
+        return {**ADDED_FIELDS["stage1"], **procedures}
     return ADDED_FIELDS.get(section, {})
 
 
@@ -418,7 +429,7 @@ def stage1_identity(cfg: TrialConfig) -> dict[str, Any]:
     if source.kind == "predictions":  # the seed draws the calibration/test split
         return {"source": {"kind": "predictions", "sha256": source.sha256, "labels_sha256": source.labels_sha256,
                            "calibration_fraction": source.calibration_fraction}, "seed": cfg.seed}
-    stage1 = _trained(_plain(dataclasses.asdict(cfg.stage1)))
+    stage1 = _trained(cfg.stage1.to_dict())
     identity: dict[str, Any] = {"dataset": cfg.dataset, "arch": cfg.arch}
     if source.kind == "checkpoint":
         identity["source"] = {"kind": "checkpoint", "sha256": source.sha256, "head": source.head}
@@ -469,26 +480,3 @@ def config_hash(identity: dict[str, Any]) -> str:
 def trial_id(config: dict[str, Any] | TrialConfig) -> str:
     """The store key of a trial: the hash of its config without paths and placement."""
     return config_hash(trial_identity(parse_trial_config(config)))
-
-
-def get_dotted(config: dict[str, Any], key: str) -> Any:
-    """The value at ``key`` ("method.accuracy_weight", "seed") of a plain config; ``KeyError`` if absent."""
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise KeyError(f"`{key}` is not in the trial config ({part!r} missing).")
-        node = node[part]
-    return node
-
-
-def set_dotted(config: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    """A copy of ``config`` with ``key`` ("method.accuracy_weight", "seed") set to ``value``."""
-    out = json.loads(json.dumps(config))
-    *parents, leaf = key.split(".")
-    node = out
-    for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"`{key}`: {part!r} is not a section of the trial config.")
-    node[leaf] = value
-    return out

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from calib._config import ConfigError, coerce, did_you_mean, field_types, fields_of_symbol
+from calib._config import ConfigError, coerce, config_fields, did_you_mean, field_types, fields_of_symbol
 from calib.config import Stage1Config, TrialConfig, set_dotted
 from calib.registries import DEFAULT_LOSS, LOSSES, METHODS
 from calib.stage1_source import Stage1Source
@@ -220,7 +220,7 @@ def current_value(config: Mapping[str, Any], setting: ConfigSetting) -> Any:
         cls = _COMPONENTS[setting.section].get(node["name"]).config
     else:
         cls = {"stage1": Stage1Config, "source": Stage1Source, "": TrialConfig}[setting.section]
-    field = next((f for f in dataclasses.fields(cls) if f.name == setting.field), None)
+    field = next((f for f in config_fields(cls) if f.name == setting.field), None)
     if field is None:
         return ABSENT
     if isinstance(node, Mapping) and setting.field in node:

@@ -48,7 +48,8 @@ __all__ = ["BUILTIN_MODULES", "ENTRY_POINT_GROUP", "PLUGINS_ENV", "Plugin", "Plu
 ENTRY_POINT_GROUP = "calib.plugins"
 PLUGINS_ENV = "CALIB_PLUGINS"
 """JSON list of the ``--plugin`` modules of a run: ``[{"module": "my_plugin", "path": "/abs/my_plugin.py"}]``."""
-BUILTIN_MODULES = ("calib.datasets", "calib.models", "calib.losses", "calib.methods", "calib.posthoc")
+BUILTIN_MODULES = ("calib.datasets", "calib.models", "calib.losses", "calib.training.procedures", "calib.methods",
+                   "calib.posthoc")
 """calib's own components: imported first, so a plugin cannot take their names."""
 
 

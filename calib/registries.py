@@ -2,15 +2,15 @@
 
 ::
 
-    from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS, POSTHOC
+    from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS, POSTHOC, PROCEDURES
 
     @METHODS.register("my_method")
     ...
 
 Each registry fills itself on first read (:func:`calib.plugins.load_components`): calib's built-in
-datasets, models, losses, methods and post-hoc calibrators, then the installed plugins (entry-point group
-``calib.plugins``) and the modules named with ``--plugin``. This module imports none of them, so any module (the trial
-config among them) can read a registry without importing the implementations it holds.
+datasets, models, losses, Stage-I training procedures, methods and post-hoc calibrators, then the installed plugins
+(entry-point group ``calib.plugins``) and the modules named with ``--plugin``. This module imports none of them, so
+any module (the trial config among them) can read a registry without importing the implementations it holds.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from calib._registry import Registry
 
-__all__ = ["DATASETS", "DEFAULT_LOSS", "LOSSES", "METHODS", "MODELS", "OOD_SETS", "POSTHOC"]
+__all__ = ["DATASETS", "DEFAULT_LOSS", "LOSSES", "METHODS", "MODELS", "OOD_SETS", "POSTHOC", "PROCEDURES"]
 
 
 def _populate() -> None:
@@ -43,6 +43,10 @@ LOSSES: Registry[Any] = Registry("loss", populate=_populate)
 
 DEFAULT_LOSS = "cross_entropy"
 """The loss of a trial config that names none: the vanilla Stage I (:mod:`calib.losses.cross_entropy`)."""
+
+PROCEDURES: Registry[Any] = Registry("training procedure", populate=_populate)
+"""Stage-I training procedure name → :class:`calib.training.procedures.ProcedureSpec` (Mixup, MIT, PLP, BalCAL):
+what Stage I runs at its hooks besides the loss; its config's fields are keys of the ``stage1`` section."""
 
 METHODS: Registry[Any] = Registry("method", populate=_populate)
 """Method name → :class:`calib.methods.MethodSpec`: what runs on a Stage-I artifact."""

@@ -90,9 +90,10 @@ def check_config_fits_given_stage1(cfg: TrialConfig) -> None:
     if cfg.loss.name != DEFAULT_LOSS or cfg.loss.params != LOSSES.get(DEFAULT_LOSS).config():
         raise ConfigError(f"`loss`={cfg.loss.name!r} is a way to train Stage I, but {given}: loss-based methods do "
                           f"not apply to it (they are Stage-I trainings). {runs_on_it}")
-    for key, name in (("mixup_alpha", "Mixup"), ("mit_alpha", "MIT"), ("plp_gamma", "PLP"), ("balcal_delta", "BalCAL")):
-        value = getattr(cfg.stage1, key)
-        check(value is None, f"stage1.{key}", value, f"be null: {name} trains Stage I, but {given}", runs_on_it)
+    for name, spec in cfg.stage1.on():  # the training procedures (Mixup, MIT, PLP, BalCAL, a plugin's)
+        value = getattr(cfg.stage1, spec.switch)
+        check(False, f"stage1.{spec.switch}", value, f"be null: {spec.label or name} trains Stage I, but {given}",
+              runs_on_it)
     if kind not in FILE_KINDS:
         return
     check(cfg.stage1.train_size is None, "stage1.train_size", cfg.stage1.train_size,

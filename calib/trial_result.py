@@ -15,7 +15,7 @@ from calib import progress
 from calib._versions import run_environment
 from calib.config import TrialConfig, config_hash, stage1_identity, trial_id
 from calib.plugins import plugins_of
-from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS
+from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS, PROCEDURES
 from calib.stage1_source import FILE_KINDS
 
 __all__ = ["TrialResult", "used_plugins"]
@@ -89,8 +89,10 @@ class TrialResult:
 
 
 def used_plugins(cfg: TrialConfig) -> list[str]:
-    """The plugins that registered the trial's dataset, architecture, loss, method and OOD sets."""
-    names = [(LOSSES, cfg.loss.name), (METHODS, cfg.method.name), *((OOD_SETS, n) for n in cfg.ood_datasets)]
+    """The plugins that registered the trial's dataset, architecture, loss, training procedures, method and OOD
+    sets."""
+    names = [(LOSSES, cfg.loss.name), (METHODS, cfg.method.name), *((OOD_SETS, n) for n in cfg.ood_datasets),
+             *((PROCEDURES, name) for name, _ in cfg.stage1.on())]
     if cfg.source.kind not in FILE_KINDS:
         names += [(DATASETS, cfg.dataset), (MODELS, cfg.arch)]
     return plugins_of((registry, name) for registry, name in names if name in registry)

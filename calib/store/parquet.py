@@ -92,7 +92,7 @@ def trial_row(result: TrialResult, *, node_id: str | None = None) -> dict[str, A
         "plugins": list(result.plugins),
         "node_id": node_id, "config_json": json.dumps(cfg.to_dict(), sort_keys=True),
     }
-    row.update(_flatten("stage1", dataclasses.asdict(cfg.stage1)))
+    row.update(_flatten("stage1", cfg.stage1.to_dict()))
     row.update(_flatten("loss", dataclasses.asdict(cfg.loss.params)))
     row.update(_flatten("method", dataclasses.asdict(cfg.method.params)))
     row.update(result.metrics)

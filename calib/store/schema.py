@@ -18,6 +18,7 @@ from calib.config import Stage1Config
 from calib.losses import LOSSES
 from calib.methods import METHODS
 from calib.metrics import METRICS
+from calib.registries import PROCEDURES
 
 __all__ = ["HISTORY_COLUMNS", "SPLIT_METRICS", "history_schema", "trial_columns", "trial_schema"]
 
@@ -219,12 +220,12 @@ def trial_columns() -> list[tuple[str, pa.DataType, str]]:
 
 
 def trial_schema() -> pa.Schema:
-    """The ``trials`` schema of the losses and methods registered now (plugins add columns)."""
-    return _trial_schema(tuple(LOSSES.names()), tuple(METHODS.names()))
+    """The ``trials`` schema of the losses, methods and training procedures registered now (plugins add columns)."""
+    return _trial_schema(tuple(LOSSES.names()), tuple(METHODS.names()), tuple(PROCEDURES.names()))
 
 
 @functools.lru_cache(maxsize=8)
-def _trial_schema(losses: tuple[str, ...], methods: tuple[str, ...]) -> pa.Schema:
+def _trial_schema(losses: tuple[str, ...], methods: tuple[str, ...], procedures: tuple[str, ...]) -> pa.Schema:
     return pa.schema([pa.field(n, t, metadata={"description": d}) for n, t, d in trial_columns()])
 
 

@@ -18,7 +18,7 @@ from calib._registry import Registry
 from calib.config import parse_trial_config
 from calib.methods.vanilla import UNCALIBRATED_LABEL, current_uncalibrated_label
 from calib.presets import base_config
-from calib.registries import LOSSES, METHODS
+from calib.registries import LOSSES, METHODS, PROCEDURES
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.policy import compare_setup, default_control, row_order
 from calib.report.significance_tables import MARKS
@@ -31,22 +31,24 @@ from calib.study.row import Row
 from calib.study.row_file import file_rows
 from calib.study.settings import study_settings, with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups
+from calib.training.procedures.mixup import TABLE_ALPHA as TABLE_MIXUP_ALPHA
 
 __all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "MIXING_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "PROCEDURE_ROWS",
            "STAGE1_ROWS", "TABLE_MIXUP_ALPHA", "RegistryRows", "Row", "loss_row", "method_row", "mit_row", "mixup_row",
-           "print_row_tables", "row_label", "run_rows", "with_file_rows"]
+           "print_row_tables", "procedure_row", "row_label", "run_rows", "with_file_rows"]
 
 class RegistryRows(Mapping[str, Any]):
-    """A read-only mapping built from the method and loss registries, and built again whenever one of them changed,
-    so the methods and losses that a plugin registers (also after this module was imported: ``--plugin``) are rows
-    like calib's own."""
+    """A read-only mapping built from the method, loss and training-procedure registries, and built again whenever
+    one of them changed, so the components that a plugin registers (also after this module was imported:
+    ``--plugin``) are rows like calib's own."""
 
     def __init__(self, build: Callable[[], dict[str, Any]], description: str) -> None:
         self._build, self._description = build, description
         self._built: tuple[tuple[int, ...], dict[str, Any]] | None = None
 
     def _rows(self) -> dict[str, Any]:
-        versions = tuple(version for registry in (METHODS, LOSSES) for version in (len(registry), registry.version))
+        versions = tuple(version for registry in (METHODS, LOSSES, PROCEDURES)
+                         for version in (len(registry), registry.version))
         if self._built is None or self._built[0] != versions:
             self._built = (versions, self._build())
         return self._built[1]
@@ -90,28 +92,36 @@ def _stage2_rows() -> list[tuple[str, Row]]:
             for label, name in _labelled(METHODS, lambda spec: not spec.posthoc and not spec.logits_only)]
 
 
-TABLE_MIXUP_ALPHA = 1.0
-"""The Beta(α, α) of the Mixup and MIT rows of the tables (MaC-Cal Tables 1 and 3)."""
+def procedure_row(name: str, value: float | None = None) -> Row:
+    """The row of the registered training procedure ``name``: its spec's ``row_values`` on the CE Stage I, its
+    switch (``mixup_alpha``, ...) at ``value`` when given."""
+    spec = PROCEDURES.get(name)
+    return Row(stage1={**spec.row_values, **({spec.switch: value} if value is not None else {})})
 
 
 def mixup_row(alpha: float = TABLE_MIXUP_ALPHA) -> Row:
     """Mixup (Zhang et al. 2018): the CE Stage I trained on Beta(α, α) mixtures, evaluated as trained."""
-    return Row(stage1={"mixup_alpha": alpha})
+    return procedure_row("mixup", alpha)
 
 
 def mit_row(alpha: float = TABLE_MIXUP_ALPHA) -> Row:
     """MIT (Wang et al. 2023): Mixup with the mixing inference in training (docs/methods.md §4.9)."""
-    return Row(stage1={"mit_alpha": alpha})
+    return procedure_row("mit", alpha)
 
 
 MIXING_ROWS: Mapping[str, Callable[[float], Row]] = {"Mixup": mixup_row, "MIT": mit_row}
-"""The Stage-I changes that are rows of their own, by label: each gives its row at a Beta(α, α)."""
+"""The Stage-I changes that ``mixup_alpha.py`` sweeps, by label: each gives its row at a Beta(α, α)."""
+
+
+def _procedure_rows(combines: bool) -> list[tuple[str, Row]]:
+    """(label, row) of the labelled training procedures whose row is (``combines``) or is not a Stage I that the
+    methods run on too."""
+    return [(label, procedure_row(name)) for label, name in _labelled(PROCEDURES, lambda s: s.combines == combines)]
 
 
 def _stage1_rows() -> dict[str, Row]:
     losses = [(label, Row(loss={"name": name})) for label, name in _labelled(LOSSES, lambda spec: True)]
-    mixing = [(label, make_row()) for label, make_row in MIXING_ROWS.items()]
-    return _unique([(UNCALIBRATED_LABEL, Row()), *losses, *mixing], "Stage-I rows")
+    return _unique([(UNCALIBRATED_LABEL, Row()), *losses, *_procedure_rows(True)], "Stage-I rows")
 
 
 def _method_rows() -> dict[str, Row]:
@@ -142,11 +152,11 @@ def row_label(text: str) -> str:
     return str(current_uncalibrated_label(text))
 
 
-PROCEDURE_ROWS: dict[str, Row] = {"PLP": Row(stage1={"plp_gamma": 1.0}),
-                                  "BalCAL": Row(stage1={"balcal_delta": 0.95})}
+PROCEDURE_ROWS: Mapping[str, Row] = RegistryRows(lambda: _unique(_procedure_rows(False), "procedure rows"),
+                                                 "procedure rows")
 """Stage-I training procedures that change the classifier themselves, beyond a loss (docs/methods.md §4.10), each
-with its official defaults: PLP's layer peeling with γ = 1 (``dengbaowang/PLP`` README) and BalCAL's ETF classifier
-with δ = 0.95 (BALCAL-R ``train_BalCAL.sh``)."""
+with its official defaults (its spec's ``row_values``): PLP's layer peeling with γ = 1 (``dengbaowang/PLP`` README)
+and BalCAL's ETF classifier with δ = 0.95 (BALCAL-R ``train_BalCAL.sh``), then a plugin's."""
 
 POSTHOC_METHODS: Mapping[str, str] = RegistryRows(_posthoc_methods, "post-hoc methods")
 """Every post-hoc method by its label (its spec's ``label``, docs/methods.md §5), in the order of the tables (its
@@ -159,7 +169,8 @@ POSTHOC_ROWS: Mapping[str, Row] = RegistryRows(
 
 STAGE1_ROWS: Mapping[str, Row] = RegistryRows(_stage1_rows, "Stage-I rows")
 """Every Stage I of the tables, as trained: the vanilla (CE) model, a Stage I trained with each labelled loss,
-Mixup and MIT (at :data:`TABLE_MIXUP_ALPHA`); each with its paper defaults."""
+and the training procedures the methods combine with, Mixup and MIT (at :data:`TABLE_MIXUP_ALPHA`); each with its
+paper defaults."""
 
 METHOD_ROWS: Mapping[str, Row] = RegistryRows(_method_rows, "method rows")
 """The rows of the method comparison (MaC-Cal Table 1): the :data:`STAGE1_ROWS`, the :data:`PROCEDURE_ROWS`, each

@@ -1,5 +1,5 @@
-"""Stage I: train backbone and linear head jointly with SGD (docs/methods.md §7.2), optionally with Mixup or MIT,
-PLP's layer peeling or BalCAL's second (ETF) classifier."""
+"""Stage I: train backbone and linear head jointly with SGD (docs/methods.md §7.2), with the training procedures
+its config turns on (Mixup, MIT, PLP, BalCAL, a plugin's: :mod:`calib.training.procedures`) called at their hooks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,12 +21,10 @@ from calib.datasets import DatasetSplits, TensorSplit
 from calib.losses import LOSSES, TrainingStateLoss
 from calib.metrics import expected_calibration_error, softmax64
 from calib.models import CalibModel, create_model
-from calib.training.balcal import BalCALModel, BalCALObjective
 from calib.training.batches import DeviceBatches, LoaderBatches, eval_batches, resolve_pipeline
 from calib.training.compile import CUDA_GRAPH_MODES, enable_compile_caches, resolve_compile_mode
 from calib.training.device import autocast, configure_backend, seed_everything
-from calib.training.mixing import mit_coefficients, mit_decouple, mix
-from calib.training.plp import PLPSchedule
+from calib.training.procedures import BatchStep, ProcedureSetup, TrainingProcedure
 
 __all__ = ["EXTRACT_BATCH_SIZE", "Stage1Training", "precision_of", "predict", "prepare_model", "train_stage1"]
 
@@ -95,23 +92,6 @@ def prepare_model(model: CalibModel, device: torch.device, channels_last: bool) 
     return model
 
 
-def _weighted_pair(loss_fn: nn.Module, weight: float, first: tuple, second: tuple,
-                   indices: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})) -> torch.Tensor:
-    """weight·L(first) + (1 − weight)·L(second), with the loss's running state updated once per minibatch.
-
-    Stateful losses (FeDLaS's NCI statistics, CRL's correctness history) update only in training mode, so the
-    second call runs in eval mode and reads the state the first call just updated. ``indices``: the keyword
-    arguments of each call (the samples' positions, for a loss that needs them).
-    """
-    loss_a = loss_fn(*first, **indices[0])
-    loss_fn.eval()
-    try:
-        loss_b = loss_fn(*second, **indices[1])
-    finally:
-        loss_fn.train()
-    return weight * loss_a + (1 - weight) * loss_b
-
-
 def _compiled_forward(model: CalibModel, mode: str, batch_size: int
                       ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """``x -> (features, logits)``, compiled with ``torch.compile(mode=mode)`` unless ``mode`` is "off".
@@ -149,8 +129,9 @@ def _excess_seconds(step_seconds: list[float]) -> float:
 @dataclass
 class _Stage1Run:
     """What one Stage-I training carries from epoch to epoch: the model, its loss, optimiser, schedule
-    and loss scaler, the generators of the data order and of Mixup, the batches, the (compiled) forward
-    pass, and the best-so-far and throughput counters that a checkpoint saves with them."""
+    and loss scaler, the data-order generator, the training procedures that are on (by name; ``batch_procedure``
+    the one that computes the batch loss, if any), the batches, the (compiled) forward pass, and the best-so-far
+    and throughput counters that a checkpoint saves with them."""
 
     cfg: TrialConfig
     device: torch.device
@@ -160,7 +141,7 @@ class _Stage1Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.MultiStepLR
     generator: torch.Generator
-    mixup_rng: np.random.Generator
+    procedures: dict[str, TrainingProcedure]
     pipeline: str
     batches: DeviceBatches | LoaderBatches
     val_source: Dataset | TensorSplit
@@ -170,8 +151,7 @@ class _Stage1Run:
     cuda_graphs: bool
     scaler: torch.amp.GradScaler
     indexed: bool = False
-    peeling: PLPSchedule | None = None
-    balcal: BalCALObjective | None = None
+    batch_procedure: TrainingProcedure | None = None
     best_state: dict[str, torch.Tensor] | None = None
     best_val: float = -1.0
     step_seconds: float = 0.0
@@ -188,8 +168,10 @@ def _start_run(cfg: TrialConfig, data: DatasetSplits, device: torch.device) -> _
         torch.cuda.reset_peak_memory_stats(device)
     channels_last = s1.channels_last and device.type == "cuda"
     model = create_model(cfg.arch, num_classes=data.num_classes, in_channels=data.input_shape[0])
-    if s1.balcal_delta is not None:
-        model = BalCALModel(model)
+    setup = ProcedureSetup(arch=cfg.arch, epochs=s1.epochs, seed=cfg.seed)
+    procedures = {name: spec.procedure(s1.procedures[name], setup) for name, spec in s1.on()}
+    for procedure in procedures.values():
+        model = procedure.wrap_model(model)
     model = prepare_model(model, device, channels_last)
     loss_fn = LOSSES.get(cfg.loss.name).create(
         cfg.loss.params, num_classes=data.num_classes, reduction=s1.loss_reduction
@@ -200,7 +182,6 @@ def _start_run(cfg: TrialConfig, data: DatasetSplits, device: torch.device) -> _
     )
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(s1.milestones), gamma=s1.lr_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
-    mixup_rng = np.random.default_rng(cfg.seed)
     pipeline = resolve_pipeline(s1.data_pipeline, data, device)
     if pipeline == "device":
         augment_generator = torch.Generator().manual_seed(cfg.seed + 1_000_003)  # independent of the order
@@ -216,12 +197,12 @@ def _start_run(cfg: TrialConfig, data: DatasetSplits, device: torch.device) -> _
     forward = _compiled_forward(model, compile_mode, s1.batch_size)
     # fp16 needs loss scaling; bf16 has float32's range. A disabled scaler is a no-op (CPU, off, bf16).
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda" and s1.amp == "fp16")
-    peeling = None if s1.plp_gamma is None else PLPSchedule(cfg.arch, model, epochs=s1.epochs, gamma=s1.plp_gamma)
-    balcal = None if s1.balcal_delta is None else BalCALObjective(model, s1.balcal_delta)
-    return _Stage1Run(cfg, device, model, loss_fn, params, optimizer, scheduler, generator, mixup_rng, pipeline,
+    for procedure in procedures.values():
+        procedure.start(model)
+    batch_procedure = next((procedures[name] for name, spec in s1.on() if spec.computes_batch_loss), None)
+    return _Stage1Run(cfg, device, model, loss_fn, params, optimizer, scheduler, generator, procedures, pipeline,
                       batches, val_source, channels_last, compile_mode, forward, compile_mode in CUDA_GRAPH_MODES,
-                      scaler, isinstance(loss_fn, TrainingStateLoss) and loss_fn.needs_sample_indices, peeling,
-                      balcal)
+                      scaler, isinstance(loss_fn, TrainingStateLoss) and loss_fn.needs_sample_indices, batch_procedure)
 
 
 def _resume(run: _Stage1Run, resume: dict[str, Any], result: Stage1Training) -> int:
@@ -233,7 +214,11 @@ def _resume(run: _Stage1Run, resume: dict[str, Any], result: Stage1Training) -> 
     run.scaler.load_state_dict(resume["scaler"])
     run.generator.set_state(resume["generator"])
     run.batches.load_state_dict(resume.get("batches", {}))
-    run.mixup_rng.bit_generator.state = resume["mixup_rng"]
+    # a checkpoint of calib before the procedures' registry holds only Mixup's (and MIT's) generator, "mixup_rng"
+    states = resume["procedures"] if "procedures" in resume else {name: {"rng": resume["mixup_rng"]}
+                                                                  for name in run.procedures}
+    for name, procedure in run.procedures.items():
+        procedure.load_state_dict(states.get(name, {}))
     torch.set_rng_state(resume["torch_rng"])
     result.history = list(resume["history"])
     run.best_state, run.best_val, result.best_epoch = resume["best_state"], resume["best_val"], resume["best_epoch"]
@@ -248,7 +233,8 @@ def _checkpoint_state(run: _Stage1Run, epoch: int, result: Stage1Training) -> di
         "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
         "scaler": run.scaler.state_dict(), "generator": run.generator.get_state(),
         "batches": run.batches.state_dict(),
-        "mixup_rng": run.mixup_rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+        "procedures": {name: procedure.state_dict() for name, procedure in run.procedures.items()},
+        "torch_rng": torch.get_rng_state(),
         "history": result.history, "best_state": run.best_state, "best_val": run.best_val,
         "best_epoch": result.best_epoch, "step_seconds": run.step_seconds, "images": run.images,
     }
@@ -256,37 +242,15 @@ def _checkpoint_state(run: _Stage1Run, epoch: int, result: Stage1Training) -> di
 
 def _batch_loss(run: _Stage1Run, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loss of one minibatch (under Mixup, MIT, or as it is) and the logits it is scored by. A loss that
-    needs the samples' positions gets ``indices=index`` (the permuted positions with the permuted labels)."""
-    s1, device, forward = run.cfg.stage1, run.device, run.forward
-    positions = {"indices": index} if run.indexed else {}
-    if s1.mixup_alpha is not None:
-        lam = float(run.mixup_rng.beta(s1.mixup_alpha, s1.mixup_alpha))
-        perm = torch.randperm(x.shape[0], generator=run.generator).to(device)
-        with autocast(device, s1.amp):
-            features, logits = forward(mix(x, x[perm], lam))
-        features, logits = features.float(), logits.float()
-        pair = (positions, {"indices": index[perm]} if run.indexed else {})
-        return _weighted_pair(run.loss_fn, lam, (logits, y, features), (logits, y[perm], features), pair), logits
-    if s1.mit_alpha is not None:
-        lam1, lam2 = mit_coefficients(s1.mit_alpha, run.mixup_rng)
-        perm = torch.randperm(x.shape[0], generator=run.generator).to(device)
-        with autocast(device, s1.amp):
-            h1, z1 = forward(mix(x, x[perm], lam1))
-            if run.cuda_graphs:  # the second replay of the graph reuses the first one's output memory
-                h1, z1 = h1.clone(), z1.clone()
-            h2, z2 = forward(mix(x, x[perm], lam2))
-        logits, logits_b = mit_decouple(z1.float(), z2.float(), lam1, lam2)
-        features, features_b = mit_decouple(h1.float(), h2.float(), lam1, lam2)
-        pair = (positions, {"indices": index[perm]} if run.indexed else {})
-        return _weighted_pair(run.loss_fn, 0.5, (logits, y, features), (logits_b, y[perm], features_b), pair), logits
-    with autocast(device, s1.amp):
-        features, logits = forward(x)
-    features, logits = features.float(), logits.float()
-    if run.balcal is not None:  # both heads score the same samples: a loss that needs positions gets them twice
-        pair_loss = partial(_weighted_pair, indices=(positions, positions))
-        return run.balcal.loss(run.loss_fn, features, y, pair_loss), logits
-    return run.loss_fn(logits, y, features, **positions), logits
+    """The loss of one minibatch (by the procedure that computes it, or as it is) and the logits it is scored by.
+    A loss that needs the samples' positions gets ``indices=index``."""
+    step = BatchStep(x, y, index, run.loss_fn, run.forward, run.generator, run.device, run.cfg.stage1.amp,
+                     run.indexed, run.cuda_graphs)
+    return (run.batch_procedure or _PLAIN).batch_loss(step)
+
+
+_PLAIN = TrainingProcedure(None, ProcedureSetup(arch="", epochs=0, seed=0))
+"""The batch loss without a procedure: the model's outputs of the batch scored by the loss."""
 
 
 def _train_epoch(run: _Stage1Run, timed_steps: list[float] | None) -> tuple[float, float, float, int]:
@@ -352,9 +316,9 @@ def train_stage1(
     """Train ``cfg.arch`` on ``data.train`` with ``cfg.loss`` under ``cfg.stage1``; seeded by ``cfg.seed``.
 
     ``on_checkpoint(state)`` receives, after every epoch, everything needed to continue the run
-    (weights, optimiser, schedule, scaler, loss state, the data-order, augmentation and Mixup
-    generators, history, best-so-far); ``resume=state`` continues from it and gives the same model as
-    an uninterrupted run.
+    (weights, optimiser, schedule, scaler, loss state, the data-order and augmentation generators, the training
+    procedures' states such as Mixup's generator, history, best-so-far); ``resume=state`` continues from it and
+    gives the same model as an uninterrupted run.
     """
     s1 = cfg.stage1
     run = _start_run(cfg, data, device)
@@ -371,8 +335,8 @@ def train_stage1(
                 run.scheduler.step()
         model.train()
         run.loss_fn.train()
-        if run.peeling is not None:
-            run.peeling.apply(epoch)
+        for procedure in run.procedures.values():
+            procedure.start_epoch(epoch)
         lr = run.optimizer.param_groups[0]["lr"]
         # The first epoch of a compiled run times each step (one sync per step) to tell compiling apart.
         timed_steps: list[float] | None = [] if run.compile_mode != "off" and epoch == first_epoch else None
@@ -388,8 +352,8 @@ def train_stage1(
         run.images += seen
         if isinstance(run.loss_fn, TrainingStateLoss):
             run.loss_fn.end_epoch(epoch)
-        if run.balcal is not None:
-            run.balcal.end_epoch()
+        for procedure in run.procedures.values():
+            procedure.end_epoch(epoch)
         if s1.scheduler_step == "epoch_end":
             run.scheduler.step()
         val_acc, val_ece = _validate(run, epoch)
@@ -405,8 +369,8 @@ def train_stage1(
             run.best_val, run.best_state, result.best_epoch = val_acc, copy.deepcopy(model.state_dict()), epoch
         if on_checkpoint is not None:
             on_checkpoint(_checkpoint_state(run, epoch, result))
-    if run.peeling is not None:
-        run.peeling.release()
+    for procedure in run.procedures.values():
+        procedure.end_training()
     result.train_seconds = time.perf_counter() - start
     result.images_per_second = run.images / run.step_seconds if run.step_seconds > 0 else 0.0
     if device.type == "cuda":

@@ -27,7 +27,7 @@ from calib.training.balcal import (
     feedback_weight,
     simplex_etf,
 )
-from calib.training.stage1 import _weighted_pair
+from calib.training.procedures import weighted_pair
 
 
 def official_ew(labels, num_classes):
@@ -112,7 +112,7 @@ def test_loss_value_gradient_and_lambda_state_match_balcal_r(model):
             h, f = torch.randn(2, 12, 128, generator=gen, dtype=torch.float64)  # h over-confident, f unit-length
             features = torch.cat([6 * h, f / f.norm(dim=1, keepdim=True)], dim=1).requires_grad_()
             labels = torch.randint(0, 10, (12,), generator=gen)
-            loss = objective.loss(loss_fn, features, labels, _weighted_pair)
+            loss = objective.loss(loss_fn, features, labels, weighted_pair)
             # BALCAL-R, from the same features: y_linear = logits(out), y_ETF = feat_ETF @ (Ew * ori_M)
             linear_logits = features[:, :128] @ head.linear.weight.T + head.linear.bias
             etf_logits = features[:, 128:] @ (official_ew(labels, 10).double() * head.etf)

@@ -89,7 +89,8 @@ def test_a_setting_is_typed_by_its_field(text, key, expected):
     ("stage1.epochs=2.5", r"`stage1.epochs` must be an integer, got stage1.epochs=2.5"),
     ("stage1.lr=fast", r"`stage1.lr` must be a number, got stage1.lr='fast'"),
     ("stage1.epoch=3", r"^`--set stage1.epoch`: not a field of stage1 \(Stage1Config\)\. Did you mean "
-                       r"'stage1.epochs'\? Allowed keys: stage1.epochs, stage1.batch_size, .*stage1.channels_last\.$"),
+                       r"'stage1.epochs'\? Allowed keys: stage1.epochs, stage1.batch_size, .*stage1.channels_last, "
+                       r"stage1.mixup_alpha, stage1.mit_alpha, stage1.plp_gamma, stage1.balcal_delta\.$"),
     ("method.gamma_x=1", r"^`--set method.gamma_x`: no registered method has the field 'gamma_x'.*Allowed keys: "
                          r"method\.accuracy_weight, "),
     ("colour=red", r"^`--set colour`: not a field of the trial config\. Allowed keys: num_bins, .*stage2_seed, "

@@ -45,3 +45,13 @@ def test_lengths_are_counted_from_def_to_the_last_line():
     source = ("class A:\n    def f(self):\n        def g():\n            return 1\n\n        return g\n\n\n"
               "async def h():\n    pass\n")
     assert function_lengths(source) == {"A.f": 5, "A.f.g": 2, "h": 2}
+
+
+MODULE_LIMIT = 500
+
+
+def test_no_module_is_over_the_limit():
+    """A module of calib is one concern a reader can read in one sitting: at most 500 lines."""
+    longer = {path.relative_to(ROOT).as_posix(): n for path in sorted((ROOT / "calib").rglob("*.py"))
+              if (n := len(path.read_text().splitlines())) > MODULE_LIMIT}
+    assert longer == {}, f"modules over {MODULE_LIMIT} lines: split them by concern"

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first: a module imports its
     ("components", ("calib.models", "calib.datasets", "calib.losses", "calib.metrics")),
     ("foundation", ("calib.registries", "calib.plugins", "calib.storage", "calib.progress", "calib._config",
                     "calib._registry", "calib._versions", "calib._lease", "calib._help", "calib._deprecation",
-                    "calib.exit_codes")),
+                    "calib.exit_codes", "calib.seeds")),
 ]
 PACKAGE = "calib"  # calib/__init__.py (``__version__``): the ground floor
 

@@ -1,6 +1,7 @@
 """An extension is one file: a post-hoc method, a training loss and a Stage-II method, each added as one new module of
-calib (and once more through a plugin), appear in the studies' ``--methods`` choices, run, and show in the tables,
-with no other file edited (docs/extending.md, "One file per extension").
+calib (and once more through a plugin), and a Stage-I training procedure (docs/extending.md §1.1, as one module),
+appear in the studies' ``--methods`` choices, run, and show in the tables, with no other file edited
+(docs/extending.md, "One file per extension").
 
 The new modules go into a copy of calib's package (this checkout stays as it is), which the study scripts import
 through ``PYTHONPATH``; the plugin is a ``.py`` file named with ``--plugin``. docs/extending.md's recipes go into
@@ -210,6 +211,8 @@ def extended(tmp_path_factory):
     # docs/extending.md's recipes, as they are written there
     for folder, name in (("losses", "my_loss"), ("methods", "my_method"), ("posthoc", "my_calibrator")):
         (root / "calib" / folder / f"{name}.py").write_text(_recipe(f"Create `calib/{folder}/{name}.py`"))
+    procedure = root / "calib" / "training" / "procedures" / "my_input_noise.py"
+    procedure.write_text(_recipe("### 1.1 A Stage-I training procedure"))
     plugin = root / "my_extensions.py"
     plugin.write_text("\n".join(_source(kind, spec, plugin=True) for kind, spec in PLUGIN.items()))
     env = {**os.environ, "PYTHONPATH": str(root)}
@@ -231,6 +234,8 @@ RUN_HERE = {
     "# my_package/calib_plugin.py": "test_the_plugin_and_the_architecture_recipes_build_their_models",
     '"""My loss (Author et al., VENUE YEAR), docs/methods.md §4.x.': "the fixture; a row of the Ray run",
     '"""My loss (calib/losses/my_loss.py)."""': "test_each_recipe_of_the_docs_passes_its_own_tests",
+    '"""Input noise, a Stage-I training procedure: each training batch x becomes x + σ·ε, ε ~ N(0, I)."""':
+        "the fixture; a row of the Ray run; and tests/plugins/test_plugin_procedure.py (a --plugin file)",
     '"""My method (Author et al., VENUE YEAR), docs/methods.md §X."""': "the fixture; a row of the Ray run",
     "from calib.trial import run_trial": "test_each_recipe_of_the_docs_passes_its_own_tests",
     '"""Temperature scaling with T chosen on a grid (write the formula, define every symbol), docs/methods.md §5.x.':
@@ -286,7 +291,7 @@ def test_the_copy_is_what_the_scripts_import(extended):
 @pytest.mark.parametrize(("script", "labels"), [
     ("posthoc.py", ["HalfTS", "ThirdTS", "MyCal"]),
     ("compare_methods.py", ["CE+HalfTS", "BrierLoss", "RidgeHead", "CE+ThirdTS", "BrierPlugin", "RidgePlugin",
-                            "MyLoss", "MyMethod", "CE+MyCal"]),
+                            "MyLoss", "MyMethod", "CE+MyCal", "InputNoise"]),
     ("calibrate.py", ["HalfTS", "RidgeHead", "ThirdTS", "RidgePlugin", "MyMethod", "MyCal"]),
 ])
 def test_each_is_a_methods_choice(extended, script, labels):
@@ -375,7 +380,7 @@ def test_each_runs_and_shows_in_the_tables(extended, tmp_path):
     root, plugin, env = extended
     store = tmp_path / "results"
     rows = ["Vanilla", "CE+HalfTS", "BrierLoss", "RidgeHead", "CE+ThirdTS", "BrierPlugin", "RidgePlugin",
-            "MyLoss", "MyMethod", "CE+MyCal"]  # the last three: docs/extending.md's recipes
+            "MyLoss", "MyMethod", "CE+MyCal", "InputNoise"]  # the last four: docs/extending.md's recipes
     out = _study("compare_methods.py", "--store", str(store), "--plugin", str(plugin), "--methods", *rows,
                  "--seeds", "1", "--epochs", "2", env=env, cwd=root)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -391,6 +396,9 @@ def test_each_runs_and_shows_in_the_tables(extended, tmp_path):
     assert by_label.loc["MyLoss", "loss"] == "my_loss" and by_label.loc["MyLoss", "loss_penalty_weight"] == 0.5
     assert by_label.loc["MyMethod", "method"] == "my_method" and by_label.loc["MyMethod", "method_lr"] == 0.1
     assert by_label.loc["CE+MyCal", "method_num_temperatures"] == 100
+    # §1.1's training procedure: its row trained Stage I with its switch at the row's value, the others without it
+    assert by_label.loc["InputNoise", "stage1_input_noise_std"] == 0.1
+    assert by_label.drop("InputNoise")["stage1_input_noise_std"].isna().all()
     # a temperature (fixed, or the recipe's from its grid) keeps the argmax: the accuracy of the CE Stage I
     vanilla = by_label.loc["Vanilla", "test_accuracy"]
     assert by_label.loc["CE+HalfTS", "test_accuracy"] == vanilla == by_label.loc["CE+ThirdTS", "test_accuracy"]
