@@ -84,7 +84,7 @@ def test_each_rule_has_one_copy_in_the_sources():
     close_matches = [p.relative_to(ROOT).as_posix() for p in SOURCES if "get_close_matches" in _code(p)]
     assert close_matches == ["calib/_config.py"]
     seed_ranges = [p.relative_to(ROOT).as_posix() for p in SOURCES if "< SEED_LIMIT" in _code(p)]
-    assert seed_ranges == ["calib/config.py"]
+    assert seed_ranges == ["calib/seeds.py"]
     loss_names = []
     for path in SOURCES:
         tree = ast.parse(_code(path))
