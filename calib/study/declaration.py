@@ -98,7 +98,9 @@ def run_row_study(
     if columns is not None:
         metrics = columns(trials)
     if metrics is not None:
-        print_row_tables(trials, metrics, study=args.study, control=args.control, test=args.test, store=store)
+        # a study without add_table_args (no --control, --test) compares against its own control with a t-test
+        print_row_tables(trials, metrics, study=args.study, control=getattr(args, "control", None),
+                         test=getattr(args, "test", "t-test"), store=store)
     if report is not None:
         report(trials)
     return study_exit_code(args.study, store, run.failed, len(trials))
