@@ -125,9 +125,11 @@ def load_studies() -> None:
                 sys.modules[name] = module
                 try:
                     spec.loader.exec_module(module)  # type: ignore[union-attr]
-                except BaseException:
+                except Exception as err:
                     del sys.modules[name]
-                    raise
+                    text = "".join(traceback.format_exception_only(type(err), err)).strip()
+                    raise ConfigError(f"The study script {path} failed to import: {text}. Fix it, or move it out of "
+                                      f"{path.parent}.") from err
             _studies_state["loaded"] = True
         finally:
             _studies_state["loading"] = False

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from calib import plugins
+from calib._config import ConfigError
 from calib._registry import Registry
 from calib.registries import STUDIES
 from calib.report.build import STUDY_FIGURES
@@ -126,3 +128,13 @@ def test_a_new_study_is_its_script_its_page_and_its_test(tmp_path):
     assert missing_pages(root, names) == ["my_study"]
     (root / "docs" / "studies" / "my-study.md").write_text("# My study\n\n`python studies/my_study.py`\n")
     assert missing_pages(root, names) == []
+
+
+def test_a_study_script_that_fails_to_import_is_one_error(tmp_path, monkeypatch):
+    (tmp_path / "broken.py").write_text('"""Does it import?"""\n\nraise RuntimeError("no data here")\n')
+    monkeypatch.setattr(plugins, "studies_folder", lambda: tmp_path)
+    monkeypatch.setitem(plugins._studies_state, "loaded", False)
+    with pytest.raises(ConfigError, match=rf"The study script {re.escape(str(tmp_path / 'broken.py'))} failed to "
+                                          r"import: RuntimeError: no data here\. Fix it, or move it out of "):
+        plugins.load_studies()
+    assert "calib_studies_broken" not in sys.modules and not plugins._studies_state["loading"]
