@@ -103,6 +103,11 @@ class Registry(Generic[T]):
         self._read()
         return self._origins.get(name)
 
+    def declared(self, name: str) -> T | None:
+        """``name``'s entry as registered so far, None if none, without filling the registry (a module that
+        registers asks this while the registry is being filled)."""
+        return self._entries.get(name)
+
     def get(self, name: str) -> T:
         """The entry registered under ``name`` (or an alias of it); an unknown name lists close matches and all
         names."""

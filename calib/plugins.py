@@ -43,7 +43,7 @@ from calib._config import ConfigError
 from calib._registry import registering_as
 
 __all__ = ["BUILTIN_MODULES", "ENTRY_POINT_GROUP", "PLUGINS_ENV", "Plugin", "PluginError", "load_components",
-           "loaded_plugins", "plugins_of", "ray_py_modules", "use_plugin"]
+           "load_studies", "loaded_plugins", "plugins_of", "ray_py_modules", "studies_folder", "use_plugin"]
 
 ENTRY_POINT_GROUP = "calib.plugins"
 PLUGINS_ENV = "CALIB_PLUGINS"
@@ -95,6 +95,44 @@ def load_components() -> None:
             _state["loaded"] = True
         finally:
             _state["loading"] = False
+
+
+_studies_state = {"loaded": False, "loading": False}
+
+
+def studies_folder() -> Path:
+    """The study scripts' folder: ``studies/`` beside the ``calib`` package of this process (the checkout)."""
+    return Path(__file__).resolve().parents[1] / "studies"
+
+
+def load_studies() -> None:
+    """Fill :data:`calib.registries.STUDIES` once per process: import every script of :func:`studies_folder`
+    (as the module ``calib_studies_<name>``; a script runs nothing on import), each declaring its study
+    (:func:`calib.study.declaration.declare_study`). Nothing without the folder (calib installed alone)."""
+    if _studies_state["loaded"]:
+        return
+    with _lock:
+        if _studies_state["loaded"] or _studies_state["loading"]:
+            return
+        _studies_state["loading"] = True
+        try:
+            for path in sorted(studies_folder().glob("*.py")) if studies_folder().is_dir() else []:
+                name = f"calib_studies_{path.stem}"
+                if name in sys.modules:
+                    continue
+                spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+                sys.modules[name] = module
+                try:
+                    spec.loader.exec_module(module)  # type: ignore[union-attr]
+                except Exception as err:
+                    del sys.modules[name]
+                    text = "".join(traceback.format_exception_only(type(err), err)).strip()
+                    raise ConfigError(f"The study script {path} failed to import: {text}. Fix it, or move it out of "
+                                      f"{path.parent}.") from err
+            _studies_state["loaded"] = True
+        finally:
+            _studies_state["loading"] = False
 
 
 def _file_version(path: str | None) -> str:

@@ -2,7 +2,7 @@
 
 ::
 
-    from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS, POSTHOC, PROCEDURES
+    from calib.registries import DATASETS, LOSSES, METHODS, MODELS, OOD_SETS, POSTHOC, PROCEDURES, STUDIES
 
     @METHODS.register("my_method")
     ...
@@ -11,6 +11,7 @@ Each registry fills itself on first read (:func:`calib.plugins.load_components`)
 datasets, models, losses, Stage-I training procedures, methods and post-hoc calibrators, then the installed plugins
 (entry-point group ``calib.plugins``) and the modules named with ``--plugin``. This module imports none of them, so
 any module (the trial config among them) can read a registry without importing the implementations it holds.
+``STUDIES`` fills itself from the study scripts instead (:func:`calib.plugins.load_studies`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from calib._registry import Registry
 
-__all__ = ["DATASETS", "DEFAULT_LOSS", "LOSSES", "METHODS", "MODELS", "OOD_SETS", "POSTHOC", "PROCEDURES"]
+__all__ = ["DATASETS", "DEFAULT_LOSS", "LOSSES", "METHODS", "MODELS", "OOD_SETS", "POSTHOC", "PROCEDURES", "STUDIES"]
 
 
 def _populate() -> None:
@@ -27,6 +28,13 @@ def _populate() -> None:
     from calib.plugins import load_components
 
     load_components()
+
+
+def _populate_studies() -> None:
+    # lazy: registries stays a leaf; loading the studies imports every study script
+    from calib.plugins import load_studies
+
+    load_studies()
 
 
 DATASETS: Registry[Any] = Registry("dataset", populate=_populate)
@@ -54,3 +62,8 @@ METHODS: Registry[Any] = Registry("method", populate=_populate)
 POSTHOC: Registry[Any] = Registry("post-hoc calibrator", populate=_populate)
 """Post-hoc calibrator name → its :class:`calib.posthoc.PostHocCalibrator` class:
 ``POSTHOC.create("temperature_scaling", objective="nll")``."""
+
+STUDIES: Registry[Any] = Registry("study", populate=_populate_studies)
+"""Study name → its :class:`calib.study.declaration.StudyDeclaration` (name, question, table metrics, figure,
+command), which each script of ``studies/`` declares once; filled on first read by importing those scripts
+(:func:`calib.plugins.load_studies`). ``studies/report.py`` reads it for every study's columns and figure."""

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow.dataset as pads
 
 from calib._config import ConfigError
-from calib.presets import base_config, with_preset_stage2
+from calib.presets import with_preset_stage2
 from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.figures import plot_retention
 from calib.report.policy import compare_setup
@@ -24,21 +24,24 @@ from calib.report.significance_tables import MARKS
 from calib.search import CheckedOnly, run_grid
 from calib.store import read_finished, read_history
 from calib.study.ablation import MODES, load_ladder
+from calib.study.declaration import declare_study
 from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.row_file import add_row_args, file_rows
 from calib.study.settings import with_settings
-from calib.study.sources import preset_of, require_datasets, study_setups
+from calib.study.sources import preset_of, require_datasets, study_setups, trial_config
 
 DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
-METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
+STUDY = declare_study("ablation", __doc__, figure="bars", ladder=str(DEFAULT_LADDER), metrics={
+    "test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"})
+METRICS = STUDY.metrics
 
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="ablation", figures=True)
+    parser = study_parser(__doc__, study=STUDY.name, figures=True)
     add_table_args(parser)
     parser.add_argument("--ladder", default=str(DEFAULT_LADDER), help="ladder file (YAML)")
     parser.add_argument("--mode", default="incremental", choices=MODES, help="how components are combined")
@@ -56,10 +59,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     configs, order = [], []
     for dataset, arch in setups:
         for seed in seeds:
-            base = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,
-                               method={"name": "vanilla"},
-                               data_root=str(paths.data_root), artifact_root=paths.artifacts,
-                               download=args.download, device=args.device)
+            base = trial_config(args, preset, dataset=dataset, arch=arch, seed=seed, method={"name": "vanilla"})
             steps, skipped = ladder.steps(base, args.mode)
             for step in steps:
                 if step.label not in order:
@@ -72,9 +72,8 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                                       f"another one: --row FILE LABEL.")
                 if label not in order:
                     order.append(label)
-                config = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,
-                                     method=dict(row.method), loss=dict(row.loss), data_root=str(paths.data_root),
-                                     artifact_root=paths.artifacts, download=args.download, device=args.device)
+                config = trial_config(args, preset, dataset=dataset, arch=arch, seed=seed, method=dict(row.method),
+                                      loss=dict(row.loss))
                 config["stage1"].update(row.stage1)
                 configs.append({**config, "label": label, "label_rank": order.index(label)})
     for note in dict.fromkeys(skipped):

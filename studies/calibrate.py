@@ -26,18 +26,21 @@ per bin) to ``<store>/figures``. ``studies/report.py`` regenerates both from the
 
 from __future__ import annotations
 
+import argparse
+
+import pandas as pd
+
 from calib._config import ConfigError
 from calib.registries import METHODS
 from calib.report import report_step
 from calib.report.build import FULL, pooled_bins
 from calib.report.figures import plot_reliability
 from calib.search import CheckedOnly
+from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_predictions_args, add_table_args, study_parser
-from calib.study.main import guarded_main, study_exit_code
+from calib.study.main import guarded_main
 from calib.study.paths import study_paths
-from calib.study.rows import GIVEN_STAGE1_ROWS, METHOD_ROWS, RegistryRows, print_row_tables, row_label, run_rows
-
-METRICS = FULL
+from calib.study.rows import GIVEN_STAGE1_ROWS, METHOD_ROWS, RegistryRows, row_label
 
 ROWS = GIVEN_STAGE1_ROWS
 """The rows that run on a given Stage I (the registries' post-hoc and Stage-II methods, with the plugins'); the other
@@ -46,10 +49,13 @@ rows of compare_methods train Stage I and are refused."""
 CHOICES = RegistryRows(lambda: {**ROWS, **{label: row for label, row in METHOD_ROWS.items() if label not in ROWS}},
                        "rows")
 
+STUDY = declare_study("calibrate", __doc__, metrics=FULL, rows=ROWS,
+                      command="studies/calibrate.py --checkpoint FILE --archs ARCH --datasets DATASET")
+
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="calibrate", figures=True)
+    parser = study_parser(__doc__, study=STUDY.name, figures=True)
     add_table_args(parser)
     parser.add_argument("--methods", nargs="+", default=None, choices=CHOICES, type=row_label, metavar="ROW",
                         help="rows to run: the uncalibrated model, the post-hoc and the Stage-II methods (default: all "
@@ -69,12 +75,12 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
             raise ConfigError(f"`--methods` {' '.join(refused)} cannot run on --predictions: a predictions file holds "
                               f"no features and no training split; the rows that run on it are {', '.join(table)}.")
     rows = {label: CHOICES[label] for label in args.methods or table}
-    result = run_rows(args, rows, table=table)
-    if isinstance(result, CheckedOnly):
-        return result
-    trials, run = result
-    print_row_tables(trials, METRICS, study=args.study, control=args.control, test=args.test,
-                     store=study_paths(args).store)
+    return run_row_study(args, rows, STUDY.metrics, table=table,
+                         report=lambda trials: reliability_diagrams(args, trials))
+
+
+def reliability_diagrams(args: argparse.Namespace, trials: pd.DataFrame) -> None:
+    """Each row's reliability diagram per (dataset, architecture), pooled over seeds."""
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"reliability diagrams of {dataset} · {arch}"):
             bins = pooled_bins(group.assign(label=group["row"].astype(str)))
@@ -83,7 +89,6 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                                         f"{args.study}_{dataset}_{arch}_reliability.png",
                                         title=f"{dataset} · {arch} (test, pooled over seeds)")
                 print(f"\nreliability diagrams: {path}")
-    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

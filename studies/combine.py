@@ -7,13 +7,11 @@ artifact and retrains only the head. Prints Acc / ECE / AECE (mean ± 95% CI ove
 from __future__ import annotations
 
 from calib.search import CheckedOnly
+from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_table_args, study_parser
-from calib.study.main import guarded_main, study_exit_code
-from calib.study.paths import study_paths
+from calib.study.main import guarded_main
 from calib.study.row_file import add_row_args
-from calib.study.rows import STAGE1_ROWS, Row, method_row, print_row_tables, row_label, run_rows
-
-METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
+from calib.study.rows import STAGE1_ROWS, RegistryRows, Row, method_row, row_label
 
 
 def rows(names: list[str]) -> dict[str, Row]:
@@ -26,22 +24,21 @@ def rows(names: list[str]) -> dict[str, Row]:
     return out
 
 
+STUDY = declare_study("combine", __doc__, metrics={"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE",
+                                                   "test_mce": "MCE"},
+                      rows=RegistryRows(lambda: rows(list(STAGE1_ROWS)), "combine rows"))
+
+
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="combine")
+    parser = study_parser(__doc__, study=STUDY.name)
     add_table_args(parser)
     parser.add_argument("--losses", nargs="+", default=None, choices=STAGE1_ROWS, type=row_label, metavar="LOSS",
                         help="Stage-I rows, from: %(choices)s (default: all of them)")
     add_row_args(parser)
     args = parser.parse_args(argv)
     selected = rows(args.losses or list(STAGE1_ROWS))
-    result = run_rows(args, selected, table=rows(list(STAGE1_ROWS)))
-    if isinstance(result, CheckedOnly):
-        return result
-    trials, run = result
-    print_row_tables(trials, METRICS, study=args.study, control=args.control, test=args.test,
-                     store=study_paths(args).store)
-    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
+    return run_row_study(args, selected, STUDY.metrics, table=rows(list(STAGE1_ROWS)))
 
 
 if __name__ == "__main__":

@@ -10,31 +10,25 @@ from __future__ import annotations
 
 from calib.report.build import FULL
 from calib.search import CheckedOnly
+from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_table_args, study_parser
-from calib.study.main import guarded_main, study_exit_code
-from calib.study.paths import study_paths
+from calib.study.main import guarded_main
 from calib.study.row_file import add_row_args
-from calib.study.rows import METHOD_ROWS, print_row_tables, row_label, run_rows
+from calib.study.rows import METHOD_ROWS, row_label
 
-METRICS = FULL
+STUDY = declare_study("compare_methods", __doc__, metrics=FULL, rows=METHOD_ROWS)
 
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="compare_methods")
+    parser = study_parser(__doc__, study=STUDY.name)
     add_table_args(parser)
     parser.add_argument("--methods", nargs="+", default=None, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help="rows to run, from: %(choices)s (default: all of them)")
     add_row_args(parser)
     args = parser.parse_args(argv)
     selected = {label: METHOD_ROWS[label] for label in args.methods or METHOD_ROWS}
-    result = run_rows(args, selected, table=METHOD_ROWS)
-    if isinstance(result, CheckedOnly):
-        return result
-    trials, run = result
-    print_row_tables(trials, METRICS, study=args.study, control=args.control, test=args.test,
-                     store=study_paths(args).store)
-    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
+    return run_row_study(args, selected, STUDY.metrics, table=METHOD_ROWS)
 
 
 if __name__ == "__main__":

@@ -27,13 +27,26 @@ from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
 from calib.search import CheckedOnly
+from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_table_args, study_parser
-from calib.study.main import guarded_main, study_exit_code
+from calib.study.main import guarded_main
 from calib.study.paths import study_paths
 from calib.study.row_file import add_row_args
-from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, print_row_tables, row_label, run_rows
+from calib.study.rows import METHOD_ROWS, POSTHOC_ROWS, row_label
 
 ROWS = [UNCALIBRATED_LABEL, *POSTHOC_ROWS, "TST", "V-TST", "MaC-Cal"]
+STUDY = declare_study("corruption", __doc__, figure="severity", rows=METHOD_ROWS, metrics={
+    "corrupted_ece": "ECE (corrupted)", "corrupted_accuracy": "Acc (all)", "test_ece": "ECE clean"})
+
+
+def per_severity(trials: pd.DataFrame) -> dict[str, str]:
+    """:data:`STUDY`'s metrics with the corrupted ECE per severity (``corrupted_ece_s<k>``, added to ``trials``)
+    in place of its mean over severities."""
+    metrics = {}
+    for i, severity in enumerate(SEVERITIES):
+        trials[f"corrupted_ece_s{severity}"] = trials["corrupted_ece_by_severity"].map(lambda v, i=i: v[i])
+        metrics[f"corrupted_ece_s{severity}"] = f"ECE s{severity}"
+    return {**metrics, **{key: header for key, header in STUDY.metrics.items() if key != "corrupted_ece"}}
 
 
 def evaluation_for(args: argparse.Namespace):
@@ -53,23 +66,19 @@ def evaluation_for(args: argparse.Namespace):
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="corruption", figures=True)
+    parser = study_parser(__doc__, study=STUDY.name, figures=True)
     add_table_args(parser)
     parser.add_argument("--methods", nargs="+", default=ROWS, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help=f"rows to run, from: %(choices)s (default: {', '.join(ROWS)})")
     add_row_args(parser)
     args = parser.parse_args(argv)
-    result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods}, table=METHOD_ROWS,
-                      evaluation=evaluation_for(args))
-    if isinstance(result, CheckedOnly):
-        return result
-    trials, run = result
-    metrics = {}
-    for i, severity in enumerate(SEVERITIES):
-        trials[f"corrupted_ece_s{severity}"] = trials["corrupted_ece_by_severity"].map(lambda v, i=i: v[i])
-        metrics[f"corrupted_ece_s{severity}"] = f"ECE s{severity}"
-    print_row_tables(trials, {**metrics, "corrupted_accuracy": "Acc (all)", "test_ece": "ECE clean"},
-                     study=args.study, control=args.control, test=args.test, store=study_paths(args).store)
+    return run_row_study(args, {label: METHOD_ROWS[label] for label in args.methods}, STUDY.metrics,
+                         table=METHOD_ROWS, evaluation=evaluation_for(args), columns=per_severity,
+                         report=lambda trials: severity_figures(args, trials))
+
+
+def severity_figures(args: argparse.Namespace, trials: pd.DataFrame) -> None:
+    """ECE against severity per (dataset, architecture), one line per row, mean over corruptions."""
     long = pd.DataFrame([{"row": row, "dataset": d, "arch": a, "severity": s, "ece": eces[s - 1]}
                          for row, d, a, eces in zip(trials["row"], trials["dataset"], trials["arch"],
                                                     trials["corrupted_ece_by_severity"], strict=True)
@@ -81,7 +90,6 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                                          figure, xlabel="corruption severity", ylabel="ECE (%), mean over corruptions",
                                          title=f"corruptions · {dataset} · {arch}")
             print(f"figure: {figure}")
-    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

@@ -8,13 +8,17 @@ mean over seeds, with the ratio to vanilla. Timings are wall seconds on the mach
 
 from __future__ import annotations
 
+import argparse
+
+import pandas as pd
+
 from calib.report import report_step
 from calib.report.build import cost_table
 from calib.search import CheckedOnly
+from calib.study.declaration import run_row_study
 from calib.study.flags import study_parser
-from calib.study.main import guarded_main, study_exit_code
-from calib.study.paths import study_paths
-from calib.study.rows import METHOD_ROWS, row_label, run_rows
+from calib.study.main import guarded_main
+from calib.study.rows import METHOD_ROWS, row_label
 
 
 @guarded_main
@@ -23,15 +27,16 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     parser.add_argument("--methods", nargs="+", default=None, choices=METHOD_ROWS, type=row_label, metavar="ROW",
                         help="rows to run, from: %(choices)s (default: all of them)")
     args = parser.parse_args(argv)
-    result = run_rows(args, {label: METHOD_ROWS[label] for label in args.methods or METHOD_ROWS}, table=METHOD_ROWS)
-    if isinstance(result, CheckedOnly):
-        return result
-    trials, run = result
+    return run_row_study(args, {label: METHOD_ROWS[label] for label in args.methods or METHOD_ROWS}, None,
+                         table=METHOD_ROWS, report=lambda trials: cost_tables(args, trials))
+
+
+def cost_tables(args: argparse.Namespace, trials: pd.DataFrame) -> None:
+    """The wall-time table of each (dataset, architecture)."""
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
         with report_step(args.study, f"cost table for {dataset} · {arch}"):
             print(f"\n{dataset} · {arch} · wall seconds, mean over seeds · hosts {sorted(set(group['host']))}\n")
             print(cost_table(group))
-    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

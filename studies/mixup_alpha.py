@@ -6,16 +6,20 @@ shares with the Mixup row). Prints ECE and accuracy per (family, α) and writes 
 
 from __future__ import annotations
 
+import argparse
+
+import pandas as pd
+
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
 from calib.search import CheckedOnly
+from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_table_args, study_parser
-from calib.study.main import guarded_main, study_exit_code
+from calib.study.main import guarded_main
 from calib.study.paths import study_paths
-from calib.study.rows import MIXING_ROWS, Row, method_row, mixup_row, print_row_tables, run_rows
+from calib.study.rows import MIXING_ROWS, RegistryRows, Row, method_row, mixup_row
 
 DEFAULT_ALPHAS = (0.1, 0.2, 0.4, 1.0)
-METRICS = {"test_ece": "ECE", "test_accuracy": "Acc", "test_oece": "O-ECE", "test_uece": "U-ECE"}
 
 
 def rows(alphas: list[float]) -> dict[str, Row]:
@@ -28,18 +32,22 @@ def rows(alphas: list[float]) -> dict[str, Row]:
     return out
 
 
+STUDY = declare_study("mixup_alpha", __doc__, figure="alpha",
+                      metrics={"test_ece": "ECE", "test_accuracy": "Acc", "test_oece": "O-ECE", "test_uece": "U-ECE"},
+                      rows=RegistryRows(lambda: rows(list(DEFAULT_ALPHAS)), "mixup_alpha rows"))
+
+
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="mixup_alpha", figures=True)
+    parser = study_parser(__doc__, study=STUDY.name, figures=True)
     add_table_args(parser)
     parser.add_argument("--alphas", type=float, nargs="+", default=list(DEFAULT_ALPHAS), help="Beta(α, α) values")
     args = parser.parse_args(argv)
-    result = run_rows(args, rows(args.alphas))
-    if isinstance(result, CheckedOnly):
-        return result
-    trials, run = result
-    print_row_tables(trials, METRICS, study=args.study, control=args.control, test=args.test,
-                     store=study_paths(args).store)
+    return run_row_study(args, rows(args.alphas), STUDY.metrics, report=lambda trials: alpha_figures(args, trials))
+
+
+def alpha_figures(args: argparse.Namespace, trials: pd.DataFrame) -> None:
+    """ECE against α per (dataset, architecture), one line per family (Mixup, MIT, Mixup+MaC-Cal)."""
     trials["family"] = trials["row"].astype(str).str.split(" α=").str[0]
     trials["alpha"] = trials["stage1_mixup_alpha"].fillna(trials["stage1_mit_alpha"])
     for (dataset, arch), group in trials.groupby(["dataset", "arch"], observed=True):
@@ -49,7 +57,6 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                                          "family", figure, xlabel="α of Beta(α, α)", ylabel="test ECE (%)",
                                          log_x=True, title=f"Mixup α · {dataset} · {arch}")
             print(f"figure: {figure}")
-    return study_exit_code(args.study, study_paths(args).store, run.failed, len(trials))
 
 
 if __name__ == "__main__":

@@ -42,21 +42,23 @@ from calib.config import parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.synthetic_logits import write_synthetic_logits
 from calib.methods.vanilla import UNCALIBRATED_LABEL
-from calib.presets import Preset, base_config
+from calib.presets import Preset
 from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary, plot_calibration_sizes
 from calib.search import CheckedOnly, run_grid
 from calib.store import read_finished
+from calib.study.declaration import declare_study
 from calib.study.flags import add_predictions_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.rows import POSTHOC_METHODS
 from calib.study.settings import with_settings
-from calib.study.sources import preset_of, require_datasets, study_setups
+from calib.study.sources import preset_of, require_datasets, study_setups, trial_config
 
 DEFAULT_SIZES = ("50", "100", "500", "1000", "all")
 DEFAULT_DRAWS = 5
+STUDY = declare_study("posthoc", __doc__, metrics=CALIBRATION_SIZE_METRICS, figure="sizes")
 RANK_STRIDE = 10**7
 
 
@@ -131,8 +133,8 @@ def validation_sizes(args: argparse.Namespace, preset: Preset, datasets: list[st
     if preset.dataset_sources:
         sizes = {}
         for dataset in datasets:
-            config = base_config(preset, study="check", dataset=dataset, seed=0, method={"name": "vanilla"},
-                                 data_root="/", artifact_root="/")
+            config = trial_config(args, preset, dataset=dataset, arch=preset.setups([dataset])[0][1], seed=0,
+                                  method={"name": "vanilla"}, study="check")
             sizes[dataset] = len(predictions_split(parse_trial_config(config))[1])
         return sizes
     if args.features:
@@ -147,7 +149,7 @@ def table_rank(label: str, size: int | None) -> int:
 
 def posthoc_parser() -> argparse.ArgumentParser:
     """The flags of this study."""
-    parser = study_parser(__doc__, study="posthoc", figures=True)
+    parser = study_parser(__doc__, study=STUDY.name, figures=True)
     parser.add_argument("--methods", nargs="+", default=None, choices=POSTHOC_METHODS, metavar="METHOD",
                         help="post-hoc methods, from: %(choices)s (default: all)")
     parser.add_argument("--sizes", nargs="+", type=calibration_size, default=None, metavar="N",
@@ -192,18 +194,16 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     configs = []
     for dataset, arch in setups:
         for seed in seeds:
-            common = {"preset": preset, "study": args.study, "dataset": dataset, "arch": arch, "seed": seed,
-                      "data_root": str(paths.data_root), "artifact_root": paths.artifacts,
-                      "download": args.download, "device": args.device}
-            configs.append({**base_config(method={"name": "vanilla"}, **common), "label": UNCALIBRATED_LABEL,
-                            "label_rank": 0})
+            setup = {"dataset": dataset, "arch": arch, "seed": seed}
+            configs.append({**trial_config(args, preset, method={"name": "vanilla"}, **setup),
+                            "label": UNCALIBRATED_LABEL, "label_rank": 0})
             for label, name in zip(args.methods, names, strict=True):
                 for size in sizes_by_dataset[dataset]:
                     rank = table_rank(label, size)
                     for draw in range(args.draws if size is not None else 1):
                         subset = {} if size is None else {"calibration_size": size, "calibration_draw": draw}
                         method = {"name": name, **subset}
-                        configs.append({**base_config(method=method, **common), "label_rank": rank,
+                        configs.append({**trial_config(args, preset, method=method, **setup), "label_rank": rank,
                                         "label": f"{label} · {'all' if size is None else f'n={size}'}"})
     configs = with_settings(args, configs)
     print(settings_line(args.study, preset, configs, options))
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
                   f"calibration (cal) and refinement (ref) errors in nats, Brier's as they are; ΔAcc: accuracy minus "
                   f"the uncalibrated model's; changed: test predictions whose class the method changed; degenerate: "
                   f"the fits of the row that were)\n")
-            print(to_markdown(summary, ["method", "calibration set", "degenerate"], CALIBRATION_SIZE_METRICS))
+            print(to_markdown(summary, ["method", "calibration set", "degenerate"], STUDY.metrics))
             if note := mixed_trainings(group):
                 print(f"\n{note}")
         with report_step(args.study, f"figure for {dataset} · {arch}"):

@@ -30,6 +30,7 @@ from calib._config import check
 from calib._help import CommandParser, HelpFormatter
 from calib.artifacts.export import export_features
 from calib.methods.vanilla import UNCALIBRATED_LABEL
+from calib.registries import STUDIES
 from calib.report.build import build_report
 from calib.report.figure_options import FIGURE_FORMATS, add_figure_args, figure_options_of, use_figure_options
 from calib.report.paper import load_spec, write_table
@@ -45,7 +46,7 @@ LADDERS = Path(__file__).resolve().parent / "ladders"
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=HelpFormatter, epilog=declared_studies())
     parser.add_argument("--store", default="results", help="result-store directory or s3:// URI")
     parser.add_argument("--out", default=None,
                         help="report directory (default: <store>/report; ./results/report for a remote store)")
@@ -89,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report: {out} ({sum(p.suffix == '.md' for p in written)} tables, "
           f"{sum(p.suffix[1:] in FIGURE_FORMATS for p in written)} figures)")
     return 0
+
+
+def declared_studies() -> str:
+    """The studies the report knows (each script's declaration, calib.registries.STUDIES): name, question,
+    command; a study of the store that none declares gets the full table's columns."""
+    lines = [f"  {name}: {STUDIES.get(name).question}\n    python {STUDIES.get(name).command}" for name in STUDIES]
+    return "studies (their columns and figure as each script declares them):\n" + "\n".join(lines)
 
 
 def paper_tables(args: argparse.Namespace, store: str, out: Path) -> int:

@@ -27,7 +27,6 @@ import pyarrow.dataset as pads
 from calib._config import ConfigError
 from calib.config import is_seed, seed_rule, set_dotted
 from calib.metrics import higher_is_better
-from calib.presets import base_config
 from calib.report import format_mean_ci, report_step
 from calib.search import SAMPLERS, SCHEDULERS, CheckedOnly, SchedulerSettings, load_search_space, run_search
 from calib.search.chosen import chosen_trials, completed_trials, fresh_seeds, pareto_front
@@ -43,7 +42,7 @@ from calib.study.resources import execution_options, settings_line
 from calib.study.row_file import default_row, row_of_config, write_row_file
 from calib.study.rows import METHOD_ROWS, print_row_tables, row_label, run_rows
 from calib.study.settings import study_settings, with_settings
-from calib.study.sources import preset_of, require_datasets, study_setups
+from calib.study.sources import preset_of, require_datasets, study_setups, trial_config
 
 CONFIRM_METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE",
                    "test_nll": "NLL", "test_brier": "Brier"}
@@ -163,10 +162,8 @@ def replicate_bases(args: argparse.Namespace, preset, space, study: str, paths, 
     bases = []
     for dataset, arch in setups:
         for seed in seeds[:args.replicates]:
-            base = base_config(preset, study=study, dataset=dataset, arch=arch, seed=seed,
-                               method={"name": space.base.get("method.name", "mac_cal")},
-                               data_root=str(paths.data_root), artifact_root=paths.artifacts,
-                               download=args.download, device=args.device)
+            base = trial_config(args, preset, dataset=dataset, arch=arch, seed=seed, study=study,
+                                method={"name": space.base.get("method.name", "mac_cal")})
             for key, value in space.base.items():
                 base = set_dotted(base, key, value)
             bases.append(base)

@@ -17,21 +17,23 @@ import pyarrow.dataset as pads
 
 from calib.methods.mac_cal import STATS_SPLITS
 from calib.methods.vanilla import UNCALIBRATED_LABEL
-from calib.presets import base_config
 from calib.registries import METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
 from calib.search import CheckedOnly, run_grid
 from calib.store import read_finished, read_history
+from calib.study.declaration import declare_study
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.settings import with_settings
-from calib.study.sources import preset_of, require_datasets, study_setups
+from calib.study.sources import preset_of, require_datasets, study_setups, trial_config
 
 DEFAULT_GAMMAS = (0.8, 0.85, 0.9, 0.95, 1.0)
-METRICS = {"test_ece": "ECE (%)", "test_accuracy": "Acc (%)", "test_aece": "AECE (%)", "test_mce": "MCE (%)"}
+STUDY = declare_study("sensitivity_gamma", __doc__, figure="gamma", metrics={
+    "test_ece": "ECE (%)", "test_accuracy": "Acc (%)", "test_aece": "AECE (%)", "test_mce": "MCE (%)"})
+METRICS = STUDY.metrics
 
 
 def _is_estimated(mac: pd.DataFrame) -> pd.Series:
@@ -107,7 +109,7 @@ def with_estimated_gamma(trials: pd.DataFrame, store: str, study: str) -> pd.Dat
 
 @guarded_main
 def main(argv: list[str] | None = None) -> int | CheckedOnly:
-    parser = study_parser(__doc__, study="sensitivity_gamma", figures=True)
+    parser = study_parser(__doc__, study=STUDY.name, figures=True)
     parser.add_argument("--gammas", type=float, nargs="+", default=list(DEFAULT_GAMMAS), help="γ values")
     parser.add_argument("--estimated-gamma", action="store_true",
                         help="add a MaC-Cal row whose γ is estimated from the data: the Stage-I model's validation "
@@ -128,18 +130,16 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     configs = []
     for dataset, arch in setups:
         for seed in seeds:
-            common = {"preset": preset, "study": args.study, "dataset": dataset, "arch": arch, "seed": seed,
-                      "data_root": str(paths.data_root), "artifact_root": paths.artifacts,
-                      "download": args.download, "device": args.device}
-            configs.append({**base_config(method={"name": "vanilla"}, **common), "label": UNCALIBRATED_LABEL,
-                            "label_rank": 0})
+            setup = {"dataset": dataset, "arch": arch, "seed": seed}
+            configs.append({**trial_config(args, preset, method={"name": "vanilla"}, **setup),
+                            "label": UNCALIBRATED_LABEL, "label_rank": 0})
             source = {} if args.stats_source == "train" else {"stats_source": args.stats_source}
-            configs += [{**base_config(method={"name": "mac_cal", "accuracy_weight": g, **source}, **common),
-                         "label": f"MaC-Cal γ={g:g}", "label_rank": rank}
+            configs += [{**trial_config(args, preset, method={"name": "mac_cal", "accuracy_weight": g, **source},
+                                        **setup), "label": f"MaC-Cal γ={g:g}", "label_rank": rank}
                         for rank, g in enumerate(sorted(args.gammas), start=1)]
             if args.estimated_gamma:
                 method = {"name": "mac_cal", "accuracy_weight_source": "estimated", **source}
-                configs.append({**base_config(method=method, **common), "label": "MaC-Cal γ=estimated",
+                configs.append({**trial_config(args, preset, method=method, **setup), "label": "MaC-Cal γ=estimated",
                                 "label_rank": len(args.gammas) + 1})
     configs = with_settings(args, configs)
     print(settings_line(args.study, preset, configs, options))

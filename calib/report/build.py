@@ -20,6 +20,7 @@ import pyarrow.dataset as pads
 
 from calib.datasets import DATASETS
 from calib.metrics import clopper_pearson
+from calib.registries import STUDIES
 from calib.report import figures
 from calib.report.policy import compare_setup, default_control, row_order
 from calib.report.published import published_ece
@@ -41,7 +42,7 @@ from calib.report.tables import (
 from calib.report.win_rates import win_rates
 from calib.store import read_history, read_trials
 
-__all__ = ["CALIBRATION_SIZE_METRICS", "FULL", "KNOWN_STUDIES", "build_report", "calibration_size_summary",
+__all__ = ["CALIBRATION_SIZE_METRICS", "FULL", "STUDY_FIGURES", "build_report", "calibration_size_summary",
            "plot_calibration_sizes", "pooled_bins"]
 
 FULL = {"test_accuracy": "Acc", **PREDICTION_CHANGE_COLUMNS, "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE",
@@ -59,24 +60,6 @@ and prediction change, the KS error, the calibration / refinement split of NLL a
 §6.15) and the fit's wall seconds."""
 UNRANKED = {**PREDICTION_CHANGE_COLUMNS, "method_seconds": "fit s"}
 """Table columns the rank table leaves out: the accuracy column ranks the prediction changes, and fit time is cost."""
-SHORT = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE"}
-# study -> (the script that runs it, the metrics of its table)
-KNOWN_STUDIES: dict[str, tuple[str, dict[str, str]]] = {
-    "sensitivity_gamma": ("studies/sensitivity_gamma.py", SHORT),
-    "compare_methods": ("studies/compare_methods.py", FULL),
-    "ablation": ("studies/ablation.py", SHORT),
-    "combine": ("studies/combine.py", SHORT),
-    "mixup_alpha": ("studies/mixup_alpha.py", {"test_ece": "ECE", "test_accuracy": "Acc", "test_oece": "O-ECE",
-                                               "test_uece": "U-ECE"}),
-    "ood": ("studies/ood.py", {"ood_auroc": "AUROC", "ood_fpr95": "FPR95", "test_accuracy": "Acc",
-                               "test_ece": "ECE"}),
-    "corruption": ("studies/corruption.py", {"corrupted_ece": "ECE (corrupted)",
-                                             "corrupted_accuracy": "Acc (corrupted)", "test_ece": "ECE clean"}),
-    "calibrate": ("studies/calibrate.py --checkpoint FILE --archs ARCH --datasets DATASET", FULL),
-    "decompose": ("studies/decompose.py", {"test_ece": "ECE", "test_oece": "O-ECE", "test_uece": "U-ECE",
-                                           "test_accuracy": "Acc"}),
-    "posthoc": ("studies/posthoc.py", CALIBRATION_SIZE_METRICS),
-}
 Spread = Literal["ci", "std"]
 
 
@@ -240,48 +223,76 @@ def cost_table(trials: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _study_figures(store: str | os.PathLike, study: str, dataset: str, arch: str, trials: pd.DataFrame,
-                   out: Path, log: Callable[[str], None]) -> list[Path]:
-    """The study's own figure for one (dataset, architecture)."""
-    written = []
-    setup, name = f"{dataset}_{arch}", f"{dataset} · {arch}"
-    if study == "sensitivity_gamma" and not (trials["method"] == "mac_cal").any():
+Figure = Callable[[str, str, str, pd.DataFrame, Path, Callable[[str], None]], list[Path]]
+"""A study's figure of one setup: (store, study, setup as ``<dataset>_<arch>``, its trials, the figures folder, the
+log) -> the files written."""
+
+
+def _gamma_figure(store: str, study: str, setup: str, trials: pd.DataFrame, out: Path,
+                  log: Callable[[str], None]) -> list[Path]:
+    name = _shown(trials)
+    if not (trials["method"] == "mac_cal").any():
         log(f"[{study}] γ figure of {name} not drawn: no MaC-Cal trial in the store")
-    elif study == "sensitivity_gamma":
-        mac = trials[trials["method"] == "mac_cal"]
-        vanilla = summarize(trials[trials["method"] == "vanilla"], ["method"], ["test_ece"])
-        history = read_history(store, study=study, filters=pads.field("trial_id").isin(list(mac["trial_id"]))
-                               & (pads.field("stage") == "stage2"))
-        history = history.merge(mac[["trial_id", "method_accuracy_weight"]], on="trial_id")
-        written.append(figures.plot_gamma_sensitivity(
-            summarize(mac, ["method_accuracy_weight"], ["test_ece"]), history, out / f"{study}_{setup}_gamma.png",
-            vanilla=None if vanilla.empty else (vanilla["test_ece_mean"].iloc[0], vanilla["test_ece_ci"].iloc[0]),
-            title=f"γ sensitivity · {name}"))
-    elif study == "mixup_alpha":
-        frame = trials.assign(family=trials["label"].str.split(" α=").str[0],
-                              alpha=trials["stage1_mixup_alpha"].fillna(trials["stage1_mit_alpha"]))
-        written.append(figures.plot_metric_against(
-            summarize(frame, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece", "family",
-            out / f"{study}_{setup}_alpha.png", xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
-            title=f"Mixup α · {name}"))
-    elif study == "corruption":
-        long = pd.DataFrame([{"label": label, "severity": s + 1, "ece": v}
-                             for label, values in zip(trials["label"], trials["corrupted_ece_by_severity"], strict=True)
-                             if values is not None for s, v in enumerate(values)])
-        if not long.empty:
-            written.append(figures.plot_metric_against(
-                summarize(long, ["label", "severity"], ["ece"]), "severity", "ece", "label",
-                out / f"{study}_{setup}_severity.png", xlabel="corruption severity",
-                ylabel="ECE (%), mean over corruptions", title=f"corruptions · {name}"))
-    elif study == "posthoc":
-        sizes = calibration_size_summary(trials, dataset)
-        if sizes["size"].notna().any():  # not when every fit used the whole calibration set
-            written.append(plot_calibration_sizes(sizes, out / f"{study}_{setup}_sizes.png", name))
-    elif study == "ablation":
-        written.append(figures.plot_bars(_ordered_summary(trials, SHORT), "label", "test_ece",
-                                         out / f"{study}_{setup}_bars.png", ylabel="test ECE (%)",
-                                         title=f"ablation · {name}"))
-    return written
+        return []
+    mac = trials[trials["method"] == "mac_cal"]
+    vanilla = summarize(trials[trials["method"] == "vanilla"], ["method"], ["test_ece"])
+    history = read_history(store, study=study, filters=pads.field("trial_id").isin(list(mac["trial_id"]))
+                           & (pads.field("stage") == "stage2"))
+    history = history.merge(mac[["trial_id", "method_accuracy_weight"]], on="trial_id")
+    return [figures.plot_gamma_sensitivity(
+        summarize(mac, ["method_accuracy_weight"], ["test_ece"]), history, out / f"{study}_{setup}_gamma.png",
+        vanilla=None if vanilla.empty else (vanilla["test_ece_mean"].iloc[0], vanilla["test_ece_ci"].iloc[0]),
+        title=f"γ sensitivity · {name}")]
+
+
+def _alpha_figure(store: str, study: str, setup: str, trials: pd.DataFrame, out: Path,
+                  log: Callable[[str], None]) -> list[Path]:
+    frame = trials.assign(family=trials["label"].str.split(" α=").str[0],
+                          alpha=trials["stage1_mixup_alpha"].fillna(trials["stage1_mit_alpha"]))
+    return [figures.plot_metric_against(
+        summarize(frame, ["family", "alpha"], ["test_ece"]), "alpha", "test_ece", "family",
+        out / f"{study}_{setup}_alpha.png", xlabel="α of Beta(α, α)", ylabel="test ECE (%)", log_x=True,
+        title=f"Mixup α · {_shown(trials)}")]
+
+
+def _severity_figure(store: str, study: str, setup: str, trials: pd.DataFrame, out: Path,
+                     log: Callable[[str], None]) -> list[Path]:
+    long = pd.DataFrame([{"label": label, "severity": s + 1, "ece": v}
+                         for label, values in zip(trials["label"], trials["corrupted_ece_by_severity"], strict=True)
+                         if values is not None for s, v in enumerate(values)])
+    if long.empty:
+        return []
+    return [figures.plot_metric_against(
+        summarize(long, ["label", "severity"], ["ece"]), "severity", "ece", "label",
+        out / f"{study}_{setup}_severity.png", xlabel="corruption severity",
+        ylabel="ECE (%), mean over corruptions", title=f"corruptions · {_shown(trials)}")]
+
+
+def _sizes_figure(store: str, study: str, setup: str, trials: pd.DataFrame, out: Path,
+                  log: Callable[[str], None]) -> list[Path]:
+    sizes = calibration_size_summary(trials, str(trials["dataset"].iloc[0]))
+    if not sizes["size"].notna().any():  # every fit used the whole calibration set
+        return []
+    return [plot_calibration_sizes(sizes, out / f"{study}_{setup}_sizes.png", _shown(trials))]
+
+
+def _bars_figure(store: str, study: str, setup: str, trials: pd.DataFrame, out: Path,
+                 log: Callable[[str], None]) -> list[Path]:
+    return [figures.plot_bars(_ordered_summary(trials, {"test_ece": "ECE"}), "label", "test_ece",
+                              out / f"{study}_{setup}_bars.png", ylabel="test ECE (%)",
+                              title=f"{study} · {_shown(trials)}")]
+
+
+def _shown(trials: pd.DataFrame) -> str:
+    """The setup of ``trials`` (one dataset and architecture) as the titles write it."""
+    return f"{trials['dataset'].iloc[0]} · {trials['arch'].iloc[0]}"
+
+
+STUDY_FIGURES: dict[str, Figure] = {"gamma": _gamma_figure, "alpha": _alpha_figure, "severity": _severity_figure,
+                                    "sizes": _sizes_figure, "bars": _bars_figure}
+"""The figures a study can declare (:class:`calib.study.declaration.StudyDeclaration` ``figure``), by name: γ
+sensitivity with q_t, ECE against Mixup's α, against corruption severity and against the calibration-set size, and
+the test-ECE bars of the rows (``figures/<study>_<dataset>_<arch>_<name>.png``)."""
 
 
 def build_report(
@@ -305,8 +316,9 @@ def build_report(
     trials = with_rescored(read_trials(store, filters=pads.field("status") == "ok"), store)
     present = sorted(set(trials["study"].astype(str))) if not trials.empty else []
     written: list[Path] = []
-    for study in sorted(set(KNOWN_STUDIES) | set(present)):
-        script, metrics = KNOWN_STUDIES.get(study, ("", FULL))
+    for study in sorted(set(STUDIES) | set(present)):
+        declared = STUDIES.get(study) if study in STUDIES else None
+        script, metrics = (declared.command, declared.metrics) if declared is not None else ("", FULL)
         rows = trials[trials["study"].astype(str) == study] if present else trials
         metrics = {**metrics, **rescored_headers(rows)}
         if rows.empty:
@@ -328,7 +340,9 @@ def build_report(
                         bins, out / "figures" / f"{study}_{dataset}_{arch}_reliability.png",
                         title=f"{name} (test, pooled over seeds)"))
             with report_step(study, f"figure of {dataset} · {arch}", log=log):
-                written += _study_figures(store, study, str(dataset), str(arch), group, out / "figures", log)
+                if declared is not None and declared.figure is not None:
+                    written += STUDY_FIGURES[declared.figure](str(store), study, f"{dataset}_{arch}", group,
+                                                              out / "figures", log)
             log(f"{name}: {group['label'].nunique()} rows, {len(group)} trials")
         with report_step(study, "rank table over setups", log=log):
             written += _rank_outputs(study, rows, metrics, study_control, alpha, out, log)

@@ -17,7 +17,6 @@ from calib._config import ConfigError
 from calib._registry import Registry
 from calib.config import parse_trial_config
 from calib.methods.vanilla import UNCALIBRATED_LABEL, current_uncalibrated_label
-from calib.presets import base_config
 from calib.registries import LOSSES, METHODS, PROCEDURES
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.policy import compare_setup, default_control, row_order
@@ -30,7 +29,7 @@ from calib.study.resources import execution_options, settings_line
 from calib.study.row import Row
 from calib.study.row_file import file_rows
 from calib.study.settings import study_settings, with_settings
-from calib.study.sources import preset_of, require_datasets, study_setups
+from calib.study.sources import preset_of, require_datasets, study_setups, trial_config
 from calib.training.procedures.mixup import TABLE_ALPHA as TABLE_MIXUP_ALPHA
 
 __all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "MIXING_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "PROCEDURE_ROWS",
@@ -239,9 +238,8 @@ def run_rows(
                 rank = order.index(label) if label in order else len(order) + list(selection).index(label)
                 loss = {**row.loss, **LOSSES.get(row.loss["name"]).dataset_defaults.get(dataset, {})}
                 for seed in selection_seeds:
-                    config = base_config(preset, study=args.study, dataset=dataset, arch=arch, seed=seed,
-                                         method=dict(row.method), loss=loss, data_root=str(paths.data_root),
-                                         artifact_root=paths.artifacts, download=args.download, device=args.device)
+                    config = trial_config(args, preset, dataset=dataset, arch=arch, seed=seed,
+                                          method=dict(row.method), loss=loss)
                     config["stage1"].update(row.stage1)
                     configs.append({**config, "label": label, "label_rank": rank, **extra[dataset]})
         return configs

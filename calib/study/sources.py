@@ -22,7 +22,7 @@ from calib.presets import PRESETS, Preset, base_config
 from calib.study.paths import study_paths
 
 __all__ = ["DEFAULT_CALIBRATION_FRACTION", "DEFAULT_SPLITS", "FEATURES_ARCH", "PREDICTIONS_ARCH", "preset_of",
-           "require_datasets", "study_setups"]
+           "require_datasets", "study_setups", "trial_config"]
 
 FEATURES_ARCH = "features"
 """The architecture name of a features Stage I in configs and tables (it has no model)."""
@@ -148,6 +148,19 @@ def _with_predictions(args: argparse.Namespace, preset: Preset) -> Preset:
                                dataset_archs={}, source={}, dataset_sources=sources)
 
 
+def trial_config(args: argparse.Namespace, preset: Preset, *, dataset: str, arch: str, seed: int,
+                 method: dict[str, Any], loss: dict[str, Any] | None = None, study: str | None = None,
+                 device: str | None = None) -> dict[str, Any]:
+    """The trial config of one (dataset, architecture, seed) running ``method`` on the Stage I of ``loss``
+    (default: cross-entropy) under ``preset`` (:func:`calib.presets.base_config`), with the study's store,
+    data and flags: ``--study`` (or ``study``), ``--data-root``, ``--artifacts``, ``--download``, ``--device`` (or
+    ``device``). Every study builds its trials' configs here."""
+    paths = study_paths(args)
+    return base_config(preset, study=study or args.study, dataset=dataset, arch=arch, seed=seed, method=method,
+                       loss=loss, data_root=str(paths.data_root), artifact_root=paths.artifacts,
+                       download=args.download, device=args.device if device is None else device)
+
+
 def _features_label(args: argparse.Namespace) -> str:
     label = args.features_name or re.sub(r"[^A-Za-z0-9_.-]", "-", Path(str(args.features)).stem).lstrip("-_.")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", label or ""):
@@ -158,11 +171,9 @@ def _features_label(args: argparse.Namespace) -> str:
 
 def _check_source_files_load(args: argparse.Namespace, preset: Preset, setups: list[tuple[str, str]]) -> None:
     """The checkpoint or features file loads and fits each setup, before any trial (``ConfigError`` otherwise)."""
-    paths = study_paths(args)
     for dataset, arch in setups:
-        config = base_config(preset, study="check", dataset=dataset, arch=arch, seed=0, method={"name": "vanilla"},
-                             data_root=str(paths.data_root), artifact_root=paths.artifacts, download=args.download,
-                             device="cpu")
+        config = trial_config(args, preset, dataset=dataset, arch=arch, seed=0, method={"name": "vanilla"},
+                              study="check", device="cpu")
         print(f"[{args.study or 'calib'}] Stage I from the {check_source(parse_trial_config(config))}", flush=True)
 
 

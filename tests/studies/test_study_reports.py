@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 from trial_fixtures import tiny_config
 
+from calib.registries import STUDIES
 from calib.report import report_step
-from calib.report.build import build_report
+from calib.report.build import FULL, build_report
 from calib.store import read_trials, write_result
 from calib.study.main import study_exit_code
 from calib.study.rows import print_row_tables
@@ -108,6 +109,24 @@ def test_report_from_a_degenerate_store(results, tmp_path):
     (tmp_path / "report").rename(tmp_path / "old")
     fixed = build_report(store, tmp_path / "report", log=lambda line: None)
     assert {p.name for p in fixed} >= {"sensitivity_gamma_digits-noisy_small_cnn_gamma.png"}
+
+
+def test_the_report_writes_the_columns_the_study_declares(results, tmp_path):
+    """The γ study's report table has the headers its script prints (its declaration's, ECE (%) first), and its
+    declared figure; the columns of a study nobody declares are the full table's."""
+    vanilla, mac = results
+    store = store_with(tmp_path, vanilla, mac, dataclasses.replace(
+        vanilla, trial_id="1" * 16, config=dataclasses.replace(vanilla.config, study="undeclared")))
+    written = build_report(store, tmp_path / "report", log=lambda line: None)
+    declared = STUDIES.get("sensitivity_gamma").metrics
+    md = (tmp_path / "report" / "tables" / "sensitivity_gamma_digits-noisy_small_cnn.md").read_text().splitlines()
+    assert md[2] == "| row | n | ECE (%) | Acc (%) | AECE (%) | MCE (%) |"
+    assert md[2] == f"| row | n | {' | '.join(declared.values())} |"
+    assert tmp_path / "report" / "figures" / "sensitivity_gamma_digits-noisy_small_cnn_gamma.png" in written
+    other = (tmp_path / "report" / "tables" / "undeclared_digits-noisy_small_cnn.md").read_text().splitlines()
+    assert other[2] == f"| row | n | {' | '.join(FULL.values())} |"
+    assert not any("undeclared_digits-noisy_small_cnn_" in p.name for p in written if p.suffix == ".png"
+                   and not p.name.endswith("_reliability.png"))
 
 
 def test_report_of_an_empty_store(tmp_path):
