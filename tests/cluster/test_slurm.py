@@ -30,9 +30,10 @@ from slurm_lab import SlurmLab, check_listed_ports, missing_slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = str(ROOT / "studies" / "sensitivity_gamma.py")
-EPOCHS = 170
-"""Stage I of jobs A and C: long enough that both interruptions of A fall inside it (here A reached epoch 70 of
-the first start while B ran, and 75 at the requeue), short enough that A's third start does not train for minutes."""
+EPOCHS = 130
+"""Stage I of jobs A and C: long enough that both interruptions of A fall inside it (A reached epoch 70 of the
+first start while B ran on a quiet machine, about 40 under load 13-18, and at most 75 at the requeue: 55 epochs to
+spare), short enough that A's third start, which trains what is left of it, does not train for minutes."""
 
 SHARED = (ROOT, Path(sys.prefix), Path(sys.base_prefix))
 """What the job's nodes import calib from: the checkout and the Python's environments (a venv and its base)."""
