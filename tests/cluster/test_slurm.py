@@ -30,9 +30,10 @@ from slurm_lab import SlurmLab, check_listed_ports, missing_slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = str(ROOT / "studies" / "sensitivity_gamma.py")
-EPOCHS = 170
-"""Stage I of jobs A and C: long enough that both interruptions of A fall inside it (here A reached epoch 70 of
-the first start while B ran, and 75 at the requeue), short enough that A's third start does not train for minutes."""
+EPOCHS = 130
+"""Stage I of jobs A and C: long enough that both interruptions of A fall inside it (A reached epoch 70 of the
+first start while B ran on a quiet machine, about 40 under load 13-18, and at most 75 at the requeue: 55 epochs to
+spare), short enough that A's third start, which trains what is left of it, does not train for minutes."""
 
 SHARED = (ROOT, Path(sys.prefix), Path(sys.base_prefix))
 """What the job's nodes import calib from: the checkout and the Python's environments (a venv and its base)."""
@@ -397,8 +398,10 @@ def test_another_user_of_the_nodes_cannot_take_or_touch_the_jobs_ray_folder(lab:
     (decoy / "kept").write_text("root's\n")
     try:
         run_dir, store = lab.root / f"run-x-{decoy.name}", lab.root / "shared" / f"store-x-{decoy.name}"
+        # 40 epochs (60 before: 20 fewer on the test's critical path): the checks below need the job running,
+        # which it is through Stage I, Stage II and the evaluation; they take seconds
         study = ["--store", str(store), "--data-root", str(lab.root / "data"), "--seeds", "1", "2", "--gammas", "0.9",
-                 "--epochs", "60", "--stage2-epochs", "2", "--configs-per-trial", "1", "--cpus-per-trial", "1"]
+                 "--epochs", "40", "--stage2-epochs", "2", "--configs-per-trial", "1", "--cpus-per-trial", "1"]
         job = job_of(launch(lab, run_dir, "--nodes", "2", "--cpus-per-node", "1", "--handover-seconds", "0",
                             "--sbatch-option=--hold", "--submit", study=study))
         log = run_dir / "slurm" / f"calib-sensitivity_gamma-{job}.out"
