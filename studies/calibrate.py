@@ -31,7 +31,7 @@ from calib.registries import METHODS
 from calib.report import report_step
 from calib.report.build import FULL, pooled_bins
 from calib.report.figures import plot_reliability
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.flags import add_predictions_args, add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths

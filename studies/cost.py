@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from calib.report import report_step
 from calib.report.build import cost_table
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths

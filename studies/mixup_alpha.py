@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths

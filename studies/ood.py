@@ -11,7 +11,7 @@ from __future__ import annotations
 from calib._config import ConfigError
 from calib.datasets import DEFAULT_OOD, OOD_SETS
 from calib.methods.vanilla import UNCALIBRATED_LABEL
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths

@@ -27,9 +27,9 @@ import pyarrow.dataset as pads
 from calib._config import ConfigError
 from calib.config import is_seed, seed_rule, set_dotted
 from calib.metrics import higher_is_better
-from calib.presets import base_config
 from calib.report import format_mean_ci, report_step
-from calib.search import SAMPLERS, SCHEDULERS, CheckedOnly, SchedulerSettings, load_search_space, run_search
+from calib.run import CheckedOnly
+from calib.search import SAMPLERS, SCHEDULERS, SchedulerSettings, load_search_space, run_search
 from calib.search.chosen import chosen_trials, completed_trials, fresh_seeds, pareto_front
 from calib.search.importance import importance_report
 from calib.search.journal import journal_location
@@ -39,6 +39,7 @@ from calib.store import read_finished, read_trials
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
+from calib.study.presets import base_config
 from calib.study.resources import execution_options, settings_line
 from calib.study.row_file import default_row, row_of_config, write_row_file
 from calib.study.rows import METHOD_ROWS, print_row_tables, row_label, run_rows

@@ -17,15 +17,15 @@ import pyarrow.dataset as pads
 
 from calib.methods.mac_cal import STATS_SPLITS
 from calib.methods.vanilla import UNCALIBRATED_LABEL
-from calib.presets import base_config
 from calib.registries import METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
-from calib.search import CheckedOnly, run_grid
+from calib.run import CheckedOnly, run_grid
 from calib.store import read_finished, read_history
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
+from calib.study.presets import base_config
 from calib.study.resources import execution_options, settings_line
 from calib.study.settings import with_settings
 from calib.study.sources import preset_of, require_datasets, study_setups

@@ -17,15 +17,15 @@ from calib._config import ConfigError
 from calib._registry import Registry
 from calib.config import parse_trial_config
 from calib.methods.vanilla import UNCALIBRATED_LABEL, current_uncalibrated_label
-from calib.presets import base_config
 from calib.registries import LOSSES, METHODS, PROCEDURES
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.policy import compare_setup, default_control, row_order
 from calib.report.significance_tables import MARKS
 from calib.report.tables import PREDICTION_CHANGE_COLUMNS, with_current_labels
-from calib.search import CheckedOnly, StudyRun, run_grid
+from calib.run import CheckedOnly, StudyRun, run_grid
 from calib.store import read_finished
 from calib.study.paths import study_paths
+from calib.study.presets import base_config
 from calib.study.resources import execution_options, settings_line
 from calib.study.row import Row
 from calib.study.row_file import file_rows

@@ -18,8 +18,8 @@ from calib.config import Stage1Config, check_seed, parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.subsets import check_train_size
 from calib.models import check_arch
-from calib.presets import PRESETS, Preset, base_config
 from calib.study.paths import study_paths
+from calib.study.presets import PRESETS, Preset, base_config
 
 __all__ = ["DEFAULT_CALIBRATION_FRACTION", "DEFAULT_SPLITS", "FEATURES_ARCH", "PREDICTIONS_ARCH", "preset_of",
            "require_datasets", "study_setups"]
