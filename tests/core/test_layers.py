@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first: a module imports its own layer and those below
     ("launchers", ("calib.cluster",)),
-    ("study", ("calib.study",)),
+    ("study", ("calib.study", "calib.presets")),
     ("Optuna search", ("calib.search",)),
     ("Ray Tune", ("calib.run", "calib.tracking")),
     ("run_trial", ("calib.trial",)),
