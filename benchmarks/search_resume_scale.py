@@ -57,11 +57,11 @@ from optuna.trial import TrialState
 
 from calib._help import HelpFormatter
 from calib.config import config_hash
-from calib.presets import PRESETS, base_config
 from calib.search import load_search_space
 from calib.search.journal import journal_location, optuna_storage
 from calib.search.optimize import _open_study, _sampler, _search_config, resumed_seed, study_history
 from calib.search.searcher import PopulationSearcher, sync_with_store
+from calib.study.presets import PRESETS, base_config
 from calib.trial import trial_id
 
 try:  # calib with journal snapshots (this script also measures calib before them, for the comparison)

@@ -20,11 +20,12 @@ from pathlib import Path
 
 from calib._help import HelpFormatter
 from calib.config import set_dotted
-from calib.presets import PRESETS, base_config
 from calib.report import format_mean_ci
 from calib.report.tables import mean_ci
-from calib.search import ExecutionOptions, SchedulerSettings, init_ray, load_search_space, run_search
+from calib.run import ExecutionOptions, init_ray
+from calib.search import SchedulerSettings, load_search_space, run_search
 from calib.store import read_trials
+from calib.study.presets import PRESETS, base_config
 
 SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mixup.yaml"
 

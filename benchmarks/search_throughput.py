@@ -23,10 +23,11 @@ import pandas as pd
 
 from calib._help import HelpFormatter
 from calib.config import set_dotted
-from calib.presets import PRESETS, base_config
-from calib.search import ExecutionOptions, init_ray, load_search_space, run_search
-from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL
+from calib.run import ExecutionOptions, init_ray
+from calib.run.execution import DEFAULT_CONFIGS_PER_TRIAL
+from calib.search import load_search_space, run_search
 from calib.store import read_trials
+from calib.study.presets import PRESETS, base_config
 from calib.trial import run_trial
 
 SPACE = Path(__file__).resolve().parents[1] / "search_spaces" / "mac_cal_head.yaml"

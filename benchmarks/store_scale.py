@@ -67,7 +67,7 @@ def base_results(workdir: Path) -> list[TrialResult]:
     if cache.exists():
         return pickle.loads(cache.read_bytes())
     from calib.config import parse_trial_config
-    from calib.presets import PRESETS, base_config
+    from calib.study.presets import PRESETS, base_config
     from calib.trial import run_trial
 
     preset = PRESETS.get("quick")

@@ -18,6 +18,7 @@ RENAMES: dict[str, str] = {
     "post-hoc calibrator 'histogram_binning'": "post-hoc calibrator 'histogram_binning_equal_mass'",
     "LossSpec(build=...)": "calib.losses.register_loss(name, Config, Loss, description, label=..., order=...)",
     "posthoc.py --param METHOD.FIELD=VALUE": "posthoc.py --set METHOD.FIELD=VALUE",
+    "calib.presets": "calib.study.presets",
 }
 """Old form -> new form, as the warning says them."""
 

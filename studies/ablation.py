@@ -16,18 +16,18 @@ import pandas as pd
 import pyarrow.dataset as pads
 
 from calib._config import ConfigError
-from calib.presets import with_preset_stage2
 from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.figures import plot_retention
 from calib.report.policy import compare_setup
 from calib.report.significance_tables import MARKS
-from calib.search import CheckedOnly, run_grid
+from calib.run import CheckedOnly, run_grid
 from calib.store import read_finished, read_history
 from calib.study.ablation import MODES, load_ladder
 from calib.study.declaration import declare_study
 from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
+from calib.study.presets import with_preset_stage2
 from calib.study.resources import execution_options, settings_line
 from calib.study.row_file import add_row_args, file_rows
 from calib.study.settings import with_settings

@@ -35,7 +35,7 @@ from calib.registries import METHODS
 from calib.report import report_step
 from calib.report.build import FULL, pooled_bins
 from calib.report.figures import plot_reliability
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_predictions_args, add_table_args, study_parser
 from calib.study.main import guarded_main

@@ -6,7 +6,7 @@ artifact and retrains only the head. Prints Acc / ECE / AECE (mean ± 95% CI ove
 
 from __future__ import annotations
 
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main

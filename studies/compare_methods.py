@@ -9,7 +9,7 @@ and AUGRC per method, mean ± 95% CI over seeds, on the test split.
 from __future__ import annotations
 
 from calib.report.build import FULL
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main

@@ -26,7 +26,7 @@ from calib.datasets.corruptions import (
 from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.report import report_step, summarize
 from calib.report.figures import plot_metric_against
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main

@@ -14,7 +14,7 @@ import pandas as pd
 
 from calib.report import report_step
 from calib.report.build import cost_table
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.declaration import run_row_study
 from calib.study.flags import study_parser
 from calib.study.main import guarded_main

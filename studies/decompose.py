@@ -7,7 +7,7 @@ on the same 15 bins (docs/methods.md §6.4).
 from __future__ import annotations
 
 from calib.methods.vanilla import UNCALIBRATED_LABEL
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main

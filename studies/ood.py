@@ -13,7 +13,7 @@ import pandas as pd
 from calib._config import ConfigError
 from calib.datasets import DEFAULT_OOD, OOD_SETS
 from calib.methods.vanilla import UNCALIBRATED_LABEL
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.declaration import declare_study, run_row_study
 from calib.study.flags import add_table_args, study_parser
 from calib.study.main import guarded_main

@@ -42,15 +42,15 @@ from calib.config import parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.synthetic_logits import write_synthetic_logits
 from calib.methods.vanilla import UNCALIBRATED_LABEL
-from calib.presets import Preset
 from calib.report import mixed_trainings, report_step, to_markdown
 from calib.report.build import CALIBRATION_SIZE_METRICS, calibration_size_summary, plot_calibration_sizes
-from calib.search import CheckedOnly, run_grid
+from calib.run import CheckedOnly, run_grid
 from calib.store import read_finished
 from calib.study.declaration import declare_study
 from calib.study.flags import add_predictions_args, study_parser
 from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
+from calib.study.presets import Preset
 from calib.study.resources import execution_options, settings_line
 from calib.study.rows import POSTHOC_METHODS
 from calib.study.settings import with_settings

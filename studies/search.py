@@ -28,7 +28,8 @@ from calib._config import ConfigError
 from calib.config import is_seed, seed_rule, set_dotted
 from calib.metrics import higher_is_better
 from calib.report import format_mean_ci, report_step
-from calib.search import SAMPLERS, SCHEDULERS, CheckedOnly, SchedulerSettings, load_search_space, run_search
+from calib.run import CheckedOnly
+from calib.search import SAMPLERS, SCHEDULERS, SchedulerSettings, load_search_space, run_search
 from calib.search.chosen import chosen_trials, completed_trials, fresh_seeds, pareto_front
 from calib.search.importance import importance_report
 from calib.search.journal import journal_location

@@ -20,7 +20,7 @@ from calib.methods.vanilla import UNCALIBRATED_LABEL
 from calib.registries import METHODS
 from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.figures import plot_gamma_sensitivity
-from calib.search import CheckedOnly, run_grid
+from calib.run import CheckedOnly, run_grid
 from calib.store import read_finished, read_history
 from calib.study.declaration import declare_study
 from calib.study.flags import study_parser

@@ -34,14 +34,12 @@ def study_module(script: str) -> ModuleType:
 def run_refused(script: str, argv: list[str], monkeypatch: pytest.MonkeyPatch,
                 capsys: pytest.CaptureFixture) -> tuple[int, str]:
     """``studies/<script> ARGV`` for input it must refuse before Ray starts: its exit code and stderr."""
-    import calib.search.grid as grid
-    import calib.search.optimize as optimize
+    import calib.run.skeleton as skeleton  # where every grid and search starts Ray (TuneRun.fit)
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started: the bad input was accepted")
 
-    for module in (grid, optimize):
-        monkeypatch.setattr(module, "init_ray", no_ray)
+    monkeypatch.setattr(skeleton, "init_ray", no_ray)
     main = study_module(script).main
     capsys.readouterr()
     try:

@@ -52,7 +52,7 @@ def kill_session(proc: subprocess.Popen) -> None:
 def ray_session():
     import ray
 
-    from calib.search.runtime import init_ray
+    from calib.run.runtime import init_ray
 
     init_ray()
     yield
@@ -70,8 +70,8 @@ def tiny(tmp_path: Path, **changes) -> dict:
 
 @pytest.mark.ray
 def test_diverging_and_out_of_memory_trials_are_failed_rows_with_their_epoch(ray_session, tmp_path):
-    from calib.search import run_grid
-    from calib.search.execution import ExecutionOptions
+    from calib.run import run_grid
+    from calib.run.execution import ExecutionOptions
     from calib.store import read_trials
 
     ok = tiny(tmp_path)
@@ -206,11 +206,11 @@ def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_i
     its next run) in tests/cluster/test_slurm.py, where the job script sends it."""
     import io
 
-    from calib.search.display import ProgressDisplay
-    from calib.search.stopping import StudyInterrupted, stoppable
+    from calib.run.display import ProgressDisplay
+    from calib.run.stopping import StudyInterrupted, stoppable
 
     watchers = []
-    monkeypatch.setattr("calib.search.stopping._exit_when_ray_is_gone", lambda *args: watchers.append(args))
+    monkeypatch.setattr("calib.run.stopping._exit_when_ray_is_gone", lambda *args: watchers.append(args))
     before = signal.getsignal(signal.SIGTERM)
     previous_usr1 = signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # Tune has not installed its handler yet
     try:
@@ -246,11 +246,11 @@ def test_sigterm_becomes_tunes_graceful_stop_once_and_before_tune_an_immediate_i
 def test_ctrl_c_stops_the_run_as_sigterm_does_and_a_second_one_ends_the_driver(monkeypatch, capfd):
     """SIGINT is the same clean stop (Tune's own SIGINT handler, which would count the unfinished trials as failed,
     is off); a second Ctrl-C raises KeyboardInterrupt at once."""
-    import calib.search.runtime  # noqa: F401  (sets TUNE_DISABLE_SIGINT_HANDLER, as every study's driver does)
-    from calib.search.stopping import stoppable
+    import calib.run.runtime  # noqa: F401  (sets TUNE_DISABLE_SIGINT_HANDLER, as every study's driver does)
+    from calib.run.stopping import stoppable
 
     assert os.environ["TUNE_DISABLE_SIGINT_HANDLER"] == "1"
-    monkeypatch.setattr("calib.search.stopping._exit_when_ray_is_gone", lambda *args: None)
+    monkeypatch.setattr("calib.run.stopping._exit_when_ray_is_gone", lambda *args: None)
     before = signal.getsignal(signal.SIGINT)
     tune_stops = []
     previous_usr1 = signal.signal(signal.SIGUSR1, lambda *_: tune_stops.append(time.monotonic()))
@@ -275,7 +275,7 @@ def test_the_stopping_line_is_out_while_the_main_thread_is_in_c_code_and_before_
     waits inside Ray's C code, before Python runs the handler there. The line must be out by then. Here the main
     thread blocks SIGTERM and sleeps in libc (as inside Ray), and the process is killed 5 s after the signal."""
     code = ("import ctypes, signal\n"
-            "from calib.search.stopping import stoppable\n"
+            "from calib.run.stopping import stoppable\n"
             "signal.signal(signal.SIGUSR1, lambda *_: None)\n"  # Tune's handler: the run is listening
             "with stoppable('s', 3):\n"
             "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
@@ -307,7 +307,7 @@ def test_a_stopping_driver_whose_ray_head_is_gone_says_so_and_exits_3():
         port = probe.getsockname()[1]
     code = ("import threading, types, ray\n"
             f"ray.get_runtime_context = lambda: types.SimpleNamespace(gcs_address='127.0.0.1:{port}')\n"
-            "from calib.search.stopping import _exit_when_ray_is_gone\n"
+            "from calib.run.stopping import _exit_when_ray_is_gone\n"
             "ended = threading.Event()\n"
             "threading.Timer(0.5, ended.set).start()\n"
             "_exit_when_ray_is_gone('s', 'SIGTERM', ended)\n"  # the run ended first: no exit
@@ -324,12 +324,12 @@ def test_a_stopping_driver_whose_ray_head_is_gone_says_so_and_exits_3():
 
 
 def test_check_only_checks_and_counts_without_starting_ray(tmp_path, monkeypatch, capsys):
-    import calib.search.grid as grid
+    import calib.run.skeleton as skeleton  # where every grid and search starts Ray (TuneRun.fit)
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started by --check-only")
 
-    monkeypatch.setattr(grid, "init_ray", no_ray)
+    monkeypatch.setattr(skeleton, "init_ray", no_ray)
     main = study_module("sensitivity_gamma.py").main
     store = tmp_path / "results"
     code = main(["--store", str(store), "--seeds", "1", "2", "--gammas", "0.9", *TINY, "--check-only"])
@@ -346,7 +346,7 @@ def test_a_study_returns_checked_only_and_guarded_main_prints_it_and_exits_0(cap
     ``guarded_main`` prints its line and exits 0, passes other codes on, and turns bad input into exit 2."""
     from calib._config import ConfigError
     from calib.exit_codes import ExitCode
-    from calib.search import CheckedOnly
+    from calib.run import CheckedOnly
     from calib.study.main import guarded_main
 
     assert guarded_main(lambda argv: CheckedOnly("s", 4))([]) == ExitCode.OK == 0

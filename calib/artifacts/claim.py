@@ -15,11 +15,11 @@ conditional replace that only one waiter wins, and trains (a retry of the dead h
 from its checkpoint). A waiter gives up after the wait timeout with :class:`Stage1WaitTimeout`.
 
 A study that stops cleanly (SIGTERM, Ctrl-C, Slurm's warning before the time limit) asks its trials to hand
-their Stage-I trainings over first (:class:`StopWatch`, installed by :mod:`calib.search.events`): at the end of
+their Stage-I trainings over first (:class:`StopWatch`, installed by :mod:`calib.run.events`): at the end of
 its current epoch a training writes its state (:mod:`calib.artifacts.handover`) and only then deletes its claim,
 so the next run, on any node, takes the claim at once and continues from that epoch.
 
-Settings (environment, forwarded to Ray workers by :func:`calib.search.runtime.init_ray`):
+Settings (environment, forwarded to Ray workers by :func:`calib.run.runtime.init_ray`):
 ``CALIB_STAGE1_LEASE_SECONDS`` (default 60) and ``CALIB_STAGE1_WAIT_SECONDS`` (default 43200, 12 h:
 longer than any one Stage-I training should take).
 """
@@ -85,7 +85,7 @@ def claim_location(artifact_root: str, stage1_id: str) -> str:
 
 class StopWatch(Protocol):
     """How a trial's claims learn that its study is stopping cleanly, and how the study learns which claims its
-    trials still hold (:mod:`calib.search.events`: the driver's mailbox)."""
+    trials still hold (:mod:`calib.run.events`: the driver's mailbox)."""
 
     def stopping(self) -> bool: ...
 

@@ -4,7 +4,7 @@ from a handover, a copy adopted).
 
 :func:`tell` passes each :class:`Stage1Event` to the listeners installed with :func:`listening`: a trial
 of a Ray Tune run forwards them to its study's driver, which prints them as they happen
-(:mod:`calib.search.events`). It also prints the message on stderr (the worker's log). With no listener
+(:mod:`calib.run.events`). It also prints the message on stderr (the worker's log). With no listener
 (a trial run in process) the message is an :class:`~calib.artifacts.checks.ArtifactWarning` as well,
 which a trial reports when it ends.
 """

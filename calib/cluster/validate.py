@@ -79,10 +79,10 @@ def check_cluster(config: dict[str, Any], *, store: str | None = None, gpus_per_
                   file: str | None = None) -> Checked:
     """Ray's checks and calib's rules on a loaded cluster config; ``store``/``gpus_per_trial`` override metadata;
     ``file``: the file it came from, named in the fixes."""
-    # lazy: ray takes seconds to import, calib.presets (torch) two more; only `validate` needs them
+    # lazy: ray takes seconds to import, calib.study.presets (torch) two more; only `validate` needs them
     import ray
 
-    from calib.presets import PRESETS
+    from calib.study.presets import PRESETS
 
     provider = config.get("provider") if isinstance(config.get("provider"), dict) else {}
     local = provider.get("type") == "local"

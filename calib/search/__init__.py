@@ -1,19 +1,17 @@
-"""Search spaces (YAML) and running trials through Ray Tune with Optuna. Ray and Optuna load lazily.
+"""Optuna searches over YAML search spaces, run through the trial engine (:mod:`calib.run`). Optuna loads lazily.
 
-Modules: ``space`` (YAML spaces), ``runtime`` (Ray on the driver), ``execution`` (the worker side of a
-trial), ``tuner`` (what grids and searches share: the run's summary, ``--check-only``'s result, Tune's run
-config), ``stopping`` (SIGTERM), ``progress`` (the progress callback), ``trial_errors`` (what a failed trial
-died of), ``compaction`` (the study's store compacted during and after a run), ``grid`` (explicit configs),
-``optimize`` (Optuna searches and schedulers), ``searcher`` (calib's Tune searchers), ``journal`` (the Optuna
-study in the store), ``display`` (progress lines), ``importance`` (parameter importances).
+Modules: ``space`` (YAML spaces), ``optimize`` (Optuna searches and schedulers), ``searcher`` (the Tune searcher
+around Optuna's ask-and-tell), ``tpe`` (TPE on a window of the finished trials), ``journal`` (the Optuna study in
+the store), ``replicates`` (replicated objectives), ``chosen`` (a search's completed trials and its choice),
+``importance`` (parameter importances).
+
+The engine's names that scripts imported from here before it had its own package (``run_grid``, ``init_ray``,
+``CheckedOnly``, ``StudyRun``, ``ExecutionOptions``) are still here; :mod:`calib.run` is their home.
 """
 
-from calib.search.execution import ExecutionOptions
-from calib.search.grid import run_grid
+from calib.run import CheckedOnly, ExecutionOptions, StudyRun, init_ray, run_grid
 from calib.search.optimize import SAMPLERS, SCHEDULERS, SchedulerSettings, run_search
-from calib.search.runtime import init_ray
 from calib.search.space import Distribution, SearchSpace, load_search_space, parse_search_space
-from calib.search.tuner import CheckedOnly, StudyRun
 
 __all__ = [
     "SAMPLERS",

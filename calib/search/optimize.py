@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +17,8 @@ from calib._config import ConfigError
 from calib.artifacts import stage1_exists
 from calib.config import config_hash, parse_trial_config, set_dotted, stage1_identity
 from calib.metrics import METRICS, higher_is_better
-from calib.search.compaction import compact_study_store
-from calib.search.display import ProgressDisplay
-from calib.search.execution import (
+from calib.run.display import ProgressDisplay
+from calib.run.execution import (
     DEFAULT_CONFIGS_PER_TRIAL,
     STAGE1_EPOCHS,
     ExecutionOptions,
@@ -28,15 +26,13 @@ from calib.search.execution import (
     run_configs,
     stored_summaries,
 )
-from calib.search.progress import progress_callback
+from calib.run.progress import progress_callback
+from calib.run.skeleton import TuneRun
+from calib.run.tuner import CheckedOnly, StudyRun, run_config, trial_dirname
 from calib.search.replicates import Replicates
-from calib.search.resources import wait_for_resources
-from calib.search.runtime import check_address, init_ray
 from calib.search.space import SearchSpace
-from calib.search.stopping import StudyInterrupted, interrupted_message, stoppable
-from calib.search.tuner import CheckedOnly, StudyRun, run_config, trial_dirname
 from calib.store import read_trials
-from calib.store.manifest import check_manifest, manifest_of, record_manifest
+from calib.store.manifest import manifest_of
 from calib.trial import trial_id
 
 __all__ = ["DEFAULT_TPE_WINDOW", "SAMPLERS", "SCHEDULERS", "SCHEDULER_METRICS", "SchedulerSettings", "resumed_seed",
@@ -414,22 +410,14 @@ def run_search(
 
     from calib.search.searcher import PopulationSearcher
 
-    options = options or ExecutionOptions()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     modes = _check_objectives(objectives, tpe_window)
-    store = storage.normalize(store)
-    start = time.perf_counter()
+    tune_run = TuneRun(store, study, options)
+    store = tune_run.store
     replicates = replicates or Replicates((base,))
     replicates.check_space(list(space.parameters))
     probe, manifest = _probe_and_manifest(replicates.bases, space)
-    check_address(options.address)
-    if options.log_to and options.tracking is None and not options.check_only:
-        # lazy: only a study with --log-to loads the trackers' module (and, through it, their clients)
-        from calib.tracking import start_study
-
-        options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
-    storage.check_writable(store)
-    check_manifest(store, study, manifest)
+    options = tune_run.check(manifest)
     stage1_keys = stage1_parameters(base, space)
     notes: list[str] = []
     scheduler, options = _scheduling(scheduler or SchedulerSettings(), stage1_keys, objectives, options, notes)
@@ -457,9 +445,8 @@ def run_search(
         return CheckedOnly(study, runs, f" ({remaining} Optuna trials × {len(replicates)} replicates)"
                            if replicated else "")
     if remaining == 0:
-        compact_study_store(store, study, verbose=options.verbose)
-        return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=synced.finished,
-                        seconds=time.perf_counter() - start)
+        tune_run.compact()
+        return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=synced.finished, seconds=tune_run.seconds)
     display = ProgressDisplay(study, runs, objectives[0],
                               replicates=len(replicates)) if options.verbose else None
     searcher = PopulationSearcher(
@@ -470,23 +457,17 @@ def run_search(
         replicate_ids=replicates.ids, aggregate=replicates.how, stored_values=synced.stored_values,
         resumed=synced.resumed,
         on_told=(lambda number, values: display.trial_told(number, values[0])) if display else None)
-    init_ray(options.address)
-    if options.address is not None:  # a cluster: some node must fit each trial (or join within the wait)
-        wait_for_resources(options)
-    record_manifest(store, study, manifest)
-    tuner = _search_tuner(replicates, store, study, options, searcher,
-                          scheduler.make(objectives[0], modes[0], parse_trial_config(probe).stage1.epochs),
-                          -(-remaining * len(replicates) // configs_per_trial), display,
-                          report_epochs=scheduler.name != "none")
-    with stoppable(study, remaining, display) as stop:
-        tuner.fit()
-    synced.journal.snapshot_if_due()
-    compact_study_store(store, study, verbose=options.verbose)
+
+    def make_tuner() -> tuple[Any, ProgressDisplay | None]:
+        stopper = scheduler.make(objectives[0], modes[0], parse_trial_config(probe).stage1.epochs)
+        return _search_tuner(replicates, store, study, options, searcher, stopper,
+                             -(-remaining * len(replicates) // configs_per_trial), display,
+                             report_epochs=scheduler.name != "none"), display
+
+    signal = tune_run.fit(make_tuner, remaining, after_fit=synced.journal.snapshot_if_due)
     done = set(read_trials(store, study=study, columns=["trial_id"],
                            filters=pads.field("status").isin(["ok", "pruned"]))["trial_id"])
-    if "signal" in stop:
-        asked_done = sum(1 for i in searcher.asked_ids if i in done)
-        raise StudyInterrupted(interrupted_message(study, stop["signal"], asked_done, remaining))
+    tune_run.stop_if_interrupted(signal, sum(1 for i in searcher.asked_ids if i in done), remaining)
     failed = sum(1 for i in searcher.asked_ids if i not in done)
     return StudyRun(trial_ids=_ok_trial_ids(store, study), skipped=synced.finished, failed=failed,
-                    seconds=time.perf_counter() - start)
+                    seconds=tune_run.seconds)

@@ -1,21 +1,18 @@
-"""calib's Ray Tune searchers: grids that start a Stage I's dependents after it, and Optuna's ask-and-tell.
-
-:class:`Stage1FirstSearcher` hands Tune a grid's trials, each trial that reads a Stage I only once
-the trial that trains it has ended.
+"""The Optuna search's Ray Tune searcher: Optuna's ask-and-tell, populations and replicates.
 
 Ray's own ``OptunaSearch`` asks one config per Tune trial. :class:`PopulationSearcher` asks
 ``configs_per_trial`` configs per Tune trial (a population that trains its Stage II in one process,
 docs/architecture.md §6) and tells each its own result. :func:`sync_with_store` tells the Optuna
 study every finished trial of the search that the store holds and it does not (a search killed
 before it could tell them, or run before the study was persisted), so that a re-run samples
-conditioned on everything already run. Imports Optuna and Ray: load it where a search runs.
+conditioned on everything already run. Imports Optuna and Ray: load it where a search runs. A grid's
+searcher, which runs each Stage I before its dependents, is the engine's
+(:class:`calib.run.stage1_first.Stage1FirstSearcher`).
 """
-
 from __future__ import annotations
 
 import json
 import math
-import pickle
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,71 +23,15 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-from calib.artifacts import stage1_exists
-from calib.config import get_dotted, parse_trial_config
-from calib.search.execution import STAGE1_EPOCHS
+from calib.config import get_dotted
+from calib.run.execution import STAGE1_EPOCHS
 from calib.search.replicates import Replicates, aggregate_values
 
-__all__ = ["MAX_REPEATS", "PopulationSearcher", "Stage1FirstSearcher", "sync_replicated_with_store", "sync_with_store"]
-
-def _stage1_published(trial: dict[str, Any]) -> bool:
-    return stage1_exists(parse_trial_config(trial["configs"][0]))
+__all__ = ["MAX_REPEATS", "PopulationSearcher", "sync_replicated_with_store", "sync_with_store"]
 
 
 MAX_REPEATS = 1000
 """Proposals of already-run configs a search tolerates before it calls the space exhausted."""
-
-
-class Stage1FirstSearcher(Searcher):
-    """A grid's Tune trials (:func:`calib.search.grid.batch_roles`), in order, each ``"cached"`` one
-    only once the ``"stage1"`` trial of its Stage I has ended: no dependent starts, on any node,
-    before its artifact is published, so none trains it again.
-
-    A trainer that ends without its Stage I published (it failed for good, its retries spent; or a
-    population whose Stage I failed) releases its dependents, and the first of them becomes the
-    trainer (with a Stage-I trial's resources) while the others wait for it in turn.
-    ``published(trial)``: whether a trial's Stage I is stored (default
-    :func:`calib.artifacts.stage1_exists` of its first config).
-    """
-
-    def __init__(self, trials: Sequence[dict[str, Any]],
-                 published: Callable[[dict[str, Any]], bool] | None = None) -> None:
-        super().__init__()
-        self._published = published or _stage1_published
-        self._queue = [dict(trial) for trial in trials]
-        self._training = {trial["stage1_id"] for trial in trials if trial["role"] == "stage1"}
-        self._failed: set[str] = set()
-        self._trainer_of: dict[str, tuple[str, dict[str, Any]]] = {}  # Tune trial id -> (stage1_id, trial)
-
-    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
-        for position, trial in enumerate(self._queue):
-            stage1_id = trial["stage1_id"]
-            if trial["role"] == "stage1" or stage1_id not in self._training:
-                del self._queue[position]
-                if stage1_id in self._failed:  # its trainer failed: this one trains it instead
-                    self._failed.discard(stage1_id)
-                    trial["role"] = "stage1"
-                if trial["role"] == "stage1":
-                    self._training.add(stage1_id)
-                    self._trainer_of[trial_id] = (stage1_id, trial)
-                return {"trial": trial}
-        return Searcher.FINISHED if not self._queue else None
-
-    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
-        entry = self._trainer_of.pop(trial_id, None)
-        if entry is not None:
-            stage1_id, trial = entry
-            self._training.discard(stage1_id)
-            if error or not self._published(trial):
-                self._failed.add(stage1_id)
-
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as out:
-            pickle.dump({k: v for k, v in self.__dict__.items() if k != "_published"}, out)
-
-    def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as source:
-            self.__dict__.update(pickle.load(source))
 
 
 def _values(result: dict[str, Any], objectives: Sequence[str]) -> list[float] | None:
@@ -152,7 +93,7 @@ class PopulationSearcher(Searcher):
     (number, params) of Optuna trials a killed search left running, run again first (their missing replicates
     only) and told by number. ``stored_results(ids)``: the summaries of those ids stored ``ok``, read when a
     Tune trial errors (its configs that were stored before the error count). ``on_told(number, values)``: called
-    with each Optuna trial told COMPLETE and its values (the progress line's best, :mod:`calib.search.display`).
+    with each Optuna trial told COMPLETE and its values (the progress line's best, :mod:`calib.run.display`).
     """
 
     def __init__(self, study: optuna.Study, space: dict[str, BaseDistribution], *, objectives: Sequence[str],

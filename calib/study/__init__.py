@@ -1,5 +1,6 @@
 """What every study script shares, one concern a module, each importing only those above it in this list:
 
+- :mod:`calib.study.presets`: the presets (``quick``, ``medium``, ``full-cpu``, ``paper``) and a preset's base config;
 - :mod:`calib.study.paths`: where a study writes (store, artifacts, data, local outputs);
 - :mod:`calib.study.sources`: what it runs on (the preset with the flags applied, the Stage-I source, the setups)
   and its trial configs (``trial_config``);

@@ -18,7 +18,7 @@ import pandas as pd
 
 from calib.registries import STUDIES
 from calib.report.build import STUDY_FIGURES
-from calib.search import CheckedOnly
+from calib.run import CheckedOnly
 from calib.study.main import study_exit_code
 from calib.study.paths import study_paths
 from calib.study.row import Row

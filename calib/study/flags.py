@@ -13,10 +13,10 @@ from calib._help import CommandParser, HelpFormatter
 from calib.config import Stage1Config
 from calib.methods import METHODS
 from calib.plugins import use_plugin
-from calib.presets import PRESETS, Preset
 from calib.report.figure_options import add_figure_args, figure_options_of, use_figure_options
 from calib.report.significance import PAIRED_TESTS
-from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL
+from calib.run.execution import DEFAULT_CONFIGS_PER_TRIAL
+from calib.study.presets import PRESETS, Preset
 from calib.study.sources import DEFAULT_CALIBRATION_FRACTION, DEFAULT_SPLITS
 
 __all__ = [

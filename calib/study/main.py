@@ -19,11 +19,11 @@ __all__ = ["guarded_main", "study_exit_code"]
 
 def guarded_main(main: Callable[[list[str] | None], Any]) -> Callable[[list[str] | None], int]:
     """Turn the errors a user can fix (bad config, unknown name, missing data) into one message and exit 2;
-    a run stopped by SIGTERM into its last line and exit 3; a :class:`~calib.search.CheckedOnly` that ``main``
+    a run stopped by SIGTERM into its last line and exit 3; a :class:`~calib.run.CheckedOnly` that ``main``
     returns (``--check-only``) into its line and exit 0; otherwise ``main``'s exit code."""
-    # Not at the top: calib.search costs 3 s to import, and studies/report.py, which trains nothing, exits here too.
-    from calib.search.stopping import StudyInterrupted
-    from calib.search.tuner import CheckedOnly
+    # Not at the top: calib.run costs 3 s to import, and studies/report.py, which trains nothing, exits here too.
+    from calib.run.stopping import StudyInterrupted
+    from calib.run.tuner import CheckedOnly
 
     def wrapper(argv: list[str] | None = None) -> int:
         try:

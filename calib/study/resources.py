@@ -16,9 +16,9 @@ import torch
 from calib._config import ConfigError, field_types
 from calib.config import Stage1Config
 from calib.methods import METHODS
-from calib.presets import Preset
-from calib.search.execution import ExecutionOptions
+from calib.run.execution import ExecutionOptions
 from calib.store.predictions import kept_predictions_note
+from calib.study.presets import Preset
 from calib.tracking import check_trackers
 
 __all__ = ["execution_options", "machine_resources", "settings_line"]
@@ -61,7 +61,7 @@ def _count(amount: float, unit: str) -> str:
 
 
 def machine_resources() -> dict[str, float]:
-    """What Ray started on this machine has (:func:`calib.search.runtime.init_ray`): its CPUs, and the CUDA
+    """What Ray started on this machine has (:func:`calib.run.runtime.init_ray`): its CPUs, and the CUDA
     GPUs torch sees."""
     return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
 

@@ -19,8 +19,8 @@ import yaml
 
 from calib._config import ConfigError
 from calib.config import parse_trial_config
-from calib.presets import PRESETS, base_config
 from calib.registries import DEFAULT_LOSS, LOSSES, METHODS
+from calib.study.presets import PRESETS, base_config
 from calib.study.row import Row
 from calib.study.sources import preset_of
 

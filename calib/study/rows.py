@@ -22,7 +22,7 @@ from calib.report import mixed_trainings, report_step, summarize, to_markdown
 from calib.report.policy import compare_setup, default_control, row_order
 from calib.report.significance_tables import MARKS
 from calib.report.tables import PREDICTION_CHANGE_COLUMNS, with_current_labels
-from calib.search import CheckedOnly, StudyRun, run_grid
+from calib.run import CheckedOnly, StudyRun, run_grid
 from calib.store import read_finished
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line

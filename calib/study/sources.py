@@ -18,8 +18,8 @@ from calib.config import Stage1Config, check_seed, parse_trial_config
 from calib.datasets import DATASETS
 from calib.datasets.subsets import check_train_size
 from calib.models import check_arch
-from calib.presets import PRESETS, Preset, base_config
 from calib.study.paths import study_paths
+from calib.study.presets import PRESETS, Preset, base_config
 
 __all__ = ["DEFAULT_CALIBRATION_FRACTION", "DEFAULT_SPLITS", "FEATURES_ARCH", "PREDICTIONS_ARCH", "preset_of",
            "require_datasets", "study_setups", "trial_config"]
@@ -152,7 +152,7 @@ def trial_config(args: argparse.Namespace, preset: Preset, *, dataset: str, arch
                  method: dict[str, Any], loss: dict[str, Any] | None = None, study: str | None = None,
                  device: str | None = None) -> dict[str, Any]:
     """The trial config of one (dataset, architecture, seed) running ``method`` on the Stage I of ``loss``
-    (default: cross-entropy) under ``preset`` (:func:`calib.presets.base_config`), with the study's store,
+    (default: cross-entropy) under ``preset`` (:func:`calib.study.presets.base_config`), with the study's store,
     data and flags: ``--study`` (or ``study``), ``--data-root``, ``--artifacts``, ``--download``, ``--device`` (or
     ``device``). Every study builds its trials' configs here."""
     paths = study_paths(args)

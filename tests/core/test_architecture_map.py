@@ -17,7 +17,7 @@ from pathlib import Path
 
 from calib import registries
 from calib.config import _PLACEMENT_KEYS, TrialConfig
-from calib.presets import PRESETS
+from calib.study.presets import PRESETS
 from tests.core.test_layers import LAYERS
 
 ROOT = Path(__file__).resolve().parents[2]

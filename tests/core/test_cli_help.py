@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from calib.presets import PRESETS
+from calib.study.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = sorted(p.name for p in (ROOT / "studies").glob("*.py"))

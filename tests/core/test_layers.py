@@ -1,7 +1,8 @@
 """No module of calib imports from a layer above its own: data flows one way (docs/architecture.md §1, §9).
 
 §1 draws the flow study → Ray Tune → run_trial → store → report. As imports, each stage drives the next
-one: the study starts Ray Tune, Tune's workers call ``run_trial`` and write the ``TrialResult`` it returns
+one: the study starts Ray Tune (``calib.run``: a table's grid directly, a search through the Optuna search of
+``calib.search``, which sits on it), Tune's workers call ``run_trial`` and write the ``TrialResult`` it returns
 into the store. The report is the one stage that imports what comes before it in the picture: the study
 calls it to print its table, and it reads the store, so it sits between the trials and the store. Below
 the stages are the parts a trial is built of, and the foundation every part uses. Imports inside
@@ -18,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first: a module imports its own layer and those below
     ("launchers", ("calib.cluster",)),
     ("study", ("calib.study", "calib.presets")),
-    ("Ray Tune", ("calib.search", "calib.tracking")),
+    ("Optuna search", ("calib.search",)),
+    ("Ray Tune", ("calib.run", "calib.tracking")),
     ("run_trial", ("calib.trial",)),
     ("report", ("calib.report",)),
     ("store", ("calib.store",)),

@@ -119,7 +119,7 @@ def test_a_setting_of_one_method_applies_to_its_trials_alone():
 
 
 def test_the_grid_places_its_trials_from_the_configs_parsed_once(make_config, monkeypatch):
-    import calib.search.grid as grid  # the module whose parse_trial_config is replaced below
+    import calib.run.grid as grid  # the module whose parse_trial_config is replaced below
 
     methods = [{"name": "vanilla"}, {"name": "temperature_scaling"}, {"name": "mac_cal", "epochs": 2},
                {"name": "mac_cal", "epochs": 2, "accuracy_weight": 0.5}]

@@ -56,8 +56,8 @@ def test_a_failing_config_fails_its_own_row(configs, monkeypatch):
 def test_a_rerun_population_skips_its_stored_configs(configs, tmp_path, monkeypatch):
     import json
 
-    from calib.search import execution
-    from calib.search.execution import ExecutionOptions, execute_population
+    from calib.run import execution
+    from calib.run.execution import ExecutionOptions, execute_population
     from calib.store import read_trials, write_result
 
     monkeypatch.setattr(execution, "_worker_threads", lambda: None)  # the worker's Ray context: none in this process

@@ -10,8 +10,8 @@ import pytest
 from calib._config import ConfigError
 from calib._registry import UnknownNameError
 from calib.config import parse_trial_config
-from calib.presets import PRESETS, base_config
 from calib.study.flags import add_common_args
+from calib.study.presets import PRESETS, base_config
 from calib.study.resources import execution_options
 from calib.study.sources import preset_of, study_setups
 

@@ -44,6 +44,16 @@ def _posthoc_settings(flag: str):
     return study_settings(args)
 
 
+def _presets(old: bool):
+    """A preset's base config and the preset names, through the module's old name or its new one."""
+    if old:
+        from calib.presets import PRESETS, base_config
+    else:
+        from calib.study.presets import PRESETS, base_config
+    return PRESETS.names(), base_config(PRESETS.get("quick"), study="s", dataset="digits", arch="small_cnn", seed=1,
+                                        method={"name": "vanilla"}, data_root="data", artifact_root="artifacts")
+
+
 OLD_AND_NEW = {  # old form: (its call, the new form's call, the new name its warning must say)
     "TemperatureScaling(line_search=...)": (lambda: _temperature(line_search=False),
                                             lambda: _temperature(lbfgs_line_search=False), "lbfgs_line_search"),
@@ -55,6 +65,7 @@ OLD_AND_NEW = {  # old form: (its call, the new form's call, the new name its wa
                             "calib.losses.register_loss"),
     "posthoc.py --param METHOD.FIELD=VALUE": (lambda: _posthoc_settings("--param"), lambda: _posthoc_settings("--set"),
                                               "posthoc.py --set"),
+    "calib.presets": (lambda: _presets(True), lambda: _presets(False), "calib.study.presets"),
 }
 
 
@@ -89,6 +100,18 @@ def test_the_warning_points_at_the_callers_line():
     with pytest.deprecated_call() as caught:
         _temperature(line_search=True)
     assert any(w.filename == __file__ for w in caught), [(w.filename, w.lineno) for w in caught]
+
+
+def test_the_old_module_warns_at_the_importing_line_and_names_only_the_moved_names():
+    import calib.presets
+    import calib.study.presets
+
+    with pytest.deprecated_call() as caught:
+        from calib.presets import Preset
+    assert Preset is calib.study.presets.Preset
+    assert [w.filename for w in caught] == [__file__]
+    with pytest.raises(AttributeError, match=r"module 'calib\.presets' has no attribute 'field_types'"):
+        calib.presets.field_types  # noqa: B018 (calib.study.presets imports it; it is not one of its names)
 
 
 def test_extending_md_lists_every_rename():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from calib.presets import base_config
 from calib.study.flags import add_common_args
+from calib.study.presets import base_config
 from calib.study.resources import execution_options, settings_line
 from calib.study.sources import preset_of
 

@@ -14,8 +14,8 @@ from calib._config import ConfigError
 from calib.artifacts import get_or_train_stage1, stage1_exists
 from calib.config import parse_trial_config
 from calib.datasets import load_dataset
-from calib.search.execution import ExecutionOptions
-from calib.search.grid import assign_roles
+from calib.run.execution import ExecutionOptions
+from calib.run.grid import assign_roles
 from calib.training import auto_num_workers, describe_device, loader_kwargs, train_stage1
 from calib.training.device import autocast
 

@@ -18,7 +18,7 @@ from calib.posthoc import POSTHOC, PROBABILITY_FLOOR, DegenerateFitWarning, Temp
 from calib.posthoc.classwise_ts import ClasswiseTemperatureScaling
 from calib.posthoc.smart import SMART
 from calib.posthoc.temperature_scaling import TEMPERATURE_RANGE
-from calib.search.display import DEGENERATE_LINES, ProgressDisplay
+from calib.run.display import DEGENERATE_LINES, ProgressDisplay
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -178,8 +178,8 @@ def test_the_store_columns_and_the_study_warning_line(tmp_path):
     from types import SimpleNamespace
 
     from calib.config import parse_trial_config
-    from calib.presets import PRESETS, base_config
-    from calib.search.execution import degenerate_fit_line, summary
+    from calib.run.execution import degenerate_fit_line, summary
+    from calib.study.presets import PRESETS, base_config
     from calib.trial import TrialResult
 
     g = torch.Generator().manual_seed(7)

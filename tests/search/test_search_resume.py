@@ -10,7 +10,8 @@ import pytest
 from trial_fixtures import tiny_config
 
 from calib.config import set_dotted
-from calib.search import ExecutionOptions, SchedulerSettings, journal, load_search_space, run_search
+from calib.run import ExecutionOptions
+from calib.search import SchedulerSettings, journal, load_search_space, run_search
 from calib.search.journal import ObjectStoreJournalBackend, export_journal, journal_location, optuna_storage
 from calib.search.optimize import resumed_seed, stage1_parameters
 from calib.store import read_trials

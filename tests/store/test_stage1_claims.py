@@ -331,7 +331,7 @@ def test_every_row_names_the_training_it_used(make_config, tmp_path):
 def test_the_grid_searcher_starts_dependents_after_their_trainer():
     from ray.tune.search import Searcher
 
-    from calib.search.searcher import Stage1FirstSearcher
+    from calib.run.stage1_first import Stage1FirstSearcher
 
     trials = [{"configs": ["t-a"], "role": "stage1", "stage1_id": "a"},
               {"configs": ["t-b"], "role": "stage1", "stage1_id": "b"},

@@ -27,11 +27,9 @@ SEARCH = ["--space", HEAD_SPACE, "--per-setup", "--datasets", "digits", "digits-
 
 def check_only(argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
     """``search.py ARGV --check-only`` in this process: exit code and stdout (Ray never starts)."""
-    import calib.search.grid as grid
-    import calib.search.optimize as optimize
+    import calib.run.skeleton as skeleton  # where every grid and search starts Ray (TuneRun.fit)
 
-    for module in (grid, optimize):
-        monkeypatch.setattr(module, "init_ray", lambda *a, **k: pytest.fail("Ray was started"))
+    monkeypatch.setattr(skeleton, "init_ray", lambda *a, **k: pytest.fail("Ray was started"))
     capsys.readouterr()
     code = study_module("search.py").main([*argv, "--check-only"])
     return code, capsys.readouterr().out

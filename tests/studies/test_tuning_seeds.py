@@ -22,9 +22,9 @@ def row_file(tmp_path, seeds=(2, 1), tried=4):
 
 def checked(script: str, argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
     """``--check-only`` of a study that must accept its input: exit code and stdout (Ray never starts)."""
-    import calib.search.grid as grid
+    import calib.run.skeleton as skeleton  # where every grid and search starts Ray (TuneRun.fit)
 
-    monkeypatch.setattr(grid, "init_ray", lambda *a, **k: pytest.fail("Ray was started"))
+    monkeypatch.setattr(skeleton, "init_ray", lambda *a, **k: pytest.fail("Ray was started"))
     capsys.readouterr()
     code = study_module(script).main([*argv, "--check-only"])
     return code, capsys.readouterr().out

@@ -114,7 +114,7 @@ def test_a_missing_tracker_package_names_its_extra(monkeypatch):
 def test_a_trial_stored_without_log_to_imports_no_tracker(tmp_path):
     """(The study through Ray with --log-to: tests/studies/test_calibrate.py.)"""
     quiet = subprocess.run([sys.executable, "-c", (
-        "import sys; from calib.search.execution import ExecutionOptions, _store\n"
+        "import sys; from calib.run.execution import ExecutionOptions, _store\n"
         "from calib.trial import run_trial\n"
         f"sys.path.insert(0, {str(ROOT / 'tests')!r}); from trial_fixtures import tiny_config\n"
         "from pathlib import Path\n"

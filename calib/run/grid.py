@@ -5,25 +5,19 @@ Before anything is scheduled, trials already in the store are skipped: re-runnin
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from calib import storage
 from calib.artifacts import stage1_exists
 from calib.config import TrialConfig, config_hash, parse_trial_config, stage1_identity
-from calib.search.compaction import compact_study_store
-from calib.search.display import ProgressDisplay
-from calib.search.execution import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions, placement, run_configs
-from calib.search.progress import progress_callback
-from calib.search.resources import wait_for_resources
-from calib.search.runtime import check_address, init_ray
-from calib.search.stopping import StudyInterrupted, interrupted_message, stoppable
-from calib.search.tuner import CheckedOnly, StudyRun, run_config, trial_dirname
+from calib.run.display import ProgressDisplay
+from calib.run.execution import DEFAULT_CONFIGS_PER_TRIAL, ExecutionOptions, placement, run_configs
+from calib.run.progress import progress_callback
+from calib.run.skeleton import TuneRun
+from calib.run.tuner import CheckedOnly, StudyRun, run_config, trial_dirname
 from calib.store import completed_trial_ids
-from calib.store.manifest import check_manifest, manifest_of, record_manifest
+from calib.store.manifest import manifest_of
 from calib.trial import population_groups, trial_id
 
 __all__ = ["assign_roles", "batch_roles", "run_grid"]
@@ -48,7 +42,7 @@ def assign_roles(configs: Sequence[dict[str, Any]], parsed: Sequence[TrialConfig
     hash of its Stage I.
 
     Trainers go first (round-robin over Stage-I configs, as :func:`_interleave_stage1`), and
-    :class:`calib.search.searcher.Stage1FirstSearcher` starts the others once their artifact exists.
+    :class:`calib.run.stage1_first.Stage1FirstSearcher` starts the others once their artifact exists.
     """
     parsed = [parse_trial_config(c) for c in configs] if parsed is None else parsed
     trainers, cached = [], []
@@ -90,6 +84,30 @@ def _interleave_stage1(configs: Sequence[dict[str, Any]], parsed: Sequence[Trial
     return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
+def _grid_tuner(trials: list[dict[str, Any]], store: str, study: str, options: ExecutionOptions,
+                display: ProgressDisplay | None) -> Any:
+    """The Ray Tune run of a grid's Tune trials (:func:`batch_roles`), each with the resources of its role."""
+    # lazy: these import ray (seconds to import): loaded only when a study runs
+    from ray import tune
+
+    from calib.run.stage1_first import Stage1FirstSearcher
+
+    trainable = tune.with_resources(
+        tune.with_parameters(_grid_trainable, store=store, options=options),
+        lambda spec: placement(options.resources(spec["trial"]["role"])),
+    )
+    callbacks = [progress_callback(display, _grid_configs, store, study, options.max_failures)]
+    return tune.Tuner(
+        trainable,
+        # A cap on concurrent trials is also Tune's cap on pending ones with a searcher (1 without it): as
+        # many pending as trials lets Ray, and an autoscaler, see the whole demand at once.
+        tune_config=tune.TuneConfig(search_alg=Stage1FirstSearcher(trials), num_samples=len(trials),
+                                    max_concurrent_trials=options.max_concurrent or len(trials), reuse_actors=True,
+                                    trial_dirname_creator=trial_dirname),
+        run_config=run_config(store, study, options, callbacks),
+    )
+
+
 def run_grid(
     configs: Sequence[dict[str, Any]],
     *,
@@ -102,29 +120,15 @@ def run_grid(
     """Run every config (validated first) through Ray Tune, skipping those already stored as ok.
 
     Every Stage I is trained by one trial: its dependents are created once that trial has ended
-    (:class:`calib.search.searcher.Stage1FirstSearcher`). ``table``: when ``configs`` are a selection
+    (:class:`calib.run.stage1_first.Stage1FirstSearcher`). ``table``: when ``configs`` are a selection
     of a study's fixed rows, configs of every row; the study's manifest (:mod:`calib.store.manifest`)
     is computed from them instead of ``configs``. With ``options.check_only``: the :class:`CheckedOnly`
     that says how many would run, nothing started.
     """
-    # lazy: these import ray and optuna (seconds to import): loaded only when a study runs
-    from ray import tune
-
-    from calib.search.searcher import Stage1FirstSearcher
-
-    options = options or ExecutionOptions()
-    store = storage.normalize(store)
-    start = time.perf_counter()
+    tune_run = TuneRun(store, study, options)
+    store = tune_run.store
     parsed = [parse_trial_config(config) for config in configs]
-    manifest = manifest_of([parse_trial_config(config) for config in table] if table else parsed)
-    check_address(options.address)
-    if options.log_to and options.tracking is None and not options.check_only:
-        # lazy: only a study with --log-to loads the trackers' module (and, through it, their clients)
-        from calib.tracking import start_study
-
-        options = dataclasses.replace(options, tracking=start_study(options.log_to, study, store))
-    storage.check_writable(store)
-    check_manifest(store, study, manifest)
+    options = tune_run.check(manifest_of([parse_trial_config(config) for config in table] if table else parsed))
     ids = [trial_id(c) for c in parsed]
     done = completed_trial_ids(store, study, trial_ids=ids)
     todo = [n for n, i in enumerate(ids) if i not in done]  # each config parsed once, above: its index says which
@@ -135,35 +139,18 @@ def run_grid(
     if options.check_only:
         return CheckedOnly(study, len(pending))
     if not pending:
-        compact_study_store(store, study, verbose=options.verbose)
+        tune_run.compact()
         return run
-    init_ray(options.address)
-    if options.address is not None:  # a cluster: some node must fit each trial (or join within the wait)
-        wait_for_resources(options)
-    record_manifest(store, study, manifest)
-    trainable = tune.with_resources(
-        tune.with_parameters(_grid_trainable, store=store, options=options),
-        lambda spec: placement(options.resources(spec["trial"]["role"])),
-    )
-    display = ProgressDisplay(study, len(pending), objective) if options.verbose else None
-    callbacks = [progress_callback(display, _grid_configs, store, study, options.max_failures)]
-    trials = batch_roles(assign_roles(pending, [parsed[n] for n in todo]),
-                         options.configs_per_trial or DEFAULT_CONFIGS_PER_TRIAL)
-    tuner = tune.Tuner(
-        trainable,
-        # A cap on concurrent trials is also Tune's cap on pending ones with a searcher (1 without it): as
-        # many pending as trials lets Ray, and an autoscaler, see the whole demand at once.
-        tune_config=tune.TuneConfig(search_alg=Stage1FirstSearcher(trials), num_samples=len(trials),
-                                    max_concurrent_trials=options.max_concurrent or len(trials), reuse_actors=True,
-                                    trial_dirname_creator=trial_dirname),
-        run_config=run_config(store, study, options, callbacks),
-    )
-    with stoppable(study, len(pending), display) as stop:
-        tuner.fit()
-    compact_study_store(store, study, verbose=options.verbose)
+
+    def make_tuner() -> tuple[Any, ProgressDisplay | None]:
+        display = ProgressDisplay(study, len(pending), objective) if options.verbose else None
+        trials = batch_roles(assign_roles(pending, [parsed[n] for n in todo]),
+                             options.configs_per_trial or DEFAULT_CONFIGS_PER_TRIAL)
+        return _grid_tuner(trials, store, study, options, display), display
+
+    signal = tune_run.fit(make_tuner, len(pending))
     stored = completed_trial_ids(store, study, trial_ids=[ids[n] for n in todo])
-    if "signal" in stop:
-        raise StudyInterrupted(interrupted_message(study, stop["signal"], len(stored), len(pending)))
+    tune_run.stop_if_interrupted(signal, len(stored), len(pending))
     run.failed = len(pending) - len(stored)
-    run.seconds = time.perf_counter() - start
+    run.seconds = tune_run.seconds
     return run

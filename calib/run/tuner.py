@@ -1,6 +1,7 @@
 """What grids and searches share on the driver: the run's summary (:class:`StudyRun`), what ``--check-only``
-returns instead (:class:`CheckedOnly`), and Tune's run config (its callbacks: :mod:`calib.search.progress`,
-:mod:`calib.search.compaction`). Stopping on SIGTERM is :mod:`calib.search.stopping`."""
+returns instead (:class:`CheckedOnly`), and Tune's run config (its callbacks: :mod:`calib.run.progress`,
+:mod:`calib.run.compaction`). The steps around the Tuner are :mod:`calib.run.skeleton`; stopping on SIGTERM is
+:mod:`calib.run.stopping`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calib import storage
-from calib.search.compaction import compaction_callback
-from calib.search.execution import ExecutionOptions
+from calib.run.compaction import compaction_callback
+from calib.run.execution import ExecutionOptions
 
 __all__ = ["CheckedOnly", "StudyRun", "run_config", "trial_dirname"]
 
@@ -57,3 +58,4 @@ def run_config(store: str, study: str, options: ExecutionOptions, callbacks: lis
         failure_config=tune.FailureConfig(max_failures=options.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
     )
+

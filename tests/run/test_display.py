@@ -2,7 +2,7 @@
 
 import io
 
-from calib.search.display import ProgressDisplay, format_duration
+from calib.run.display import ProgressDisplay, format_duration
 
 
 class FakeClock:

@@ -1,6 +1,6 @@
 """The Tune callback of a run's progress: Tune's trial events, and the trials' Stage-I waits and takeovers
-(:mod:`calib.search.events`), to the progress display (:mod:`calib.search.display`), what a failed trial died of
-(:mod:`calib.search.trial_errors`), and the trials a scheduler pruned stored as ``pruned`` rows."""
+(:mod:`calib.run.events`), to the progress display (:mod:`calib.run.display`), what a failed trial died of
+(:mod:`calib.run.trial_errors`), and the trials a scheduler pruned stored as ``pruned`` rows."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from calib.config import parse_trial_config
-from calib.search.display import ProgressDisplay
-from calib.search.events import EventFeed
-from calib.search.trial_errors import TrialError, failure_line
+from calib.run.display import ProgressDisplay
+from calib.run.events import EventFeed
+from calib.run.trial_errors import TrialError, failure_line
 from calib.store import completed_trial_ids, write_result
 from calib.trial import TrialResult, trial_id
 
@@ -44,7 +44,7 @@ def _store_pruned(store: str, config: dict[str, Any], result: dict[str, Any]) ->
 def progress_callback(display: ProgressDisplay | None, configs_of: Callable[[dict[str, Any]], list[dict[str, Any]]],
                        store: str, study: str, max_failures: int) -> Any:
     """A Tune callback that stores the trials a scheduler pruned and feeds Tune's trial events, and the
-    trials' Stage-I waits and takeovers (:mod:`calib.search.events`), to ``display`` (None: store only);
+    trials' Stage-I waits and takeovers (:mod:`calib.run.events`), to ``display`` (None: store only);
     ``configs_of(trial.config)`` are the trial configs a Tune trial runs, whose rows in ``store`` say what
     a failed one died of."""
     # lazy: ray takes seconds to import; only what starts or runs Ray Tune loads it

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from calib.exit_codes import ExitCode
-from calib.search.display import ProgressDisplay
-from calib.search.events import hand_over_stage1, release_stopped_claims
+from calib.run.display import ProgressDisplay
+from calib.run.events import hand_over_stage1, release_stopped_claims
 
 __all__ = ["RAY_HEAD_CHECKS", "RAY_HEAD_CHECK_SECONDS", "StudyInterrupted", "interrupted_message", "stoppable",
            "stopping_message"]
@@ -27,7 +27,7 @@ class StudyInterrupted(Exception):
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """The signals that stop a run cleanly: a scheduler's SIGTERM and Ctrl-C's SIGINT (Tune's own SIGINT handler is
-off, ``TUNE_DISABLE_SIGINT_HANDLER`` in :mod:`calib.search.runtime`, so that the run says it was interrupted
+off, ``TUNE_DISABLE_SIGINT_HANDLER`` in :mod:`calib.run.runtime`, so that the run says it was interrupted
 rather than counting its unfinished trials as failed)."""
 
 
@@ -88,7 +88,7 @@ def stoppable(study: str, pending: int, display: ProgressDisplay | None = None) 
 
 
 def _hand_over_then_stop(study: str) -> None:
-    """Ask the run's trials to hand their Stage-I trainings over (:func:`calib.search.events.hand_over_stage1`,
+    """Ask the run's trials to hand their Stage-I trainings over (:func:`calib.run.events.hand_over_stage1`,
     bounded), then stop the run through Ray Tune's graceful stop (its SIGUSR1 handler)."""
     if line := hand_over_stage1():
         print(f"[{study}] {line}", flush=True)

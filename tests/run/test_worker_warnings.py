@@ -1,5 +1,5 @@
 """Warnings raised inside a trial on a worker: artifact news becomes a note for the driver, any other warning is
-shown once after the trial (calib.search.execution._artifact_notes). Showing it while the warnings were still being
+shown once after the trial (calib.run.execution._artifact_notes). Showing it while the warnings were still being
 recorded appended it to the list being read, without end: a trial whose post-hoc fit warned never finished and
 grew by ~100 MB a second until Ray killed it."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from calib.artifacts import ArtifactWarning
 from calib.posthoc import DegenerateFitWarning
-from calib.search.execution import _artifact_notes
+from calib.run.execution import _artifact_notes
 
 
 def test_artifact_warnings_become_notes_and_others_are_shown_once_after():

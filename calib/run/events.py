@@ -4,7 +4,7 @@ A trial that waits on another trial's Stage I says so (:mod:`calib.artifacts.wai
 output only reaches Ray's logs on its node. Each driver keeps a mailbox, a Ray actor without resources named
 after the driver's Ray job (:func:`mailbox_name`: the job id, which the driver's trials share); a trial
 forwards its events there (:func:`forwarding`) and the driver reads them from Ray Tune's loop without
-waiting (:class:`EventFeed`) and prints them (:class:`calib.search.display.ProgressDisplay`). The same
+waiting (:class:`EventFeed`) and prints them (:class:`calib.run.display.ProgressDisplay`). The same
 on local Ray, ``ray up`` clusters and Slurm jobs.
 
 The mailbox also carries a clean stop the other way: the trials' claims on the Stage Is they train are noted in

@@ -25,7 +25,7 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
 # Stage-I checkpoints are reported mid-trial without the search objective, which exists only at the end.
 os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-# Ctrl-C is the study's own clean stop (calib.search.stopping), which says the run was interrupted; Tune's SIGINT
+# Ctrl-C is the study's own clean stop (calib.run.stopping), which says the run was interrupted; Tune's SIGINT
 # handler would end the run as if its unfinished trials had failed.
 os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
 # Each Tune checkpoint forces a snapshot of the experiment state, and Tune warns when one comes within 5 s

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from calib._config import ConfigError
 
 if TYPE_CHECKING:
-    from calib.search.execution import ExecutionOptions
+    from calib.run.execution import ExecutionOptions
 
 __all__ = [
     "DEFAULT_RESOURCE_WAIT_SECONDS",

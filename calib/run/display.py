@@ -6,8 +6,8 @@ On a terminal the progress is a single line rewritten in place (done / running /
 the total, trials waiting on another trial's Stage I and for how long, the best objective so far,
 elapsed time and ETA). Anywhere else (CI, ``ray submit``, a log file) every start, finish and failure
 prints its own line, and the progress line is repeated every minute while a trial waits, so a log
-keeps the whole story. The display knows nothing of Ray; :mod:`calib.search.tuner` feeds it Tune's
-trial events and the trials' Stage-I events (:mod:`calib.search.events`).
+keeps the whole story. The display knows nothing of Ray; :mod:`calib.run.tuner` feeds it Tune's
+trial events and the trials' Stage-I events (:mod:`calib.run.events`).
 """
 
 from __future__ import annotations

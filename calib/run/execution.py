@@ -24,7 +24,7 @@ import torch
 
 from calib.artifacts import ArtifactWarning
 from calib.config import parse_trial_config
-from calib.search.events import forwarding, trials_label
+from calib.run.events import forwarding, trials_label
 from calib.store import read_trials, write_result
 from calib.trial import TrialResult, run_trial, run_trials, trial_id
 
@@ -262,7 +262,7 @@ def execute_population(configs: Sequence[dict[str, Any]], store: str, options: E
 def run_configs(configs: list[dict[str, Any]], store: str, options: ExecutionOptions,
                  report_epochs: bool = False) -> dict[str, Any]:
     """A Tune trial's configs: :func:`execute` for one, :func:`execute_population` for several; their
-    Stage-I waits and takeovers go to the driver as they happen (:func:`calib.search.events.forwarding`)."""
+    Stage-I waits and takeovers go to the driver as they happen (:func:`calib.run.events.forwarding`)."""
     with forwarding(trials_label([trial_id(c) for c in configs])):
         if len(configs) == 1:
             return execute(configs[0], store, options, report_epochs)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from calib._config import ConfigError
-from calib.search.execution import ExecutionOptions
-from calib.search.resources import (
+from calib.run.execution import ExecutionOptions
+from calib.run.resources import (
     RESOURCE_WAIT_ENV,
     alive_node_resources,
     describe_nodes,
@@ -24,7 +24,7 @@ GPU_NODE = {"CPU": 4.0, "GPU": 1.0}
 @pytest.fixture(autouse=True)
 def autoscaler(monkeypatch):
     """What the wait asked the autoscaler for, in order (no Ray here)."""
-    import calib.search.resources as resources
+    import calib.run.resources as resources
 
     asked: list[list[dict[str, float]]] = []
     monkeypatch.setattr(resources, "ask_autoscaler", lambda requests: asked.append([dict(r) for r in requests]))
