@@ -59,17 +59,29 @@ def assign_roles(configs: Sequence[dict[str, Any]], parsed: Sequence[TrialConfig
 
 def batch_roles(roles: Sequence[dict[str, Any]], configs_per_trial: int) -> list[dict[str, Any]]:
     """Tune trials of :func:`assign_roles`'s entries: each ``"stage1"`` trial alone, the ``"cached"``
-    ones in chunks of up to ``configs_per_trial`` of one population group (configs of methods without
-    populations alone), as ``{"configs": [...], "role": ..., "stage1_id": ...}`` (the configs of one
-    population share their Stage I)."""
+    ones of one Stage I together in trials of up to ``configs_per_trial``, as ``{"configs": [...], "role": ...,
+    "stage1_id": ...}``.
+
+    A Stage I's configs go population group by population group (first appearance), a group whole where it fits
+    in the trial being filled (a larger one in chunks of ``configs_per_trial``), so that
+    :func:`calib.trial.run_trials` trains a population together; the configs of methods without populations
+    (post-hoc maps, Stage I's own evaluation) share a Tune trial and its loaded artifact rather than each paying
+    Ray's per-trial start and report.
+    """
     trials = [{"configs": [r["config"]], "role": "stage1", "stage1_id": r["stage1_id"]}
               for r in roles if r["role"] == "stage1"]
     cached = [r for r in roles if r["role"] == "cached"]
+    chunks: dict[str, list[list[dict[str, Any]]]] = {}
     for group in population_groups([r["cfg"] for r in cached]):
-        entries = [cached[i] for i in group]
-        trials += [{"configs": [r["config"] for r in entries[i:i + configs_per_trial]], "role": "cached",
-                    "stage1_id": entries[i]["stage1_id"]} for i in range(0, len(entries), configs_per_trial)]
-    return trials
+        stage1_chunks = chunks.setdefault(cached[group[0]]["stage1_id"], [[]])
+        if len(stage1_chunks[-1]) + len(group) > configs_per_trial and stage1_chunks[-1]:
+            stage1_chunks.append([])
+        for i in group:
+            if len(stage1_chunks[-1]) == configs_per_trial:
+                stage1_chunks.append([])
+            stage1_chunks[-1].append(cached[i]["config"])
+    return trials + [{"configs": configs, "role": "cached", "stage1_id": stage1_id}
+                     for stage1_id, stage1_chunks in chunks.items() for configs in stage1_chunks]
 
 
 def _interleave_stage1(configs: Sequence[dict[str, Any]], parsed: Sequence[TrialConfig]

@@ -136,10 +136,12 @@ def test_the_grid_places_its_trials_from_the_configs_parsed_once(make_config, mo
     assert [r["role"] for r in roles] == ["stage1", "stage1", *["cached"] * 6]
     assert all(r["cfg"] is parsed[configs.index(r["config"])] for r in roles)
     trials = grid.batch_roles(roles, configs_per_trial=8)
-    # round-robin over the two Stage Is; the two MaC-Cal rows of a seed share a population, TS runs alone
-    assert [(t["role"], len(t["configs"])) for t in trials] == [("stage1", 1), ("stage1", 1), ("cached", 1),
-                                                                ("cached", 1), ("cached", 2), ("cached", 2)]
-    assert [[c["seed"] for c in t["configs"]] for t in trials] == [[1], [2], [1], [2], [1, 1], [2, 2]]
+    # round-robin over the two Stage Is; a seed's TS and its two MaC-Cal rows (one population) share a Tune trial
+    assert [(t["role"], len(t["configs"])) for t in trials] == [("stage1", 1), ("stage1", 1), ("cached", 3),
+                                                                ("cached", 3)]
+    assert [[c["seed"] for c in t["configs"]] for t in trials] == [[1], [2], [1, 1, 1], [2, 2, 2]]
+    assert [[c["method"]["name"] for c in t["configs"]] for t in trials[2:]] == [
+        ["temperature_scaling", "mac_cal", "mac_cal"]] * 2
     for trial in trials:  # each trial's Stage I is its configs' own
         assert {stage1_ids[json.dumps(c, sort_keys=True)] for c in trial["configs"]} == {trial["stage1_id"]}
     monkeypatch.undo()
