@@ -1,9 +1,9 @@
-"""How a grid's cached configs are packed into Tune trials (``calib.search.grid.batch_roles``)."""
+"""How a grid's cached configs are packed into Tune trials (``calib.run.grid.batch_roles``)."""
 
 from __future__ import annotations
 
 from calib.config import config_hash, parse_trial_config, stage1_identity
-from calib.search.grid import assign_roles, batch_roles
+from calib.run.grid import assign_roles, batch_roles
 
 
 def _names(trials):
