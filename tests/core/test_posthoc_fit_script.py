@@ -83,13 +83,15 @@ def test_a_failed_or_missing_reference_in_the_table():
 def test_the_side_by_side_seconds_and_issue_62s_bounds():
     module = benchmark()
     fit, method = module.Fit, module.Method
-    pts, ts, beta = method("PTS", "parameterized_ts"), method("TS", "temperature_scaling", "r"), method("Beta", "b", "r")
+    pts, ts = method("PTS", "parameterized_ts"), method("TS", "temperature_scaling", "r")
+    beta = method("Beta", "b", "r")
     files = [("a.npz", 100, [(pts, fit(61.0, 60.0, 0.5), None), (ts, fit(1.0, 1.0, 0.5), fit(0.4, 0.4, 0.5)),
                              (beta, fit(9.0, 9.0, 0.5), fit(1.0, 1.0, 0.5))]),
              ("b.npz", 10, [(pts, fit(6.0, 6.0, 0.5), None), (ts, fit(1.0, 1.0, 0.5), fit(0.5, 0.5, 0.5)),
                             (beta, fit(1.0, 1.0, 0.5), fit(error="ValueError: binary only"))])]
     assert module.summary(files) == [
-        "| method | a.npz (K = 100): calib s | probmetrics s | ratio | b.npz (K = 10): calib s | probmetrics s | ratio |",
+        "| method | a.npz (K = 100): calib s | probmetrics s | ratio "
+        "| b.npz (K = 10): calib s | probmetrics s | ratio |",
         "|---|---|---|---|---|---|---|",
         "| PTS | 61.00 | — | — | 6.00 | — | — |",
         "| TS | 1.00 | 0.40 | **2.50** | 1.00 | 0.50 | 2.00 |",  # 1.0 / 0.4 over the bound of 2
