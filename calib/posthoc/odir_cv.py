@@ -21,11 +21,10 @@ the previous μ. A walk stops once ``patience`` (3) consecutive λ have a cross-
 ``tolerance`` (0.1%) above the best of that walk, and the μ loop stops once ``patience`` consecutive μ end above the
 best so far by as much. Where the loss along the grid rises once past its minimum (the common case) this picks the
 pair the full grid picks (``patience=None`` walks all of it; the tests compare the two). Each fit is Jacobi-scaled
-(:func:`fit_odir`), stops at the tolerance (:data:`CV_STOP_MARGIN`), and starts from an :class:`ODIRPoint`: the
-NLL's value, gradient and Hessian diagonal where the fold's earlier fit ended, which no penalty changes, so that a
-start costs no (N, C) × (C, C) matrix product. On DenseNet-BC-100's CIFAR-100 log-probabilities (down to −84, 5,000
-samples) the whole cross-validation takes 1,920 L-BFGS-B iterations (2,900 run on to a tenth of the tolerance, about
-42,000 unscaled and warm-started from the previous λ only).
+(:func:`fit_odir`) and starts from an :class:`ODIRPoint`: the NLL's value, gradient and Hessian diagonal where the
+fold's earlier fit ended, which no penalty changes, so that a start costs no (N, C) × (C, C) matrix product (the
+same iterates to the bit). On DenseNet-BC-100's CIFAR-100 log-probabilities (down to −84, 5,000 samples) the whole
+cross-validation takes 2,900 L-BFGS-B iterations, about 42,000 unscaled and warm-started from the previous λ only.
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ from threadpoolctl import threadpool_limits
 
 from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult, penalty_scale
 
-__all__ = ["CV_FOLDS", "CV_GRAD_TOLERANCE", "CV_MAX_ITER", "CV_PATIENCE", "CV_SEED", "CV_STOP_MARGIN", "CV_TOLERANCE",
-           "JACOBI_FLOOR", "ODIR_RESCALE_ITERATIONS", "ODIR_STOP_MARGIN", "ODIRFitResult", "ODIRPoint", "ODIRSelection",
+__all__ = ["CV_FOLDS", "CV_GRAD_TOLERANCE", "CV_MAX_ITER", "CV_PATIENCE", "CV_SEED", "CV_TOLERANCE", "JACOBI_FLOOR",
+           "ODIR_RESCALE_ITERATIONS", "ODIR_STOP_MARGIN", "ODIRFitResult", "ODIRPoint", "ODIRSelection",
            "fit_odir", "odir_grid", "select_odir_weights"]
 
 CV_FOLDS = 5
@@ -60,12 +59,6 @@ CV_TOLERANCE = 1e-3
 
 CV_GRAD_TOLERANCE = 1e-5
 """The cross-validation fits end once max|∂L/∂u| < this (the final fit on the whole set: 1e-6) ..."""
-
-CV_STOP_MARGIN = 1.0
-"""... and stop there: at the tolerance itself, not :data:`ODIR_STOP_MARGIN` times it as the final fit. What a fold's
-fit is for is its held-out loss, and the choice between grid pairs did not move with the last decade of the
-gradient on netcal's three CIFAR records (``tests/posthoc/test_odir_records.py``), which took a third of the
-iterations at 100 classes (2,906 L-BFGS-B iterations to 1,920 on DenseNet-BC-100's CIFAR-100 outputs)."""
 
 CV_MAX_ITER = 1000
 """... or after this many L-BFGS iterations (the paper's Keras fits: at most 500 epochs with early stopping); the
@@ -208,7 +201,6 @@ def fit_odir(
     init: Sequence[tuple[np.ndarray, np.ndarray] | ODIRPoint] = (),
     grad_tolerance: float = GRAD_TOLERANCE,
     max_iter: int = 15_000,
-    stop_margin: float = ODIR_STOP_MARGIN,
 ) -> tuple[np.ndarray, np.ndarray, ODIRFitResult]:
     """(W, b, how it ended) minimising NLL(W x + b) + λ/(C(C−1)) Σ_{i≠j} W_ij² + μ/C Σ_j b_j² on float64 features
     x (N, C) and labels y (N,).
@@ -242,7 +234,7 @@ def fit_odir(
             return start_curvature
         return _nll_curvature(squares, objective.probs(evaluation[2]))
 
-    stop_at = stop_margin * grad_tolerance
+    stop_at = ODIR_STOP_MARGIN * grad_tolerance
     evaluation, curvature, steps, rounds = start, start_curvature, 0, 0
     while not np.abs(evaluation[1] * test_scale).max() < stop_at and steps < max_iter:
         iterations = min(ODIR_RESCALE_ITERATIONS * 2**rounds, max_iter - steps)
@@ -378,8 +370,7 @@ def select_odir_weights(
                 candidates = [start for start in (starts[fold], previous_mu.get(position, [None] * folds)[fold])
                               if start is not None]
                 weight, bias, result = fit(x_train, y_train, off_diagonal, intercept, init=candidates,
-                                           grad_tolerance=CV_GRAD_TOLERANCE, max_iter=CV_MAX_ITER,
-                                           stop_margin=CV_STOP_MARGIN)
+                                           grad_tolerance=CV_GRAD_TOLERANCE, max_iter=CV_MAX_ITER)
                 unconverged += not result.converged
                 starts[fold] = getattr(result, "end", None) or (weight, bias)
                 losses.append(_held_out_nll(x_held, y_held, weight, bias))
