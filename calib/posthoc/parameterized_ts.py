@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 from torch import nn
 
 from calib import progress
@@ -133,6 +134,7 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
         self._check_inputs(logits)
         return self._temperatures_of_clipped(self._clip(logits)).squeeze(1)
 
+    @threadpool_limits.wrap(limits=1, user_api="blas")  # (1000, C) products: a second BLAS thread only waits
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> ParameterizedTemperatureScaling:
         """Fit the temperature network on logits z (N, C >= 2) and labels y (N,); returns ``self``.
 
