@@ -7,10 +7,15 @@ lenet-5-cifar-10.npz). Per file, one stratified 50/50 calibration/test split see
 side by side in this process: calib's fit seconds (wall and CPU) and test NLL, and those of probmetrics' counterpart
 where it has one (:data:`REFERENCES`), with netcal 1.4's temperature scaling as a second reference for TS. calib's
 calibrators get the log-probabilities (floored at calib.posthoc.PROBABILITY_FLOOR), probmetrics' and netcal's the
-probabilities; both the same float64 rows, renormalised to sum 1. Prints a Markdown table per file, then the TS
-test-NLL differences:
+probabilities; both the same float64 rows, renormalised to sum 1. Prints a Markdown table per file with the TS
+test-NLL differences, then one table of every row's fit seconds on every file, calib's and probmetrics' side by
+side with their ratio, and issue 62's bounds, each "ok" or "NOT MET" (:func:`acceptance`). The docs' table, K = 100
+and K = 10 in one run:
 
     python benchmarks/posthoc_fit.py records/densenet-bc-100-cifar-100.npz records/lenet-5-cifar-10.npz
+
+A few rows on another file and split:
+
     python benchmarks/posthoc_fit.py records/wideresnet-16-4-cifar-10.npz --methods TS VS MS-ODIR --seed 1
 """
 
@@ -20,6 +25,7 @@ import argparse
 import contextlib
 import io
 import os
+import platform
 import time
 import warnings
 from collections.abc import Callable
@@ -85,6 +91,19 @@ REFERENCES: dict[str, tuple[str, Callable[[], Any]]] = {
 }
 """probmetrics 1.3's counterpart of each post-hoc row that has one, by the row's label; the rows themselves, their
 order and their calibrators are the registry's (``calib.study.rows.POSTHOC_METHODS``)."""
+
+SAME_METHOD = ("TS", "ETS", "VS", "SMS", "SVS", "IR", "HB", "HB-EM", "IVAP", "CIR")
+"""The rows whose counterpart is the same method (the others: probmetrics' MS is unregularised, its Dir-ODIR needs
+dirichletcal, its BBQ is netcal's variant, its Spline one-vs-rest, its Beta binary only): their fit-time ratio,
+calib's over probmetrics', is what :data:`RATIO_LIMIT` bounds."""
+
+RATIO_LIMIT = 2.0
+"""Issue 62's bound on calib's fit + apply seconds over probmetrics' for a :data:`SAME_METHOD` row."""
+
+SLOW_ROWS = ("MS-ODIR", "Dir-ODIR", "PTS")
+"""The rows whose fit at K >= 100 must take at most :data:`SECONDS_LIMIT` (issue 62)."""
+
+SECONDS_LIMIT = 60.0
 
 
 @dataclass
@@ -199,8 +218,13 @@ def table(results: list[tuple[Method, Fit, Fit | None]]) -> list[str]:
     return lines
 
 
-def run_file(path: str, methods: list[Method], seed: int, references: bool) -> dict[str, float]:
-    """Fit and print one file's table; returns the TS test-NLL differences (calib − probmetrics, − netcal)."""
+FileResults = tuple[str, int, list[tuple[Method, Fit, Fit | None]]]
+"""A file's name, its number of classes K and its rows' fits (calib's, probmetrics' or None)."""
+
+
+def run_file(path: str, methods: list[Method], seed: int, references: bool) -> tuple[dict[str, float], FileResults]:
+    """Fit and print one file's table; returns the TS test-NLL differences (calib − probmetrics, − netcal) and the
+    fits."""
     from calib.posthoc._base import log_probabilities
 
     probs, labels = load_records(path)
@@ -224,7 +248,49 @@ def run_file(path: str, methods: list[Method], seed: int, references: bool) -> d
     if gaps:
         print(f"\nTS test NLL, calib − probmetrics temp-scaling: {gaps['probmetrics']:+.2g}; calib − netcal "
               f"TemperatureScaling: {gaps['netcal']:+.2g} (acceptance: |·| <= 1e-4)", flush=True)
-    return gaps
+    return gaps, (Path(path).name, probs.shape[1], results)
+
+
+def _ratio(ours: Fit, theirs: Fit | None) -> float | None:
+    if theirs is None or ours.error or theirs.error:
+        return None
+    return ours.seconds / theirs.seconds
+
+
+def summary(files: list[FileResults]) -> list[str]:
+    """The fit + apply seconds of every row on every file side by side, calib's and probmetrics', and their ratio
+    (a :data:`SAME_METHOD` row's in bold where it exceeds :data:`RATIO_LIMIT`)."""
+    header = "| method | " + " | ".join(f"{name} (K = {classes}): calib s | probmetrics s | ratio"
+                                        for name, classes, _ in files) + " |"
+    lines = [header, "|---|" + "---|---|---|" * len(files)]
+    for position, (method, _, _) in enumerate(files[0][2] if files else []):
+        cells = []
+        for _, _, results in files:
+            _, ours, theirs = results[position]
+            ratio = _ratio(ours, theirs)
+            shown = "—" if ratio is None else f"{ratio:.2f}"
+            if ratio is not None and method.label in SAME_METHOD and ratio > RATIO_LIMIT:
+                shown = f"**{shown}**"
+            cells += [_cells(ours, cpu=False)[0], _cells(theirs, cpu=False)[0], shown]
+        lines.append(f"| {method.label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def acceptance(files: list[FileResults]) -> list[str]:
+    """Issue 62's checks on the fits: at K >= 100 each of :data:`SLOW_ROWS` within :data:`SECONDS_LIMIT`, and every
+    :data:`SAME_METHOD` row within :data:`RATIO_LIMIT` times probmetrics' seconds; one line each, "ok" or
+    "NOT MET"."""
+    lines = []
+    for name, classes, results in files:
+        for method, ours, theirs in results:
+            if classes >= 100 and method.label in SLOW_ROWS and not ours.error:
+                verdict = "ok" if ours.seconds <= SECONDS_LIMIT else "NOT MET"
+                lines.append(f"{name} {method.label}: {ours.seconds:.1f} s (<= {SECONDS_LIMIT:g} s) {verdict}")
+            ratio = _ratio(ours, theirs)
+            if method.label in SAME_METHOD and ratio is not None:
+                verdict = "ok" if ratio <= RATIO_LIMIT else "NOT MET"
+                lines.append(f"{name} {method.label}: {ratio:.2f}x probmetrics (<= {RATIO_LIMIT:g}x) {verdict}")
+    return lines
 
 
 def warm_up(references: bool) -> None:
@@ -240,6 +306,17 @@ def warm_up(references: bool) -> None:
         fit_netcal_ts(probs, labels, np.arange(60), np.arange(60))()
 
 
+def cpu_model() -> str:
+    """The processor's name as /proc/cpuinfo gives it (Linux), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("files", nargs="+", help="netcal-format .npz records (predictions, ground_truth)")
@@ -251,12 +328,15 @@ def main(argv: list[str] | None = None) -> int:
 
     methods = rows(args.methods)
     warm_up(not args.no_references)
-    print(f"{time.strftime('%Y-%m-%d')} · {len(os.sched_getaffinity(0))} cores · torch threads "
+    print(f"{time.strftime('%Y-%m-%d')} · {cpu_model()} · {len(os.sched_getaffinity(0))} cores · torch threads "
           f"{torch.get_num_threads()} · load average {os.getloadavg()[0]:.1f}", flush=True)
-    worst = 0.0
+    worst, files = 0.0, []
     for path in args.files:
-        gaps = run_file(path, methods, args.seed, not args.no_references)
+        gaps, results = run_file(path, methods, args.seed, not args.no_references)
         worst = max([worst, *map(abs, gaps.values())])
+        files.append(results)
+    print("\nFit + apply seconds side by side (wall; ratio: calib's over probmetrics'):\n\n" + "\n".join(summary(files))
+          + "\n\nIssue 62's bounds:\n" + "\n".join(acceptance(files)), flush=True)
     return 0 if worst <= 1e-4 else 1
 
 

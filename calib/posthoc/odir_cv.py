@@ -21,7 +21,9 @@ the previous μ. A walk stops once ``patience`` (3) consecutive λ have a cross-
 ``tolerance`` (0.1%) above the best of that walk, and the μ loop stops once ``patience`` consecutive μ end above the
 best so far by as much. Where the loss along the grid rises once past its minimum (the common case) this picks the
 pair the full grid picks (``patience=None`` walks all of it; the tests compare the two). Each fit is Jacobi-scaled
-(:func:`fit_odir`). On DenseNet-BC-100's CIFAR-100 log-probabilities (down to −84, 5,000 samples) the whole
+(:func:`fit_odir`) and starts from an :class:`ODIRPoint`: the NLL's value, gradient and Hessian diagonal where the
+fold's earlier fit ended, which no penalty changes, so that a start costs no (N, C) × (C, C) matrix product (the
+same iterates to the bit). On DenseNet-BC-100's CIFAR-100 log-probabilities (down to −84, 5,000 samples) the whole
 cross-validation takes 2,900 L-BFGS-B iterations, about 42,000 unscaled and warm-started from the previous λ only.
 """
 
@@ -40,8 +42,8 @@ from threadpoolctl import threadpool_limits
 from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult, penalty_scale
 
 __all__ = ["CV_FOLDS", "CV_GRAD_TOLERANCE", "CV_MAX_ITER", "CV_PATIENCE", "CV_SEED", "CV_TOLERANCE", "JACOBI_FLOOR",
-           "ODIR_RESCALE_ITERATIONS", "ODIR_STOP_MARGIN", "ODIRSelection", "fit_odir", "odir_grid",
-           "select_odir_weights"]
+           "ODIR_RESCALE_ITERATIONS", "ODIR_STOP_MARGIN", "ODIRFitResult", "ODIRPoint", "ODIRSelection",
+           "fit_odir", "odir_grid", "select_odir_weights"]
 
 CV_FOLDS = 5
 """Folds of the cross-validation (fewer, one sample each, on a calibration set of fewer samples)."""
@@ -116,21 +118,96 @@ def _held_out_nll(x: np.ndarray, y: np.ndarray, weight: np.ndarray, bias: np.nda
     return float(np.mean(np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(len(y)), y]))
 
 
+@dataclass(frozen=True, eq=False)
+class ODIRPoint:
+    """Where a :func:`fit_odir` fit ended on ``features`` x (its labels): θ = (W, b) and the terms of the objective
+    there that do not depend on λ and μ: the mean NLL, its gradient ∂NLL/∂θ and the diagonal of its Hessian
+    (:func:`_nll_curvature`). A later fit on the same x that starts here, at another λ or μ, adds the penalty's
+    terms instead of recomputing these (three or four (N, C) × (C, C) matrix products a start): the same numbers."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    features: np.ndarray
+    nll: float
+    nll_grad: np.ndarray
+    nll_curvature: tuple[np.ndarray, np.ndarray]
+
+
+@dataclass
+class ODIRFitResult(LBFGSResult):
+    """How a :func:`fit_odir` fit ended (:class:`LBFGSResult`) and its end as a warm start (``end``)."""
+
+    end: ODIRPoint | None = None
+
+
+class _ODIRObjective:
+    """L(θ) = NLL(W x + b) + λ/(C(C−1)) Σ_{i≠j} W_ij² + μ/C Σ_j b_j² on float64 features x (N, C), labels y; an
+    evaluation is (L, ∂L/∂θ, softmax(W x + b) − onehot(y), NLL, ∂NLL/∂θ)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, off_diagonal_weight: float, intercept_weight: float) -> None:
+        self.x, self.y = x, y
+        self.num_samples, self.num_classes = x.shape
+        self.off_mask = 1.0 - np.eye(self.num_classes)
+        self.off_penalty = off_diagonal_weight / max(self.num_classes * (self.num_classes - 1), 1)
+        self.bias_penalty = intercept_weight / self.num_classes
+        self.rows, self.size = np.arange(self.num_samples), self.num_classes * self.num_classes
+
+    def split(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return theta[:self.size].reshape(self.num_classes, self.num_classes), theta[self.size:]
+
+    def penalised(self, theta: np.ndarray, nll: float, nll_grad: np.ndarray) -> tuple[float, np.ndarray]:
+        """(L, ∂L/∂θ) from the NLL's terms: the penalty's added."""
+        weight, bias = self.split(theta)
+        off = weight * self.off_mask
+        loss = nll + self.off_penalty * float(np.sum(off * off)) + self.bias_penalty * float(bias @ bias)
+        penalty_grad = np.concatenate([(2 * self.off_penalty * off).ravel(), 2 * self.bias_penalty * bias])
+        return loss, nll_grad + penalty_grad
+
+    def nll_and_exps(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """NLL at θ, exp(W x + b − its row maxima) (N, C) in one buffer and its row sums: one matrix product."""
+        weight, bias = self.split(theta)
+        buffer = self.x @ weight.T
+        buffer += bias
+        buffer -= buffer.max(axis=1, keepdims=True)
+        picked = buffer[self.rows, self.y]
+        np.exp(buffer, out=buffer)
+        total = buffer.sum(axis=1)
+        return float(np.mean(np.log(total) - picked)), buffer, total
+
+    def nll_grad_residual(self, buffer: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """∂NLL/∂θ and softmax(W x + b) − onehot(y) from :meth:`nll_and_exps`'s buffer (in place): the second."""
+        buffer /= total[:, None]
+        buffer[self.rows, self.y] -= 1.0
+        return np.concatenate([((buffer.T @ self.x) / self.num_samples).ravel(),
+                               buffer.sum(axis=0) / self.num_samples]), buffer
+
+    def evaluate(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, float, np.ndarray]:
+        nll, buffer, total = self.nll_and_exps(theta)
+        nll_grad, residual = self.nll_grad_residual(buffer, total)
+        return *self.penalised(theta, nll, nll_grad), residual, nll, nll_grad
+
+    def probs(self, residual: np.ndarray) -> np.ndarray:
+        probs = residual.copy()
+        probs[self.rows, self.y] += 1.0
+        return probs
+
+
 def fit_odir(
     x: np.ndarray,
     y: np.ndarray,
     off_diagonal_weight: float,
     intercept_weight: float,
     *,
-    init: Sequence[tuple[np.ndarray, np.ndarray]] = (),
+    init: Sequence[tuple[np.ndarray, np.ndarray] | ODIRPoint] = (),
     grad_tolerance: float = GRAD_TOLERANCE,
     max_iter: int = 15_000,
-) -> tuple[np.ndarray, np.ndarray, LBFGSResult]:
+) -> tuple[np.ndarray, np.ndarray, ODIRFitResult]:
     """(W, b, how it ended) minimising NLL(W x + b) + λ/(C(C−1)) Σ_{i≠j} W_ij² + μ/C Σ_j b_j² on float64 features
     x (N, C) and labels y (N,).
 
     scipy's L-BFGS-B (history 30) with the exact gradient, from W = I, b = 0 or, given candidate warm starts
-    ``init`` (pairs (W, b)), from the one with the lowest objective, until max|∂L/∂u| < ``grad_tolerance`` (at most
+    ``init`` (pairs (W, b), or the ``end`` (:class:`ODIRPoint`) of an earlier fit on the same x, whose NLL terms are
+    reused), from the one with the lowest objective, until max|∂L/∂u| < ``grad_tolerance`` (at most
     ``max_iter`` iterations), u the parameters with the off-diagonal entries divided by sqrt(1 + 2λ/(C(C−1))) and b
     by sqrt(1 + 2μ/C) (the test of :func:`~calib.posthoc.vector_scaling.fit_lbfgs`). The gradient is written out
     (∂NLL/∂W = Gᵀx, ∂NLL/∂b = Σ_i G_i with G = (softmax(W x + b) − onehot(y))/N), so one of the thousands of fits of
@@ -144,96 +221,101 @@ def fit_odir(
     fit runs on to :data:`ODIR_STOP_MARGIN` times the tolerance (at least as close to the optimum as the unscaled
     fit: the reference checks' parameter gaps are 10–20x smaller, docs/how-to/reference-checks.md).
     """
-    n, num_classes = x.shape
-    off_mask = 1.0 - np.eye(num_classes)
-    off_penalty = off_diagonal_weight / max(num_classes * (num_classes - 1), 1)
-    bias_penalty = intercept_weight / num_classes
-    test_scale = np.concatenate([(np.eye(num_classes) + penalty_scale(2 * off_penalty) * off_mask).ravel(),
-                                 np.full(num_classes, penalty_scale(2 * bias_penalty))])
-    rows, size = np.arange(n), num_classes * num_classes
-
-    def loss_and_exps(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """L at θ, exp(W x + b − its row maxima) (N, C) in one buffer and its row sums: one matrix product."""
-        weight, bias = theta[:size].reshape(num_classes, num_classes), theta[size:]
-        buffer = x @ weight.T
-        buffer += bias
-        buffer -= buffer.max(axis=1, keepdims=True)
-        picked = buffer[rows, y]
-        np.exp(buffer, out=buffer)
-        total = buffer.sum(axis=1)
-        off = weight * off_mask
-        loss = float(np.mean(np.log(total) - picked)) + off_penalty * float(np.sum(off * off)) + bias_penalty * float(
-            bias @ bias)
-        return loss, buffer, total
-
-    def grad_residual(theta: np.ndarray, buffer: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """∂L/∂θ and softmax(W x + b) − onehot(y) from :func:`loss_and_exps`'s buffer (in place): the second."""
-        weight, bias = theta[:size].reshape(num_classes, num_classes), theta[size:]
-        buffer /= total[:, None]
-        buffer[rows, y] -= 1.0
-        grad_weight = (buffer.T @ x) / n + 2 * off_penalty * (weight * off_mask)
-        grad_bias = buffer.sum(axis=0) / n + 2 * bias_penalty * bias
-        return np.concatenate([grad_weight.ravel(), grad_bias]), buffer
-
-    def loss_grad_residual(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """L, ∂L/∂θ and softmax(W x + b) − onehot(y) at θ, in place in one (N, C) buffer."""
-        loss, buffer, total = loss_and_exps(theta)
-        return loss, *grad_residual(theta, buffer, total)
-
-    starts = [np.concatenate([np.asarray(weight, dtype=np.float64).ravel(), np.asarray(bias, dtype=np.float64)])
-              for weight, bias in (init or [(np.eye(num_classes), np.zeros(num_classes))])]
-    # the candidates compared by their loss alone; the gradient only at the one chosen
-    (loss, buffer, total), start = min(((loss_and_exps(start), start) for start in starts),
-                                       key=lambda pair: pair[0][0])
-    grad, residual = grad_residual(start, buffer, total)
+    objective = _ODIRObjective(x, y, off_diagonal_weight, intercept_weight)
+    num_classes = objective.num_classes
+    test_scale = np.concatenate([(np.eye(num_classes) + penalty_scale(2 * objective.off_penalty)
+                                  * objective.off_mask).ravel(),
+                                 np.full(num_classes, penalty_scale(2 * objective.bias_penalty))])
     squares, mean_squares = x * x, np.mean(x * x, axis=0)  # the Jacobi scaling's, once a fit
+    theta, start, start_curvature = _best_start(objective, init, squares)
+
+    def curvature_at(evaluation: tuple) -> tuple[np.ndarray, np.ndarray]:
+        if evaluation is start:  # a round that did not move (its residual is not kept)
+            return start_curvature
+        return _nll_curvature(squares, objective.probs(evaluation[2]))
+
     stop_at = ODIR_STOP_MARGIN * grad_tolerance
-
-    def scaled_round(theta: np.ndarray, scale: np.ndarray, evaluation: tuple[float, np.ndarray, np.ndarray],
-                     iterations: int) -> tuple[np.ndarray, tuple[float, np.ndarray, np.ndarray], int]:
-        """L-BFGS-B on v = θ/s from θ (its evaluation given) for at most ``iterations`` iterations."""
-        last = {"v": theta / scale, "evaluation": evaluation}
-
-        def evaluate(v: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-            if not np.array_equal(v, last["v"]):
-                last["v"], last["evaluation"] = v.copy(), loss_grad_residual(scale * v)
-            return last["evaluation"]
-
-        def scaled_loss_and_grad(v: np.ndarray) -> tuple[float, np.ndarray]:
-            loss, grad, _ = evaluate(v)
-            return loss, scale * grad
-
-        def stop_when_converged(intermediate_result: scipy.optimize.OptimizeResult) -> None:
-            if np.abs(evaluate(intermediate_result.x)[1] * test_scale).max() < stop_at:
-                raise StopIteration
-
-        result = scipy.optimize.minimize(scaled_loss_and_grad, last["v"], jac=True, method="L-BFGS-B",
-                                         callback=stop_when_converged,
-                                         options={"maxcor": 30, "gtol": 0.0, "ftol": 0.0, "maxiter": iterations,
-                                                  "maxfun": 2 * iterations})
-        return scale * result.x, evaluate(result.x), int(result.nit)
-
-    theta, evaluation, steps, rounds = start, (loss, grad, residual), 0, 0
+    evaluation, curvature, steps, rounds = start, start_curvature, 0, 0
     while not np.abs(evaluation[1] * test_scale).max() < stop_at and steps < max_iter:
-        probs = evaluation[2].copy()
-        probs[rows, y] += 1.0
         iterations = min(ODIR_RESCALE_ITERATIONS * 2**rounds, max_iter - steps)
         previous_loss = evaluation[0]
-        scale = _jacobi_scale(squares, mean_squares, probs, off_mask, off_penalty, bias_penalty)
-        theta, evaluation, done = scaled_round(theta, scale, evaluation, iterations)
-        steps, rounds = steps + done, rounds + 1
+        scale = _jacobi_scale(curvature, mean_squares, objective.off_mask, objective.off_penalty,
+                              objective.bias_penalty)
+        theta, evaluation, done = _scaled_round(objective, theta, scale, evaluation, iterations, test_scale, stop_at)
+        steps, rounds, curvature = steps + done, rounds + 1, None
         if done < iterations and not evaluation[0] < previous_loss:
             break  # no progress (the line search at float precision): rescaling will not help
-    loss, grad, _ = evaluation
+        curvature = curvature_at(evaluation)
+    loss, grad, _, nll, nll_grad = evaluation
     grad_max_abs = float(np.abs(grad * test_scale).max())
-    weight = theta[:size].reshape(num_classes, num_classes).copy()
-    return weight, theta[size:].copy(), LBFGSResult(loss, grad_max_abs, steps, grad_max_abs < grad_tolerance)
+    weight, bias = (part.copy() for part in objective.split(theta))
+    end = ODIRPoint(weight, bias, x, nll, nll_grad, curvature_at(evaluation) if curvature is None else curvature)
+    return weight, bias, ODIRFitResult(loss, grad_max_abs, steps, grad_max_abs < grad_tolerance, end)
 
 
-def _jacobi_scale(squares: np.ndarray, mean_squares: np.ndarray, probs: np.ndarray, off_mask: np.ndarray,
+def _best_start(objective: _ODIRObjective, init: Sequence[tuple[np.ndarray, np.ndarray] | ODIRPoint],
+                squares: np.ndarray) -> tuple[np.ndarray, tuple, tuple[np.ndarray, np.ndarray]]:
+    """(θ, its evaluation, the NLL's Hessian diagonal there) of the candidate start with the lowest objective (W = I,
+    b = 0 without any): the candidates compared by their loss alone, the gradient only at the one chosen; an
+    :class:`ODIRPoint` of the same features costs no matrix product."""
+    candidates = []
+    for start in init or [(np.eye(objective.num_classes), np.zeros(objective.num_classes))]:
+        weight, bias = (start.weight, start.bias) if isinstance(start, ODIRPoint) else start
+        theta = np.concatenate([np.asarray(weight, dtype=np.float64).ravel(), np.asarray(bias, dtype=np.float64)])
+        if isinstance(start, ODIRPoint) and start.features is objective.x:
+            loss, grad = objective.penalised(theta, start.nll, start.nll_grad)
+            candidates.append((loss, theta, start))
+        else:
+            nll, buffer, total = objective.nll_and_exps(theta)
+            candidates.append((objective.penalised(theta, nll, np.zeros_like(theta))[0], theta,
+                               (nll, buffer, total)))
+    loss, theta, known = min(candidates, key=lambda candidate: candidate[0])
+    if isinstance(known, ODIRPoint):
+        loss, grad = objective.penalised(theta, known.nll, known.nll_grad)
+        return theta, (loss, grad, None, known.nll, known.nll_grad), known.nll_curvature
+    nll, buffer, total = known
+    nll_grad, residual = objective.nll_grad_residual(buffer, total)
+    evaluation = (*objective.penalised(theta, nll, nll_grad), residual, nll, nll_grad)
+    return theta, evaluation, _nll_curvature(squares, objective.probs(residual))
+
+
+def _scaled_round(objective: _ODIRObjective, theta: np.ndarray, scale: np.ndarray, evaluation: tuple,
+                  iterations: int, test_scale: np.ndarray, stop_at: float) -> tuple[np.ndarray, tuple, int]:
+    """L-BFGS-B on v = θ/s from θ (its evaluation given) for at most ``iterations`` iterations, stopped once
+    max|∂L/∂θ ⊙ test_scale| < ``stop_at``: (θ, its evaluation, iterations)."""
+    last = {"v": theta / scale, "evaluation": evaluation}
+
+    def evaluate(v: np.ndarray) -> tuple:
+        if not np.array_equal(v, last["v"]):
+            last["v"], last["evaluation"] = v.copy(), objective.evaluate(scale * v)
+        return last["evaluation"]
+
+    def scaled_loss_and_grad(v: np.ndarray) -> tuple[float, np.ndarray]:
+        loss, grad = evaluate(v)[:2]
+        return loss, scale * grad
+
+    def stop_when_converged(intermediate_result: scipy.optimize.OptimizeResult) -> None:
+        if np.abs(evaluate(intermediate_result.x)[1] * test_scale).max() < stop_at:
+            raise StopIteration
+
+    result = scipy.optimize.minimize(scaled_loss_and_grad, last["v"], jac=True, method="L-BFGS-B",
+                                     callback=stop_when_converged,
+                                     options={"maxcor": 30, "gtol": 0.0, "ftol": 0.0, "maxiter": iterations,
+                                              "maxfun": 2 * iterations})
+    return scale * result.x, evaluate(result.x), int(result.nit)
+
+
+def _nll_curvature(squares: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The NLL's Hessian diagonal at p = ``probs`` (N, C) from the features' squares x² (N, C):
+    (mean_i p_ik(1 − p_ik) x_ij² for W_kj, mean_i p_ik(1 − p_ik) for b_k)."""
+    spread = probs * (1.0 - probs) / squares.shape[0]
+    return spread.T @ squares, spread.sum(axis=0)
+
+
+def _jacobi_scale(curvature: tuple[np.ndarray, np.ndarray], mean_squares: np.ndarray, off_mask: np.ndarray,
                   off_penalty: float, bias_penalty: float) -> np.ndarray:
-    """s = 1/sqrt(h) for θ = (W, b) of :func:`fit_odir`, h the Hessian's diagonal at p = ``probs``, from the
-    features' squares x² (N, C) and their column means:
+    """s = 1/sqrt(h) for θ = (W, b) of :func:`fit_odir`, h the Hessian's diagonal: the NLL's (``curvature``,
+    :func:`_nll_curvature`) plus the penalty's,
     h(W_kj) = mean_i p_ik(1 − p_ik) x_ij² + 2λ/(C(C−1))·[k ≠ j], h(b_k) = mean_i p_ik(1 − p_ik) + 2μ/C, the NLL
     terms at least :data:`JACOBI_FLOOR` times their bound mean_i x_ij²/4 (1/4): where p is near one-hot (a sharp
     model, a poor start) the curvature there says little about the curvature on the way.
@@ -241,8 +323,7 @@ def _jacobi_scale(squares: np.ndarray, mean_squares: np.ndarray, probs: np.ndarr
     The softmax is invariant to W + 1vᵀ and b + c·1. Where no penalty fixes that (λ = 0 for W, μ = 0 for b) the
     NLL terms are averaged over the rows k, so that the scaled steps, like the gradient, keep the column sums of W
     (the sum of b) of the start: the fit ends at the optimum an unscaled fit from the same start reaches."""
-    spread = probs * (1.0 - probs) / squares.shape[0]
-    nll_weight, nll_bias = spread.T @ squares, spread.sum(axis=0)
+    nll_weight, nll_bias = curvature
     if off_penalty == 0:
         nll_weight = np.broadcast_to(nll_weight.mean(axis=0), nll_weight.shape)
     if bias_penalty == 0:
@@ -291,7 +372,7 @@ def select_odir_weights(
                 weight, bias, result = fit(x_train, y_train, off_diagonal, intercept, init=candidates,
                                            grad_tolerance=CV_GRAD_TOLERANCE, max_iter=CV_MAX_ITER)
                 unconverged += not result.converged
-                starts[fold] = (weight, bias)
+                starts[fold] = getattr(result, "end", None) or (weight, bias)
                 losses.append(_held_out_nll(x_held, y_held, weight, bias))
             this_mu[position] = list(starts)
             loss = scores[(off_diagonal, intercept)] = float(np.mean(losses))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 from torch import nn
 
 from calib import progress
@@ -133,6 +134,7 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
         self._check_inputs(logits)
         return self._temperatures_of_clipped(self._clip(logits)).squeeze(1)
 
+    @threadpool_limits.wrap(limits=1, user_api="blas")  # (1000, C) products: a second BLAS thread only waits
     def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> ParameterizedTemperatureScaling:
         """Fit the temperature network on logits z (N, C >= 2) and labels y (N,); returns ``self``.
 
@@ -149,8 +151,7 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
         grad = np.zeros_like(flat)
         grad_layers = _layer_views(grad, linears)
         adam = _Adam(flat.size, self.lr)
-        shifted = (clipped - clipped.max(dim=1, keepdim=True).values).numpy()  # z − max_k z: softmax-invariant
-        top_np, labels_np = top.numpy(), y.numpy()
+        samples = _MSESamples.of(clipped.numpy(), y.numpy(), top.numpy())
         order_generator = torch.Generator().manual_seed(self.seed)
         self.loss_history = []
         num_samples, step = z.shape[0], 0
@@ -158,11 +159,11 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
             progress.record("stage2", epoch)
             permutation = torch.randperm(num_samples, generator=order_generator).numpy()
             for start in range(0, num_samples, self.batch_size):
-                batch = permutation[start:start + self.batch_size]
-                activations = _network_activations(layers, top_np[batch])
+                batch = samples.rows(permutation[start:start + self.batch_size])
+                activations = _network_activations(layers, batch.top)
                 output = activations[-1][:, 0]
                 temperature = np.clip(np.abs(output), *TEMPERATURE_CLIP)
-                value, temperature_grad = _mse_and_temperature_gradient(shifted[batch], labels_np[batch], temperature)
+                value, temperature_grad = batch.mse_and_temperature_gradient(temperature)
                 if not math.isfinite(value):
                     raise FloatingPointError(f"The PTS loss became {value} at step {step}.")
                 # T = clip(|o|): ∂T/∂o = sign(o) inside the clip's range (autograd's rule for abs and clamp)
@@ -257,37 +258,65 @@ def _network_gradients(layers: list[tuple[np.ndarray, np.ndarray]], activations:
     return grads[::-1]
 
 
+@dataclass(frozen=True)
+class _MSESamples:
+    """What PTS's loss needs of its samples, computed once a fit: the clipped logits shifted by their row maxima,
+    d = z − max_k z (N, C) (``shifted``), the labels y, d_y (``label_shift``) and the network's inputs, the sorted
+    top-k logits (``top``)."""
+
+    shifted: np.ndarray
+    labels: np.ndarray
+    label_shift: np.ndarray
+    top: np.ndarray
+
+    @classmethod
+    def of(cls, clipped: np.ndarray, labels: np.ndarray, top: np.ndarray) -> _MSESamples:
+        """From the clipped logits (N, C), labels (N,) and the network's inputs (N, k)."""
+        shifted = clipped - clipped.max(axis=1, keepdims=True)  # softmax-invariant
+        return cls(shifted, labels, shifted[np.arange(len(labels)), labels], top)
+
+    def rows(self, batch: np.ndarray) -> _MSESamples:
+        """The samples of the indices ``batch``."""
+        return _MSESamples(self.shifted[batch], self.labels[batch], self.label_shift[batch], self.top[batch])
+
+    def mse_and_temperature_gradient(self, temperature: np.ndarray) -> tuple[float, np.ndarray]:
+        """L = mean over samples and classes of (softmax(z/T) − onehot(y))² and ∂L/∂T_i at temperatures T (B,) > 0.
+
+        From row sums of e_k = exp(d_k/T) alone (p_k = e_k/S, S = Σ_k e_k), so one (B, C) buffer and no per-class
+        residual: with S' = Σ_{k≠y} e_k (1 − p_y = S'/S), Q' = Σ_{k≠y} e_k², A' = Σ_{k≠y} d_k e_k and
+        R' = Σ_{k≠y} d_k e_k², the row's Σ_k r_k² = Q'/S² + (S'/S)² (r = p − onehot(y)), and with s = d/T
+        ∂L/∂T_i = −2/(BC T_i) (Σ_k s_k p_k r_k − (Σ_k s_k p_k)(Σ_k p_k r_k)) where
+        Σ s p r = (R'/S² − d_y p_y S'/S)/T, Σ s p = (A'/S + d_y p_y)/T, Σ p r = Q'/S² − p_y S'/S (the softmax's
+        invariance to a shift: d for z); sums over k ≠ y, so 1 − p_y has no cancellation when p_y ≈ 1. The row
+        sums are matrix-vector products with a vector of ones (BLAS: a sixth of a reduction's time)."""
+        batch, num_classes = self.shifted.shape
+        rows = np.arange(batch)
+        inverse = 1.0 / temperature
+        exps = self.shifted * inverse[:, None]
+        np.exp(exps, out=exps)
+        label_exp, label_shift = exps[rows, self.labels], self.label_shift
+        exps[rows, self.labels] = 0.0
+        ones = np.ones(num_classes)
+        others = exps @ ones  # S'
+        total = others + label_exp  # S
+        first = np.einsum("ij,ij->i", exps, self.shifted)  # A'
+        exps *= exps
+        squares_others = exps @ ones  # Q'
+        second = np.einsum("ij,ij->i", exps, self.shifted)  # R'
+        label_prob, rest = label_exp / total, others / total  # p_y, 1 − p_y
+        sum_pr = squares_others / total**2 - label_prob * rest
+        sum_spr = (second / total**2 - label_shift * label_prob * rest) * inverse
+        sum_sp = (first / total + label_shift * label_prob) * inverse
+        temperature_grad = -2.0 / (batch * num_classes) * inverse * (sum_spr - sum_sp * sum_pr)
+        loss = float((squares_others / total**2 + rest**2).sum()) / (batch * num_classes)
+        return loss, temperature_grad
+
+
 def _mse_and_temperature_gradient(shifted: np.ndarray, labels: np.ndarray,
                                   temperature: np.ndarray) -> tuple[float, np.ndarray]:
-    """L = mean over samples and classes of (softmax(z/T) − onehot(y))² and ∂L/∂T_i for a batch of clipped logits
-    shifted by their row maxima, d = z − max_k z (B, C), labels y (B,) and temperatures T (B,) > 0.
-
-    From row sums of e_k = exp(d_k/T) alone (p_k = e_k/S, S = Σ_k e_k), so one (B, C) buffer and no per-class
-    residual: with S' = Σ_{k≠y} e_k (1 − p_y = S'/S), Q' = Σ_{k≠y} e_k², A' = Σ_{k≠y} d_k e_k and
-    R' = Σ_{k≠y} d_k e_k², the row's Σ_k r_k² = Q'/S² + (S'/S)² (r = p − onehot(y)), and with s = d/T
-    ∂L/∂T_i = −2/(BC T_i) (Σ_k s_k p_k r_k − (Σ_k s_k p_k)(Σ_k p_k r_k)) where
-    Σ s p r = (R'/S² − d_y p_y S'/S)/T, Σ s p = (A'/S + d_y p_y)/T, Σ p r = Q'/S² − p_y S'/S (the softmax's
-    invariance to a shift: d for z); sums over k ≠ y, so 1 − p_y has no cancellation when p_y ≈ 1."""
-    batch, num_classes = shifted.shape
-    rows = np.arange(batch)
-    inverse = 1.0 / temperature
-    exps = shifted * inverse[:, None]
-    np.exp(exps, out=exps)
-    label_exp, label_shift = exps[rows, labels].copy(), shifted[rows, labels]
-    exps[rows, labels] = 0.0
-    others = exps.sum(axis=1)  # S'
-    total = others + label_exp  # S
-    first = np.einsum("ij,ij->i", exps, shifted)  # A'
-    exps *= exps
-    squares_others = exps.sum(axis=1)  # Q'
-    second = np.einsum("ij,ij->i", exps, shifted)  # R'
-    label_prob, rest = label_exp / total, others / total  # p_y, 1 − p_y
-    sum_pr = squares_others / total**2 - label_prob * rest
-    sum_spr = (second / total**2 - label_shift * label_prob * rest) * inverse
-    sum_sp = (first / total + label_shift * label_prob) * inverse
-    temperature_grad = -2.0 / (batch * num_classes) * inverse * (sum_spr - sum_sp * sum_pr)
-    loss = float((squares_others / total**2 + rest**2).sum()) / (batch * num_classes)
-    return loss, temperature_grad
+    """PTS's MSE and ∂L/∂T_i (:meth:`_MSESamples.mse_and_temperature_gradient`) for a batch of clipped logits shifted
+    by their row maxima, d = z − max_k z (B, C), labels y (B,) and temperatures T (B,) > 0."""
+    return _MSESamples.of(shifted, labels, np.zeros((len(labels), 0))).mse_and_temperature_gradient(temperature)
 
 
 register_posthoc_method(

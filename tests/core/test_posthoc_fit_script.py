@@ -78,3 +78,25 @@ def test_a_failed_or_missing_reference_in_the_table():
     assert lines[2:] == ["| X | 1.00 (0.50) | 0.25000 | ref() | failed: ImportError: missing | — | — | — |",
                          "| Y | 2.00 (1.50) | 0.12500 | — | — | — | — | — |",
                          "| Z | 3.00 (2.50) | 0.50000 | ref() | 0.10 | 0.37500 | +0.12 | 2.5e-01 |"]
+
+
+def test_the_side_by_side_seconds_and_issue_62s_bounds():
+    module = benchmark()
+    fit, method = module.Fit, module.Method
+    pts, ts = method("PTS", "parameterized_ts"), method("TS", "temperature_scaling", "r")
+    beta = method("Beta", "b", "r")
+    files = [("a.npz", 100, [(pts, fit(61.0, 60.0, 0.5), None), (ts, fit(1.0, 1.0, 0.5), fit(0.4, 0.4, 0.5)),
+                             (beta, fit(9.0, 9.0, 0.5), fit(1.0, 1.0, 0.5))]),
+             ("b.npz", 10, [(pts, fit(6.0, 6.0, 0.5), None), (ts, fit(1.0, 1.0, 0.5), fit(0.5, 0.5, 0.5)),
+                            (beta, fit(1.0, 1.0, 0.5), fit(error="ValueError: binary only"))])]
+    assert module.summary(files) == [
+        "| method | a.npz (K = 100): calib s | probmetrics s | ratio "
+        "| b.npz (K = 10): calib s | probmetrics s | ratio |",
+        "|---|---|---|---|---|---|---|",
+        "| PTS | 61.00 | — | — | 6.00 | — | — |",
+        "| TS | 1.00 | 0.40 | **2.50** | 1.00 | 0.50 | 2.00 |",  # 1.0 / 0.4 over the bound of 2
+        "| Beta | 9.00 | 1.00 | 9.00 | 1.00 | failed: ValueError: binary only | — |"]  # not the same method
+    # PTS's 60-s bound holds at K >= 100 only; Beta's counterpart is another method: no ratio bound
+    assert module.acceptance(files) == ["a.npz PTS: 61.0 s (<= 60 s) NOT MET",
+                                        "a.npz TS: 2.50x probmetrics (<= 2x) NOT MET",
+                                        "b.npz TS: 2.00x probmetrics (<= 2x) ok"]

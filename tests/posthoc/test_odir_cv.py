@@ -198,3 +198,18 @@ def test_warm_started_cross_validation_picks_what_cold_fits_pick():
     assert (warm.off_diagonal_weight, warm.intercept_weight) == (cold_selection.off_diagonal_weight,
                                                                 cold_selection.intercept_weight)
     assert warm.cv_nll == pytest.approx(cold_selection.cv_nll, abs=1e-6)
+
+
+def test_the_faster_cross_validation_keeps_the_choice_at_100_classes():
+    # Issue 62, without the real records: §5.12's over-confident 100-class logits (1,000 calibration and 1,000 test
+    # samples); MS-ODIR as the code before the issue's cheap warm starts chose it: λ = 24,750,000 (2,500 per entry),
+    # μ = 1e8 (10^6 per entry), cross-validated NLL 3.668769958303744, test NLL 3.6752005749274743. The warm starts
+    # reuse the NLL's terms where a fold's last fit ended instead of recomputing them: the same iterates, so the
+    # same numbers.
+    z, y = synthetic(2000, 100, 62)
+    x = torch.log_softmax(z, 1)
+    fitted = MatrixScaling().fit(x[:1000], y[:1000])
+    assert (fitted.selection.off_diagonal_weight, fitted.selection.intercept_weight) == (24_750_000.0, 1e8)
+    assert fitted.selection.cv_nll == pytest.approx(3.668769958303744, rel=1e-12)
+    test_nll = float(torch.nn.functional.cross_entropy(torch.log(fitted.probs(x[1000:])), y[1000:]))
+    assert test_nll == pytest.approx(3.6752005749274743, abs=1e-4)
