@@ -1,22 +1,10 @@
 """benchmarks/posthoc_fit.py on a small generated netcal-format record (no real model outputs needed): the split,
 the rows, the table and the TS comparison with probmetrics and netcal."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def benchmark():
-    spec = importlib.util.spec_from_file_location("_posthoc_fit", ROOT / "benchmarks" / "posthoc_fit.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from posthoc_benchmark import benchmark
 
 
 @pytest.fixture

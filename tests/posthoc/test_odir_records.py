@@ -5,20 +5,15 @@ seed 0) as the code before them gave them, recorded 2026-11-29.
 Needs the records (EFS-OpenSource/calibration-framework, ``examples/classification/records/``): set
 ``CALIB_NETCAL_RECORDS`` to their folder, else the tests are skipped. Minutes at 100 classes."""
 
-import importlib.util
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from posthoc_benchmark import RECORDS, benchmark, needs_records
 
 from calib.metrics.nll import negative_log_likelihood
 from calib.posthoc import POSTHOC
 from calib.posthoc._base import log_probabilities
-
-ROOT = Path(__file__).resolve().parents[2]
-RECORDS = os.environ.get("CALIB_NETCAL_RECORDS")
 
 BEFORE = {  # (file, method): (λ, μ, test NLL), λ = λ_e·C(C−1) and μ = μ_e·C (docs/methods.md §5.6)
     ("lenet-5-cifar-10.npz", "matrix_scaling"): (9.0, 0.01, 1.2948916048409858),
@@ -30,16 +25,7 @@ BEFORE = {  # (file, method): (λ, μ, test NLL), λ = λ_e·C(C−1) and μ = �
 }
 """The issue's tolerance: the same (λ, μ), the test NLL within 1e-4."""
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not RECORDS, reason="CALIB_NETCAL_RECORDS (the folder of netcal's records) unset")]
-
-
-def benchmark():
-    spec = importlib.util.spec_from_file_location("_posthoc_fit", ROOT / "benchmarks" / "posthoc_fit.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_records]
 
 
 @pytest.mark.parametrize(("record", "method"), list(BEFORE))

@@ -6,35 +6,21 @@ split (seed 0), against the test NLL the code before issue 62 gave (docs/how-to/
 Needs the records (EFS-OpenSource/calibration-framework, ``examples/classification/records/``): set
 ``CALIB_NETCAL_RECORDS`` to their folder, else the tests are skipped. A minute or two a record."""
 
-import importlib.util
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from posthoc_benchmark import RECORDS, benchmark, needs_records
 
 from calib.metrics.nll import negative_log_likelihood
 from calib.posthoc import POSTHOC
 from calib.posthoc._base import log_probabilities
 
-ROOT = Path(__file__).resolve().parents[2]
-RECORDS = os.environ.get("CALIB_NETCAL_RECORDS")
-
 BEFORE = {"densenet-bc-100-cifar-100.npz": 0.88434, "wideresnet-16-4-cifar-10.npz": 0.27929,
           "lenet-5-cifar-10.npz": 1.31071}
 """PTS's test NLL by record before issue 62 (printed to 5 decimals)."""
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not RECORDS, reason="CALIB_NETCAL_RECORDS (the folder of netcal's records) unset")]
-
-
-def benchmark():
-    spec = importlib.util.spec_from_file_location("_posthoc_fit", ROOT / "benchmarks" / "posthoc_fit.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_records]
 
 
 @pytest.mark.parametrize("record", list(BEFORE))
