@@ -79,22 +79,32 @@ def load_components() -> None:
 
     Reads during the loading (a module that looks a name up while it registers) see what is registered so far.
     """
-    if _state["loaded"]:
+    _fill_once(_state, _load_all_components)
+
+
+def _load_all_components() -> None:
+    for name in BUILTIN_MODULES:
+        importlib.import_module(name)
+    for entry in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        _load_entry_point(entry)
+    for spec in json.loads(os.environ.get(PLUGINS_ENV) or "[]"):
+        _load_module(spec["module"], spec.get("path"))
+
+
+def _fill_once(state: dict[str, bool], fill: Callable[[], None]) -> None:
+    """Run ``fill`` once per process (``state`` says whether it has run): a call during the fill (a module that
+    reads a registry while it registers) returns at once, and a fill that raises runs again at the next call."""
+    if state["loaded"]:
         return
     with _lock:
-        if _state["loaded"] or _state["loading"]:
+        if state["loaded"] or state["loading"]:
             return
-        _state["loading"] = True
+        state["loading"] = True
         try:
-            for name in BUILTIN_MODULES:
-                importlib.import_module(name)
-            for entry in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-                _load_entry_point(entry)
-            for spec in json.loads(os.environ.get(PLUGINS_ENV) or "[]"):
-                _load_module(spec["module"], spec.get("path"))
-            _state["loaded"] = True
+            fill()
+            state["loaded"] = True
         finally:
-            _state["loading"] = False
+            state["loading"] = False
 
 
 _studies_state = {"loaded": False, "loading": False}
@@ -109,30 +119,33 @@ def load_studies() -> None:
     """Fill :data:`calib.registries.STUDIES` once per process: import every script of :func:`studies_folder`
     (as the module ``calib_studies_<name>``; a script runs nothing on import), each declaring its study
     (:func:`calib.study.declaration.declare_study`). Nothing without the folder (calib installed alone)."""
-    if _studies_state["loaded"]:
-        return
-    with _lock:
-        if _studies_state["loaded"] or _studies_state["loading"]:
-            return
-        _studies_state["loading"] = True
+    _fill_once(_studies_state, _import_study_scripts)
+
+
+def _import_study_scripts() -> None:
+    for path in sorted(studies_folder().glob("*.py")) if studies_folder().is_dir() else []:
+        name = f"calib_studies_{path.stem}"
+        if name in sys.modules:
+            continue
         try:
-            for path in sorted(studies_folder().glob("*.py")) if studies_folder().is_dir() else []:
-                name = f"calib_studies_{path.stem}"
-                if name in sys.modules:
-                    continue
-                spec = importlib.util.spec_from_file_location(name, path)
-                module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-                sys.modules[name] = module
-                try:
-                    spec.loader.exec_module(module)  # type: ignore[union-attr]
-                except Exception as err:
-                    del sys.modules[name]
-                    text = "".join(traceback.format_exception_only(type(err), err)).strip()
-                    raise ConfigError(f"The study script {path} failed to import: {text}. Fix it, or move it out of "
-                                      f"{path.parent}.") from err
-            _studies_state["loaded"] = True
-        finally:
-            _studies_state["loading"] = False
+            _import_file(name, str(path))
+        except Exception as err:
+            text = "".join(traceback.format_exception_only(type(err), err)).strip()
+            raise ConfigError(f"The study script {path} failed to import: {text}. Fix it, or move it out of "
+                              f"{path.parent}.") from err
+
+
+def _import_file(module_name: str, path: str) -> types.ModuleType:
+    """The module ``module_name`` imported from its file ``path`` (in ``sys.modules`` unless its import raised)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
 
 
 def _file_version(path: str | None) -> str:
@@ -186,17 +199,7 @@ def _load_module(module_name: str, path: str | None) -> Plugin:
     version = importlib.metadata.version(distribution) if distribution else _file_version(file)
 
     def load() -> types.ModuleType:
-        if not from_file:
-            return importlib.import_module(module_name)
-        spec = importlib.util.spec_from_file_location(module_name, path)  # type: ignore[arg-type]
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
-        except BaseException:
-            del sys.modules[module_name]
-            raise
-        return module
+        return _import_file(module_name, path) if from_file else importlib.import_module(module_name)  # type: ignore[arg-type]
 
     return _import_as(Plugin(module_name, version, path or "module"), repr(path or module_name), load)
 
