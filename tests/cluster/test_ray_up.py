@@ -217,6 +217,20 @@ def listening(host) -> dict[int, tuple[str, set[str]]]:
     return found
 
 
+SERVERS_UP_SECONDS = 60.0
+"""How long a host's servers may take to listen after `calib.cluster wait` saw its node: Ray's head starts Ray
+Client's server (10001) after its node registers, seconds later on a loaded machine."""
+
+
+def listening_once_up(host, ports: set[int]) -> dict[int, tuple[str, set[str]]]:
+    """:func:`listening` once every port of ``ports`` listens, or after :data:`SERVERS_UP_SECONDS` (the
+    caller's assertions then name the ports that never did)."""
+    deadline = time.monotonic() + SERVERS_UP_SECONDS
+    while not ports <= set(found := listening(host)) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return found
+
+
 def ports_are_the_pages(lab: Lab) -> list[str]:
     """Every TCP port listening on the hosts (``ss -ltn``) is one ray-cluster.md lists for that host, bound to the
     addresses its row says, and every port the page lists for a host listens on it (checked before the intruder,
@@ -234,12 +248,12 @@ def ports_are_the_pages(lab: Lab) -> list[str]:
     said = []
     for host in lab.hosts:
         head = host is lab.head
-        ports = listening(host)
         expected = {port: addresses for port, (where, addresses) in FIXED_PORTS.items()
                     if (head or where != "head") and (port != 10001 or has_client)}
         session = max(host.tmp.glob("ray/session_2*"), key=lambda p: p.stat().st_mtime)
         for name, addresses in RAY_PORT_FILES.items():
             expected[int(next(session.glob(f"{name}_*")).read_text())] = addresses
+        ports = listening_once_up(host, set(expected))
         raylet = {port for port, (process, _) in ports.items() if process == "raylet"}
         assert len(raylet) == 2, ports  # the node manager and the object manager
         workers = {port for port, (process, _) in ports.items() if process.startswith("ray::")
