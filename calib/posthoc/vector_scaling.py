@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 from threadpoolctl import threadpool_limits
-from torch import nn
 from torch.nn import functional as F
 
 from calib._config import check_values, checked_field, number, or_null
+from calib.posthoc._affine_fit import fit_per_class_affine
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, absent_classes, check_logits_labels, describe_classes
-from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs, penalty_scale
+from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
 from calib.posthoc.odir_cv import CV_FOLDS, ODIRSelection, fit_odir, select_odir_weights
 
@@ -133,17 +133,10 @@ class VectorScaling(PostHocCalibrator):
         """Fit w and b on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
         num_classes = z.shape[1]
-        bias_scale = penalty_scale(2 * self.intercept_weight / num_classes)
-        weight = nn.Parameter(torch.ones(num_classes, dtype=torch.float64))
-        scaled_bias = nn.Parameter(torch.zeros(num_classes, dtype=torch.float64))
-
-        def objective() -> torch.Tensor:
-            bias = bias_scale * scaled_bias
-            return F.cross_entropy(z * weight + bias, y) + self.intercept_weight * bias.square().sum() / num_classes
-
-        self.fit_result = fit_lbfgs([weight, scaled_bias], objective, what="vector scaling",
-                                    grad_tolerance=self.grad_tolerance, warn=False)
-        self.weight, self.bias = weight.detach().clone(), bias_scale * scaled_bias.detach()
+        weight, bias, self.fit_result = fit_per_class_affine(
+            z.numpy(), y.numpy(), weight_penalty=0.0, bias_penalty=self.intercept_weight / num_classes,
+            grad_tolerance=self.grad_tolerance)
+        self.weight, self.bias = torch.from_numpy(weight), torch.from_numpy(bias)
         absent = absent_classes(y, num_classes)
         note = None
         if absent:
