@@ -80,15 +80,17 @@ class _PerClassProblem:
         # the labels' sums Σ_{n: y_n = k} (x_nk, 1): the gradient's −onehot(y) terms
         self.label_sums = np.concatenate([np.bincount(y, weights=x[self.rows, y], minlength=self.num_classes),
                                           np.bincount(y, minlength=self.num_classes).astype(np.float64)])
-        # A = [p ⊙ x, p] (N, 2K): the Hessian is diag(Aᵀ[x, 1]) − AᵀA, so p is written into A's right half
+        # A = [p ⊙ x, p] (N, 2K): the gradient is A's column sums less the labels', the Hessian diag(Aᵀ[x, 1]) − AᵀA;
+        # p is written into A's right half
         self.buffer = np.empty((self.num_samples, 2 * self.num_classes))
+        self.sums = np.zeros(2 * self.num_classes)
         self.null_direction = None
         if bias_penalty == 0:  # softmax(w ⊙ x + b + t·1) does not depend on t: a zero eigenvalue, b's mean
             self.null_direction = np.concatenate([np.zeros(self.num_classes),
                                                   np.full(self.num_classes, self.num_classes**-0.5)])
 
     def loss(self, theta: np.ndarray) -> float:
-        """L(θ); the probabilities at θ stay in the buffer."""
+        """L(θ); the probabilities at θ stay in A's right half."""
         k = self.num_classes
         probs = self.buffer[:, k:]
         np.multiply(self.x, theta[:k], out=probs)
@@ -97,23 +99,26 @@ class _PerClassProblem:
         deviation = theta - self.centre
         return nll + float(np.sum(self.penalty * deviation * deviation))
 
-    def gradient_and_hessian(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """∇L and ∇²L at the θ of the last :meth:`loss`."""
+    def gradient(self, theta: np.ndarray) -> np.ndarray:
+        """∇L at the θ of the last :meth:`loss` (A's left half filled with p ⊙ x)."""
+        k = self.num_classes
+        np.multiply(self.buffer[:, k:], self.x, out=self.buffer[:, :k])
+        self.sums = self.buffer.sum(axis=0)  # (Σ p x, Σ p), also the Hessian's
+        return (self.sums - self.label_sums) / self.num_samples + 2 * self.penalty * (theta - self.centre)
+
+    def hessian(self) -> np.ndarray:
+        """∇²L at the θ of the last :meth:`gradient`: diag(Aᵀ[x, 1]) − AᵀA, the w_k b_k cross terms and 2c."""
         k, n = self.num_classes, self.num_samples
-        weighted, probs = self.buffer[:, :k], self.buffer[:, k:]
-        np.multiply(probs, self.x, out=weighted)
-        sums = self.buffer.sum(axis=0)  # (Σ p x, Σ p)
-        grad = (sums - self.label_sums) / n + 2 * self.penalty * (theta - self.centre)
         hessian = self.buffer.T @ self.buffer
         hessian /= -n
-        diagonal = np.concatenate([np.einsum("nk,nk->k", weighted, self.x), sums[k:]]) / n
+        diagonal = np.concatenate([np.einsum("nk,nk->k", self.buffer[:, :k], self.x), self.sums[k:]]) / n
         hessian[np.diag_indices(2 * k)] += diagonal + 2 * self.penalty
-        cross = sums[:k] / n  # ∂²/∂w_k∂b_k
+        cross = self.sums[:k] / n  # ∂²/∂w_k∂b_k
         hessian[np.arange(k), np.arange(k, 2 * k)] += cross
         hessian[np.arange(k, 2 * k), np.arange(k)] += cross
         if self.null_direction is not None:  # H + eeᵀ: the same step where g ⟂ e, and a Cholesky factor
             hessian += np.outer(self.null_direction, self.null_direction)
-        return grad, hessian
+        return hessian
 
 
 @threadpool_limits.wrap(limits=1, user_api="blas")  # small linear algebra: competing BLAS threads cost ~50x
@@ -132,11 +137,11 @@ def fit_per_class_affine(x: np.ndarray, y: np.ndarray, *, weight_penalty: float,
     test_scale = 1.0 / np.sqrt(1.0 + 2.0 * problem.penalty)
     theta = problem.centre.copy()
     loss = problem.loss(theta)
-    grad, hessian = problem.gradient_and_hessian(theta)
+    grad = problem.gradient(theta)
     iterations = 0
     while np.abs(grad * test_scale).max() >= grad_tolerance and iterations < max_iter:
         iterations += 1
-        step = _newton_step(hessian, grad)
+        step = _newton_step(problem.hessian(), grad)
         slope, size = float(grad @ step), 1.0
         if not slope < 0:
             break
@@ -149,7 +154,7 @@ def fit_per_class_affine(x: np.ndarray, y: np.ndarray, *, weight_penalty: float,
             problem.loss(theta)
             break
         theta, loss = theta + size * step, new_loss
-        grad, hessian = problem.gradient_and_hessian(theta)
+        grad = problem.gradient(theta)
     if not np.isfinite(loss):
         raise FloatingPointError(f"The per-class affine fit reached a non-finite objective ({loss}).")
     grad_max_abs = float(np.abs(grad * test_scale).max())
