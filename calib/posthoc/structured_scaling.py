@@ -25,9 +25,12 @@ than these on the other half (eugeneberta/LogisticCalibrationBenchmark ``hyperpa
 ridge penalty is implemented (the paper's default and the only one of its BFGS solver; its SAGA solver also offers
 lasso, group lasso and MCP).
 
-Fit: every deviation starts at 0 (the preprocessed map) and full-batch float64 LBFGS runs to max|∂L/∂u| < 1e-6
-(:func:`~calib.posthoc.vector_scaling.fit_lbfgs`), u each group divided by sqrt(1 + 2c), its penalty's curvature, so
-a strong penalty stays well conditioned. Every parameter is penalised, so the optimum is finite and unique. Neither
+Fit: every deviation starts at 0 (the preprocessed map) and runs in float64 to max|∂L/∂u| < 1e-6, u each group
+multiplied by sqrt(1 + 2c), its penalty's curvature, so a strong penalty stays well conditioned, with the loss and
+its derivatives written out (calib/posthoc/_affine_fit.py): SVS by Newton's method with the exact Hessian
+(:func:`~calib.posthoc._affine_fit.fit_per_class_affine`), SMS by Jacobi-scaled L-BFGS-B
+(:func:`~calib.posthoc._affine_fit.fit_full_affine`). Every parameter is penalised, so the optimum is finite and
+unique. Neither
 map keeps the argmax in general (per-class scales, cross terms and intercepts reorder classes); the preprocessing
 alone does.
 

@@ -13,10 +13,12 @@ Intercept Regularisation (ODIR), which leaves the diagonal of W free:
 Vector scaling is plain NLL by default (Guo et al.; Kull et al.'s VecS, ``tune_cal_guo.py``, and
 dirichletcal's ``VectorScaling(reg_mu_list=[None])`` are unregularised); ``intercept_weight`` μ adds
 ODIR's intercept term μ/C Σ_j b_j² (its off-diagonal term is void for a diagonal map). Both start
-from the identity (w = 1 or W = I, b = 0) and run full-batch float64 LBFGS with the strong-Wolfe line
-search until max|∂L/∂u| < 1e-6 (:func:`fit_lbfgs`, also used by Dirichlet calibration and class-wise
-TS), where u are the parameters with each penalised entry divided by sqrt(1 + κ), κ its penalty's
-curvature (2λ/(C(C−1)) or 2μ/C): the same optimum, but a strong penalty stays well conditioned.
+from the identity (w = 1 or W = I, b = 0) and run in float64 until max|∂L/∂u| < 1e-6, where u are the
+parameters with each penalised entry multiplied by sqrt(1 + κ), κ its penalty's curvature (2λ/(C(C−1))
+or 2μ/C): vector scaling by Newton's method with the exact Hessian
+(:func:`~calib.posthoc._affine_fit.fit_per_class_affine`), matrix scaling by Jacobi-scaled L-BFGS-B with
+the exact gradient (:func:`fit_odir`, Dirichlet calibration's too). :func:`fit_lbfgs` (torch LBFGS,
+re-exported here) is TS's and class-wise TS's.
 Neither preserves the argmax: per-class scales and intercepts can reorder the classes.
 
 Official code: dirichletcal/dirichlet_python (``calib/multinomial.py``: ``MultinomialRegression`` with
@@ -110,7 +112,8 @@ class VectorScaling(PostHocCalibrator):
     """Vector scaling: calibrated logits w ⊙ z + b (Guo et al. 2017, §4.2).
 
     Fits w (C,) and b (C,) from w = 1, b = 0 by minimising NLL + μ/C Σ_j b_j² (μ = ``intercept_weight``,
-    0: plain NLL, the default) with :func:`fit_lbfgs` (b preconditioned by 1/sqrt(1 + 2μ/C)). With μ = 0
+    0: plain NLL, the default) with Newton's method (:func:`~calib.posthoc._affine_fit.fit_per_class_affine`:
+    the exact Hessian, 5–10 steps; the gradient test on b times 1/sqrt(1 + 2μ/C)). With μ = 0
     a class absent from the calibration set has no finite optimum (b_k → −∞); the fit stops once the
     gradient is below tolerance, where the mean p_k is below 1e-6, and is flagged degenerate
     (:func:`affine_fit_problems`, as an unconverged fit or a separated calibration set).
