@@ -193,7 +193,7 @@ class _StructuredScaling(PostHocCalibrator):
                            f"parameters are fitted only to push their probabilities down, held by the ridge "
                            f"penalty alone")
         if not self.fit_result.converged:
-            reasons.append(f"the LBFGS fit did not converge (max|∂L/∂u| = {self.fit_result.grad_max_abs:.3g} after "
+            reasons.append(f"the fit did not converge (max|∂L/∂u| = {self.fit_result.grad_max_abs:.3g} after "
                            f"{self.fit_result.steps} steps)")
         self._finish_fit(reasons)
         return self

@@ -159,13 +159,13 @@ class VectorScaling(PostHocCalibrator):
 
 def affine_fit_problems(fitted_logits: torch.Tensor, y: torch.Tensor, result: LBFGSResult, *,
                         absent: str | None) -> list[str]:
-    """Why an LBFGS fit of a per-class map (CTS, VS, MS, Dir) is degenerate: ``absent`` (what a class without
+    """Why a gradient fit of a per-class map (CTS, VS, MS, Dir) is degenerate: ``absent`` (what a class without
     calibration samples gets, None if every class has some), an unconverged fit, or a separated calibration set
     (every sample right under the fitted map with an in-sample NLL below :data:`SEPARABLE_NLL`: the likelihood
     then has no finite optimum, and the parameters stopped where the gradient fell below tolerance)."""
     reasons = [absent] if absent else []
     if not result.converged:
-        reasons.append(f"the LBFGS fit did not converge (max|∂L/∂u| = {result.grad_max_abs:.3g} after "
+        reasons.append(f"the fit did not converge (max|∂L/∂u| = {result.grad_max_abs:.3g} after "
                        f"{result.steps} steps)")
     nll = float(F.cross_entropy(fitted_logits, y))
     if nll < SEPARABLE_NLL and bool((fitted_logits.argmax(1) == y).all()):
