@@ -1,4 +1,4 @@
-"""The full-batch float64 LBFGS fit the gradient-fitted post-hoc calibrators share (VS, MS, Dirichlet, CTS, ...).
+"""The full-batch float64 LBFGS fit the gradient-fitted post-hoc calibrators share (TS and CTS).
 
 :func:`fit_lbfgs` minimises a torch objective until max|∂L/∂u| < :data:`GRAD_TOLERANCE`, u the fitted parameters
 with each penalised entry divided by sqrt(1 + κ), κ its penalty's curvature (:func:`penalty_scale`): the same

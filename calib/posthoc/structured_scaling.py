@@ -25,9 +25,12 @@ than these on the other half (eugeneberta/LogisticCalibrationBenchmark ``hyperpa
 ridge penalty is implemented (the paper's default and the only one of its BFGS solver; its SAGA solver also offers
 lasso, group lasso and MCP).
 
-Fit: every deviation starts at 0 (the preprocessed map) and full-batch float64 LBFGS runs to max|∂L/∂u| < 1e-6
-(:func:`~calib.posthoc.vector_scaling.fit_lbfgs`), u each group divided by sqrt(1 + 2c), its penalty's curvature, so
-a strong penalty stays well conditioned. Every parameter is penalised, so the optimum is finite and unique. Neither
+Fit: every deviation starts at 0 (the preprocessed map) and runs in float64 to max|∂L/∂u| < 1e-6, u each group
+multiplied by sqrt(1 + 2c), its penalty's curvature, so a strong penalty stays well conditioned, with the loss and
+its derivatives written out (calib/posthoc/_affine_fit.py): SVS by Newton's method with the exact Hessian
+(:func:`~calib.posthoc._affine_fit.fit_per_class_affine`), SMS by Jacobi-scaled L-BFGS-B
+(:func:`~calib.posthoc._affine_fit.fit_full_affine`). Every parameter is penalised, so the optimum is finite and
+unique. Neither
 map keeps the argmax in general (per-class scales, cross terms and intercepts reorder classes); the preprocessing
 alone does.
 
@@ -53,11 +56,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from calib._config import check_values, checked_field, number
+from calib.posthoc._affine_fit import fit_full_affine, fit_per_class_affine
 from calib.posthoc._base import (
     POSTHOC,
     PostHocCalibrator,
@@ -65,9 +69,9 @@ from calib.posthoc._base import (
     check_logits_labels,
     describe_classes,
 )
+from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
 from calib.posthoc.temperature_scaling import fit_first_temperature
-from calib.posthoc.vector_scaling import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs
 
 __all__ = [
     "StructuredMatrixScaling",
@@ -163,12 +167,8 @@ class _StructuredScaling(PostHocCalibrator):
         self.fit_result: LBFGSResult | None = None
 
     @abc.abstractmethod
-    def new_deviation(self, num_classes: int) -> torch.Tensor:
-        """The weight deviations at the preprocessed map (zeros)."""
-
-    @abc.abstractmethod
-    def deviation_penalty(self, num_classes: int) -> torch.Tensor:
-        """The ridge coefficient of each weight deviation (c_v, or c_v on the diagonal and c_M off it)."""
+    def fit_deviations(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, LBFGSResult]:
+        """(weight deviations, b, how the fit ended) minimising L on float64 features x (N, K) and labels y, from 0."""
 
     @abc.abstractmethod
     def apply_map(self, x: torch.Tensor, weight_deviation: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -182,7 +182,8 @@ class _StructuredScaling(PostHocCalibrator):
         self.temperature, self.mixture_weight = preprocessing.temperature.item(), 1.0 / (num_samples + 1)
         x = smoothed_log_probabilities(z, self.temperature, self.mixture_weight)
         self.coefficients = penalty_coefficients(num_classes, num_samples, **self.strengths)
-        self.weight_deviation, self.bias, self.fit_result = self._fit_deviations(x, y)
+        weight_deviation, bias, self.fit_result = self.fit_deviations(x.numpy(), y.numpy())
+        self.weight_deviation, self.bias = torch.from_numpy(weight_deviation), torch.from_numpy(bias)
         reasons = []
         if preprocessing.degenerate:
             reasons.append(f"the temperature-scaling preprocessing: {preprocessing.degenerate_reason}")
@@ -192,28 +193,10 @@ class _StructuredScaling(PostHocCalibrator):
                            f"parameters are fitted only to push their probabilities down, held by the ridge "
                            f"penalty alone")
         if not self.fit_result.converged:
-            reasons.append(f"the LBFGS fit did not converge (max|∂L/∂u| = {self.fit_result.grad_max_abs:.3g} after "
+            reasons.append(f"the fit did not converge (max|∂L/∂u| = {self.fit_result.grad_max_abs:.3g} after "
                            f"{self.fit_result.steps} steps)")
         self._finish_fit(reasons)
         return self
-
-    def _fit_deviations(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, LBFGSResult]:
-        """The deviations minimising L on features x, from 0; each group preconditioned by 1/sqrt(1 + 2c)."""
-        num_classes = x.shape[1]
-        intercept_penalty = self.coefficients[0]
-        weight_penalty = self.deviation_penalty(num_classes)
-        weight_scale, bias_scale = (1 + 2 * weight_penalty).rsqrt(), 1 / math.sqrt(1 + 2 * intercept_penalty)
-        scaled_weight = nn.Parameter(self.new_deviation(num_classes))
-        scaled_bias = nn.Parameter(torch.zeros(num_classes, dtype=torch.float64))
-
-        def objective() -> torch.Tensor:
-            weight, bias = weight_scale * scaled_weight, bias_scale * scaled_bias
-            return (F.cross_entropy(self.apply_map(x, weight, bias), y) + (weight_penalty * weight.square()).sum()
-                    + intercept_penalty * bias.square().sum())
-
-        result = fit_lbfgs([scaled_weight, scaled_bias], objective, what=self.name,
-                           grad_tolerance=self.grad_tolerance, warn=False)
-        return weight_scale * scaled_weight.detach(), bias_scale * scaled_bias.detach(), result
 
     def fit_details(self) -> dict[str, Any]:
         """The base fit columns, the preprocessing's T and ε, and the ridge coefficients c_b, c_v, c_M used."""
@@ -256,13 +239,12 @@ class StructuredVectorScaling(_StructuredScaling):
                          off_diagonal_strength=0.0, class_exponent=class_exponent, sample_exponent=sample_exponent,
                          grad_tolerance=grad_tolerance)
 
-    def new_deviation(self, num_classes: int) -> torch.Tensor:
-        """v = 0 (K,)."""
-        return torch.zeros(num_classes, dtype=torch.float64)
-
-    def deviation_penalty(self, num_classes: int) -> torch.Tensor:
-        """c_v for every v_k."""
-        return torch.full((num_classes,), self.coefficients[1], dtype=torch.float64)
+    def fit_deviations(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, LBFGSResult]:
+        """v and b by Newton's method (:func:`~calib.posthoc._affine_fit.fit_per_class_affine` on w = 1 + v)."""
+        intercept_penalty, diagonal_penalty, _ = self.coefficients
+        weight, bias, result = fit_per_class_affine(x, y, weight_penalty=diagonal_penalty,
+                                                    bias_penalty=intercept_penalty, grad_tolerance=self.grad_tolerance)
+        return weight - 1.0, bias, result
 
     def apply_map(self, x: torch.Tensor, weight_deviation: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """(1 + v) ⊙ x + b."""
@@ -299,15 +281,15 @@ class StructuredMatrixScaling(_StructuredScaling):
                          off_diagonal_strength=off_diagonal_strength, class_exponent=class_exponent,
                          sample_exponent=sample_exponent, grad_tolerance=grad_tolerance)
 
-    def new_deviation(self, num_classes: int) -> torch.Tensor:
-        """diag(v) + M = 0 (K, K)."""
-        return torch.zeros(num_classes, num_classes, dtype=torch.float64)
-
-    def deviation_penalty(self, num_classes: int) -> torch.Tensor:
-        """c_v on the diagonal, c_M off it."""
-        _, diagonal, off_diagonal = self.coefficients
-        penalty = torch.full((num_classes, num_classes), off_diagonal, dtype=torch.float64)
-        return penalty.fill_diagonal_(diagonal)
+    def fit_deviations(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, LBFGSResult]:
+        """diag(v) + M and b by Jacobi-scaled L-BFGS-B (:func:`~calib.posthoc._affine_fit.fit_full_affine`): c_v on
+        the diagonal, c_M off it."""
+        intercept_penalty, diagonal_penalty, off_diagonal_penalty = self.coefficients
+        num_classes = x.shape[1]
+        weight_penalty = np.full((num_classes, num_classes), off_diagonal_penalty)
+        np.fill_diagonal(weight_penalty, diagonal_penalty)
+        return fit_full_affine(x, y, weight_penalty=weight_penalty, bias_penalty=intercept_penalty,
+                               grad_tolerance=self.grad_tolerance)
 
     def apply_map(self, x: torch.Tensor, weight_deviation: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """x + (diag(v) + M) x + b, row-wise."""

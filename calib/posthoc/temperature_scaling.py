@@ -26,12 +26,12 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
+import numpy as np
 import torch
 from scipy.optimize import minimize_scalar
 from torch import nn
-from torch.nn import functional as F
 
 from calib._config import ConfigError, check_values, integer, number
 from calib._deprecation import warn_renamed
@@ -95,20 +95,48 @@ def no_finite_optimum(z: torch.Tensor, y: torch.Tensor) -> tuple[float, str] | N
     return None
 
 
-def _nll_and_grad(z: torch.Tensor, y: torch.Tensor, log_temperature: float) -> tuple[float, float]:
-    """NLL(T) = mean cross-entropy of softmax(z / T) and its derivative dNLL/d log T, in float64."""
-    log_t = torch.tensor(log_temperature, dtype=torch.float64, requires_grad=True)
-    loss = F.cross_entropy(z / log_t.exp(), y)
-    loss.backward()
-    return float(loss.detach()), float(log_t.grad)
+class _TemperatureNLL:
+    """NLL(T) = mean_n [logsumexp(z_n / T) − z_{n,y_n} / T] of float64 logits z (N, C) and labels y, and its
+    derivative dNLL/d log T = −(1/T)·mean_n (E_{p_n}[z_n] − z_{n,y_n}), from one exp pass in numpy (no autograd)."""
+
+    def __init__(self, z: torch.Tensor, y: torch.Tensor) -> None:
+        logits = z.numpy()
+        row_max = logits.max(axis=1)
+        self.shifted = logits - row_max[:, None]  # <= 0: exp(β·shifted) cannot overflow for β > 0
+        self.label_gap = float(np.mean(self.shifted[np.arange(len(y)), y.numpy()]))  # mean_n (z_ny − max_k z_nk)
+        self.buffer = np.empty_like(self.shifted)
+
+    def __call__(self, log_temperature: float) -> tuple[float, float]:
+        """(NLL, dNLL/d log T) at T = exp(``log_temperature``)."""
+        inverse = math.exp(-log_temperature)
+        exps = np.multiply(self.shifted, inverse, out=self.buffer)
+        np.exp(exps, out=exps)
+        total = exps.sum(axis=1)
+        expected = float(np.mean(np.einsum("nk,nk->n", exps, self.shifted) / total))  # E_p[z] − max z, averaged
+        nll = float(np.mean(np.log(total))) - inverse * self.label_gap
+        return nll, -inverse * (expected - self.label_gap)
 
 
-def _bound_beyond(z: torch.Tensor, y: torch.Tensor, temperature: float) -> float | None:
+class _LogTemperatureNLL(torch.autograd.Function):
+    """The NLL of a :class:`_TemperatureNLL` as a function of a log T tensor, with its derivative as the backward:
+    what torch's LBFGS steps on, with no graph of the (N, C) logits."""
+
+    @staticmethod
+    def forward(ctx: Any, log_temperature: torch.Tensor, objective: _TemperatureNLL) -> torch.Tensor:
+        nll, ctx.derivative = objective(float(log_temperature))
+        return log_temperature.new_tensor(nll)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad_output * ctx.derivative, None
+
+
+def _bound_beyond(nll: _TemperatureNLL, temperature: float) -> float | None:
     """The bound of :data:`TEMPERATURE_RANGE` where a bounded search stopped (within 1e-6 in log T) with the NLL
     still falling beyond it; None when the search found an optimum inside the range."""
     for bound, outward in ((TEMPERATURE_RANGE[0], -1.0), (TEMPERATURE_RANGE[1], 1.0)):
         near = abs(math.log(temperature) - math.log(bound)) < 1e-6
-        if near and outward * _nll_and_grad(z, y, math.log(bound))[1] < 0:
+        if near and outward * nll(math.log(bound))[1] < 0:
             return bound
     return None
 
@@ -213,13 +241,13 @@ class TemperatureScaling(PostHocCalibrator):
             return expected_calibration_error(probs, labels, num_bins=self.num_bins)
         return negative_log_likelihood(probs, labels)
 
-    def _lbfgs(self, z: torch.Tensor, y: torch.Tensor, *, lr: float, converge: bool) -> float:
+    def _lbfgs(self, nll: _TemperatureNLL, *, lr: float, converge: bool) -> float:
         """log T after LBFGS from log(init_temperature): gpleiss's single plain step, or converged."""
         log_temperature = nn.Parameter(torch.tensor(math.log(self.init_temperature), dtype=torch.float64))
 
         def closure() -> torch.Tensor:
             log_temperature.grad = None
-            loss = F.cross_entropy(z / log_temperature.exp(), y)
+            loss = _LogTemperatureNLL.apply(log_temperature, nll)
             loss.backward()
             return loss
 
@@ -227,7 +255,7 @@ class TemperatureScaling(PostHocCalibrator):
             torch.optim.LBFGS([log_temperature], lr=lr, max_iter=self.max_iter).step(closure)
             return float(log_temperature.detach())
 
-        result = fit_lbfgs([log_temperature], lambda: F.cross_entropy(z / log_temperature.exp(), y),
+        result = fit_lbfgs([log_temperature], lambda: _LogTemperatureNLL.apply(log_temperature, nll),
                            what="temperature", max_iter=self.max_iter, max_steps=_lbfgs.MAX_LBFGS_STEPS, lr=lr,
                            step_tolerance=1e-10, warn=False)
         log_t = float(log_temperature.detach())
@@ -239,31 +267,30 @@ class TemperatureScaling(PostHocCalibrator):
             )
         return log_t
 
-    def _fit_log_temperature(self, z: torch.Tensor, y: torch.Tensor) -> float:
+    def _fit_log_temperature(self, z: torch.Tensor, y: torch.Tensor, nll: _TemperatureNLL) -> float:
         """log T of the configured recipe (grid, converged LBFGS, or gpleiss's plain LBFGS with its fallback)."""
         if self.optimizer == "grid":
             scores = [self._grid_score(z, y, t) for t in TEMPERATURE_GRID]
             return math.log(TEMPERATURE_GRID[min(range(len(scores)), key=scores.__getitem__)])
         if self.optimizer == "brent":
             low, high = (math.log(t) for t in TEMPERATURE_RANGE)
-            with torch.no_grad():
-                found = minimize_scalar(lambda log_t: float(F.cross_entropy(z / math.exp(log_t), y)),
-                                        bounds=(low, high), method="bounded", options={"xatol": 1e-10})
+            found = minimize_scalar(lambda log_t: nll(log_t)[0], bounds=(low, high), method="bounded",
+                                    options={"xatol": 1e-10})
             return float(found.x)
         if self.lbfgs_line_search:
-            return self._lbfgs(z, y, lr=self.lr, converge=True)
-        log_t = self._lbfgs(z, y, lr=self.lr, converge=False)
-        start_nll = _nll_and_grad(z, y, math.log(self.init_temperature))[0]
-        nll = _nll_and_grad(z, y, log_t)[0] if math.isfinite(log_t) else math.nan
-        if not nll <= start_nll:  # also catches a NaN NLL or log T
+            return self._lbfgs(nll, lr=self.lr, converge=True)
+        log_t = self._lbfgs(nll, lr=self.lr, converge=False)
+        start_nll = nll(math.log(self.init_temperature))[0]
+        end_nll = nll(log_t)[0] if math.isfinite(log_t) else math.nan
+        if not end_nll <= start_nll:  # also catches a NaN NLL or log T
             self.fit_fallback = True
             bad_t = math.exp(log_t) if math.isfinite(log_t) else log_t
-            log_t = self._lbfgs(z, y, lr=1.0, converge=True)
+            log_t = self._lbfgs(nll, lr=1.0, converge=True)
             warnings.warn(
                 f"The gpleiss LBFGS fit (no line search, lr {self.lr}, max_iter {self.max_iter}) ran away to "
-                f"T={bad_t:.4g} with NLL {nll:.6g}, worse than NLL {start_nll:.6g} at the start "
+                f"T={bad_t:.4g} with NLL {end_nll:.6g}, worse than NLL {start_nll:.6g} at the start "
                 f"T={self.init_temperature}; fell back to the converged strong-Wolfe fit, "
-                f"T={math.exp(log_t):.6g} with NLL {_nll_and_grad(z, y, log_t)[0]:.6g}.",
+                f"T={math.exp(log_t):.6g} with NLL {nll(log_t)[0]:.6g}.",
                 RuntimeWarning, stacklevel=3,
             )
         return log_t
@@ -273,13 +300,13 @@ class TemperatureScaling(PostHocCalibrator):
         z, y = check_logits_labels(logits, labels, min_classes=2)
         self.fit_fallback = False
         low, high = TEMPERATURE_RANGE
-        reasons = []
+        reasons, nll = [], _TemperatureNLL(z, y)
         unbounded = no_finite_optimum(z, y) if self.optimizer in ("lbfgs", "brent") else None
         if unbounded is not None:
             temperature, why = unbounded
             reasons.append(f"{why}; T is held at {temperature:g}")
         else:
-            temperature = math.exp(self._fit_log_temperature(z, y))
+            temperature = math.exp(self._fit_log_temperature(z, y, nll))
             if not math.isfinite(temperature) or temperature <= 0:
                 raise FloatingPointError(f"The temperature fit ended at T={temperature}; T must be > 0.")
             at_an_end = any(math.isclose(temperature, end) for end in (TEMPERATURE_GRID[0], TEMPERATURE_GRID[-1]))
@@ -292,11 +319,11 @@ class TemperatureScaling(PostHocCalibrator):
                 reasons.append(f"the NLL optimum T = {temperature:.4g} lies outside the range [{low:g}, {high:g}]; "
                                f"T is held at {bound:g}")
                 temperature = bound
-            elif self.optimizer == "brent" and (bound := _bound_beyond(z, y, temperature)) is not None:
+            elif self.optimizer == "brent" and (bound := _bound_beyond(nll, temperature)) is not None:
                 reasons.append(f"the NLL optimum lies beyond {bound:g}, outside the range [{low:g}, {high:g}]; "
                                f"T is held at {bound:g}")
                 temperature = bound
-        self.grad_log_temperature = _nll_and_grad(z, y, math.log(temperature))[1]
+        self.grad_log_temperature = nll(math.log(temperature))[1]
         self.temperature.fill_(temperature)
         self._finish_fit(reasons)
         return self

@@ -13,10 +13,12 @@ Intercept Regularisation (ODIR), which leaves the diagonal of W free:
 Vector scaling is plain NLL by default (Guo et al.; Kull et al.'s VecS, ``tune_cal_guo.py``, and
 dirichletcal's ``VectorScaling(reg_mu_list=[None])`` are unregularised); ``intercept_weight`` μ adds
 ODIR's intercept term μ/C Σ_j b_j² (its off-diagonal term is void for a diagonal map). Both start
-from the identity (w = 1 or W = I, b = 0) and run full-batch float64 LBFGS with the strong-Wolfe line
-search until max|∂L/∂u| < 1e-6 (:func:`fit_lbfgs`, also used by Dirichlet calibration and class-wise
-TS), where u are the parameters with each penalised entry divided by sqrt(1 + κ), κ its penalty's
-curvature (2λ/(C(C−1)) or 2μ/C): the same optimum, but a strong penalty stays well conditioned.
+from the identity (w = 1 or W = I, b = 0) and run in float64 until max|∂L/∂u| < 1e-6, where u are the
+parameters with each penalised entry multiplied by sqrt(1 + κ), κ its penalty's curvature (2λ/(C(C−1))
+or 2μ/C): vector scaling by Newton's method with the exact Hessian
+(:func:`~calib.posthoc._affine_fit.fit_per_class_affine`), matrix scaling by Jacobi-scaled L-BFGS-B with
+the exact gradient (:func:`fit_odir`, Dirichlet calibration's too). :func:`fit_lbfgs` (torch LBFGS,
+re-exported here) is TS's and class-wise TS's.
 Neither preserves the argmax: per-class scales and intercepts can reorder the classes.
 
 Official code: dirichletcal/dirichlet_python (``calib/multinomial.py``: ``MultinomialRegression`` with
@@ -31,12 +33,12 @@ from typing import Any
 
 import torch
 from threadpoolctl import threadpool_limits
-from torch import nn
 from torch.nn import functional as F
 
 from calib._config import check_values, checked_field, number, or_null
+from calib.posthoc._affine_fit import fit_per_class_affine
 from calib.posthoc._base import POSTHOC, PostHocCalibrator, absent_classes, check_logits_labels, describe_classes
-from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs, penalty_scale
+from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult, fit_lbfgs
 from calib.posthoc._method import PostHocConfig, register_posthoc_method
 from calib.posthoc.odir_cv import CV_FOLDS, ODIRSelection, fit_odir, select_odir_weights
 
@@ -110,7 +112,8 @@ class VectorScaling(PostHocCalibrator):
     """Vector scaling: calibrated logits w ⊙ z + b (Guo et al. 2017, §4.2).
 
     Fits w (C,) and b (C,) from w = 1, b = 0 by minimising NLL + μ/C Σ_j b_j² (μ = ``intercept_weight``,
-    0: plain NLL, the default) with :func:`fit_lbfgs` (b preconditioned by 1/sqrt(1 + 2μ/C)). With μ = 0
+    0: plain NLL, the default) with Newton's method (:func:`~calib.posthoc._affine_fit.fit_per_class_affine`:
+    the exact Hessian, 5–10 steps; the gradient test on b times 1/sqrt(1 + 2μ/C)). With μ = 0
     a class absent from the calibration set has no finite optimum (b_k → −∞); the fit stops once the
     gradient is below tolerance, where the mean p_k is below 1e-6, and is flagged degenerate
     (:func:`affine_fit_problems`, as an unconverged fit or a separated calibration set).
@@ -133,17 +136,10 @@ class VectorScaling(PostHocCalibrator):
         """Fit w and b on logits z (N, C >= 2) and labels y (N,); returns ``self``."""
         z, y = check_logits_labels(logits, labels, min_classes=2)
         num_classes = z.shape[1]
-        bias_scale = penalty_scale(2 * self.intercept_weight / num_classes)
-        weight = nn.Parameter(torch.ones(num_classes, dtype=torch.float64))
-        scaled_bias = nn.Parameter(torch.zeros(num_classes, dtype=torch.float64))
-
-        def objective() -> torch.Tensor:
-            bias = bias_scale * scaled_bias
-            return F.cross_entropy(z * weight + bias, y) + self.intercept_weight * bias.square().sum() / num_classes
-
-        self.fit_result = fit_lbfgs([weight, scaled_bias], objective, what="vector scaling",
-                                    grad_tolerance=self.grad_tolerance, warn=False)
-        self.weight, self.bias = weight.detach().clone(), bias_scale * scaled_bias.detach()
+        weight, bias, self.fit_result = fit_per_class_affine(
+            z.numpy(), y.numpy(), weight_penalty=0.0, bias_penalty=self.intercept_weight / num_classes,
+            grad_tolerance=self.grad_tolerance)
+        self.weight, self.bias = torch.from_numpy(weight), torch.from_numpy(bias)
         absent = absent_classes(y, num_classes)
         note = None
         if absent:
@@ -163,13 +159,13 @@ class VectorScaling(PostHocCalibrator):
 
 def affine_fit_problems(fitted_logits: torch.Tensor, y: torch.Tensor, result: LBFGSResult, *,
                         absent: str | None) -> list[str]:
-    """Why an LBFGS fit of a per-class map (CTS, VS, MS, Dir) is degenerate: ``absent`` (what a class without
+    """Why a gradient fit of a per-class map (CTS, VS, MS, Dir) is degenerate: ``absent`` (what a class without
     calibration samples gets, None if every class has some), an unconverged fit, or a separated calibration set
     (every sample right under the fitted map with an in-sample NLL below :data:`SEPARABLE_NLL`: the likelihood
     then has no finite optimum, and the parameters stopped where the gradient fell below tolerance)."""
     reasons = [absent] if absent else []
     if not result.converged:
-        reasons.append(f"the LBFGS fit did not converge (max|∂L/∂u| = {result.grad_max_abs:.3g} after "
+        reasons.append(f"the fit did not converge (max|∂L/∂u| = {result.grad_max_abs:.3g} after "
                        f"{result.steps} steps)")
     nll = float(F.cross_entropy(fitted_logits, y))
     if nll < SEPARABLE_NLL and bool((fitted_logits.argmax(1) == y).all()):

@@ -23,6 +23,7 @@ from calib.posthoc import (
     TemperatureScalingConfig,
 )
 from calib.posthoc import _lbfgs as lbfgs_module
+from calib.posthoc.temperature_scaling import _TemperatureNLL
 
 TRUE_TEMPERATURE = 2.5
 
@@ -229,3 +230,17 @@ def test_the_calibration_refinement_metric_builds_no_torch_optimizer():
             "print('torch._dynamo' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("log_temperature", [-2.0, 0.0, math.log(1.5), 3.0])
+def test_the_nll_and_its_derivative_against_autograd(log_temperature):
+    # _TemperatureNLL's one numpy pass against torch's cross-entropy of z / T differentiated by autograd.
+    generator = torch.Generator().manual_seed(3)
+    z = 4 * torch.randn(200, 7, generator=generator, dtype=torch.float64)
+    y = torch.randint(0, 7, (200,), generator=generator)
+    log_t = torch.tensor(log_temperature, dtype=torch.float64, requires_grad=True)
+    expected = torch.nn.functional.cross_entropy(z / log_t.exp(), y)
+    expected.backward()
+    nll, derivative = _TemperatureNLL(z, y)(log_temperature)
+    assert nll == pytest.approx(float(expected), rel=1e-13, abs=1e-15)
+    assert derivative == pytest.approx(float(log_t.grad), rel=1e-11, abs=1e-14)
