@@ -21,8 +21,10 @@ UsernameOfGit-hub/calibench ``Component/model/pts.py``). Fitting is float64 on t
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +41,17 @@ __all__ = ["ParameterizedTemperatureScaling", "ParameterizedTemperatureScalingCo
 
 TEMPERATURE_CLIP = (1e-12, 1e12)
 """The official clip of |MLP output| to a temperature."""
+
+
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """torch limited to one thread inside, its setting restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,14 +169,10 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
         samples = _MSESamples.of(clipped.numpy(), y.numpy(), top.numpy())
         batch_samples = samples.empty(min(self.batch_size, len(y)))  # each batch gathered into these
         buffer = np.empty_like(batch_samples.others)
-        order_generator = torch.Generator().manual_seed(self.seed)
         self.loss_history = []
-        num_samples, step = z.shape[0], 0
-        for epoch in itertools.count():
-            progress.record("stage2", epoch)
-            permutation = torch.randperm(num_samples, generator=order_generator).numpy()
-            for start in range(0, num_samples, self.batch_size):
-                batch = samples.take(permutation[start:start + self.batch_size], out=batch_samples)
+        with _one_torch_thread():  # torch's (B, C) product in each step: a second thread only waits
+            for step, indices in zip(range(self.steps), self._batches(len(y)), strict=False):
+                batch = samples.take(indices, out=batch_samples)
                 activations = network.activations(batch.inputs.T)
                 output = activations[-1][0]
                 magnitude = np.abs(output)
@@ -177,11 +186,6 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
                 network.gradients(activations, temperature_grad[None, :], out=grad_layers)
                 adam.step(flat, grad)
                 self.loss_history.append(value)
-                step += 1
-                if step >= self.steps:
-                    break
-            if step >= self.steps:
-                break
         with torch.no_grad():
             for linear, layer in zip(linears, network.layers, strict=True):
                 linear.weight.copy_(torch.from_numpy(layer[:, :-1]))
@@ -189,6 +193,15 @@ class ParameterizedTemperatureScaling(PostHocCalibrator):
         self.network.requires_grad_(False)
         self._finish_fit()
         return self
+
+    def _batches(self, num_samples: int) -> Iterator[np.ndarray]:
+        """The mini-batches' sample indices: a permutation an epoch (seeded by ``seed``), cut into batches."""
+        generator = torch.Generator().manual_seed(self.seed)
+        for epoch in itertools.count():
+            progress.record("stage2", epoch)
+            permutation = torch.randperm(num_samples, generator=generator).numpy()
+            for start in range(0, num_samples, self.batch_size):
+                yield permutation[start:start + self.batch_size]
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         """clip(z) / T(z)."""
@@ -337,7 +350,9 @@ class _MSESamples:
         batch, others_count = self.others.shape
         num_classes, others, label_shift = others_count + 1, self.others, self.label_shift
         inverse = 1.0 / temperature
-        exps = np.multiply(others, inverse[:, None], out=buffer)
+        # d/T by torch (one thread: see fit): numpy's product with a broadcast column loops per row, at twice the cost
+        exps = np.empty_like(others) if buffer is None else buffer
+        torch.mul(torch.from_numpy(others), torch.from_numpy(inverse)[:, None], out=torch.from_numpy(exps))
         np.exp(exps, out=exps)
         label_exp = np.exp(label_shift * inverse)
         ones = np.ones(others_count)
