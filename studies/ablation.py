@@ -31,7 +31,7 @@ from calib.study.presets import with_preset_stage2
 from calib.study.resources import execution_options, settings_line
 from calib.study.row_file import add_row_args, file_rows
 from calib.study.settings import with_settings
-from calib.study.sources import preset_of, require_datasets, study_setups, trial_config
+from calib.study.sources import preset_of, require_datasets, study_seeds, study_setups, trial_config
 
 DEFAULT_LADDER = Path(__file__).resolve().parent / "ladders" / "mac_cal.yaml"
 STUDY = declare_study("ablation", __doc__, figure="bars", ladder=str(DEFAULT_LADDER), metrics={
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     preset = preset_of(args)
     paths = study_paths(args)
     setups = study_setups(args, preset)
-    seeds = args.seeds or list(preset.seeds)
+    seeds = study_seeds(args, preset)
     require_datasets(list(dict.fromkeys(d for d, _ in setups)), paths.data_root, args.download)
     options = execution_options(args, preset)
 

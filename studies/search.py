@@ -43,7 +43,7 @@ from calib.study.resources import execution_options, settings_line
 from calib.study.row_file import default_row, row_of_config, write_row_file
 from calib.study.rows import METHOD_ROWS, print_row_tables, row_label, run_rows
 from calib.study.settings import study_settings, with_settings
-from calib.study.sources import preset_of, require_datasets, study_setups, trial_config
+from calib.study.sources import preset_of, require_datasets, study_seeds, study_setups, trial_config
 
 CONFIRM_METRICS = {"test_accuracy": "Acc", "test_ece": "ECE", "test_aece": "AECE", "test_mce": "MCE",
                    "test_nll": "NLL", "test_brier": "Brier"}
@@ -127,7 +127,7 @@ def confirm_seeds(args, preset, study: str, searched_seeds: list[int]) -> tuple[
     """The --confirm seeds of a search (those of --seeds it did not use, then the integers after the largest),
     and the seeds it used."""
     used = set(searched_seeds) | set(read_trials(study_paths(args).store, study=study, columns=["seed"])["seed"])
-    return fresh_seeds(args.seeds or list(preset.seeds), used, args.confirm), used
+    return fresh_seeds(study_seeds(args, preset), used, args.confirm), used
 
 
 def confirm(args, files: list, study: str, searched_seeds: list[int], setups: list) -> tuple[int, int] | CheckedOnly:
@@ -155,7 +155,7 @@ def confirm(args, files: list, study: str, searched_seeds: list[int], setups: li
 
 def replicate_bases(args: argparse.Namespace, preset, space, study: str, paths, setups: list) -> list[dict]:
     """The base config of each replicate: every setup × the first --replicates seeds, the space's base set."""
-    seeds = args.seeds or list(preset.seeds)
+    seeds = study_seeds(args, preset)
     if args.replicates > len(seeds):
         raise ConfigError(f"--replicates {args.replicates} needs as many seeds; --seeds (or the preset's) has "
                           f"{len(seeds)}: {' '.join(map(str, seeds))}.")

@@ -28,7 +28,7 @@ from calib.study.main import guarded_main, study_exit_code
 from calib.study.paths import study_paths
 from calib.study.resources import execution_options, settings_line
 from calib.study.settings import with_settings
-from calib.study.sources import preset_of, require_datasets, study_setups, trial_config
+from calib.study.sources import preset_of, require_datasets, study_seeds, study_setups, trial_config
 
 DEFAULT_GAMMAS = (0.8, 0.85, 0.9, 0.95, 1.0)
 STUDY = declare_study("sensitivity_gamma", __doc__, figure="gamma", metrics={
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int | CheckedOnly:
     preset = preset_of(args)
     paths = study_paths(args)
     setups = study_setups(args, preset)
-    seeds = args.seeds or list(preset.seeds)
+    seeds = study_seeds(args, preset)
     require_datasets(list(dict.fromkeys(d for d, _ in setups)), paths.data_root, args.download)
     options = execution_options(args, preset)
 

@@ -117,7 +117,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, study: str | None, study
     parser.add_argument("--data-root", default="data", help="directory holding the datasets")
     parser.add_argument("--download", action="store_true", help="download missing datasets into --data-root")
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
-                        help=f"seeds (default: {_per_preset(lambda p: _words(p.seeds))})")
+                        help=f"seeds (default: {_per_preset(lambda p: _words(p.seeds_of(study)))})")
+    parser.set_defaults(script_study=study)  # the study the script declares: its preset's seeds (Preset.seeds_of)
     parser.add_argument("--datasets", nargs="+", default=None,
                         help=f"datasets (default: {_per_preset(lambda p: _words(p.datasets))})")
     parser.add_argument("--archs", "--arch", nargs="+", default=None,

@@ -22,7 +22,7 @@ from calib.config import parse_trial_config
 from calib.registries import DEFAULT_LOSS, LOSSES, METHODS
 from calib.study.presets import PRESETS, base_config
 from calib.study.row import Row
-from calib.study.sources import preset_of
+from calib.study.sources import preset_of, study_seeds
 
 __all__ = ["ROW_FILE_KEYS", "add_row_args", "check_tuning_seeds", "default_row", "file_rows", "read_row_file",
            "row_of_config", "tuning_seeds", "write_row_file"]
@@ -167,7 +167,7 @@ def _read_rows(args: argparse.Namespace) -> list[tuple[str, Row]]:
 def check_tuning_seeds(args: argparse.Namespace) -> None:
     """A ``ConfigError`` naming a ``--row`` file and the seeds of this run it was tuned on (unless
     ``--allow-tuning-seeds``); a note for a file that records none."""
-    seeds = args.seeds or list(preset_of(args).seeds)
+    seeds = study_seeds(args, preset_of(args))
     for path, *_ in getattr(args, "row", None) or []:
         tuned = tuning_seeds(path)
         if tuned is None:

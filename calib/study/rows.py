@@ -29,7 +29,7 @@ from calib.study.resources import execution_options, settings_line
 from calib.study.row import Row
 from calib.study.row_file import file_rows
 from calib.study.settings import study_settings, with_settings
-from calib.study.sources import preset_of, require_datasets, study_setups, trial_config
+from calib.study.sources import preset_of, require_datasets, study_seeds, study_setups, trial_config
 from calib.training.procedures.mixup import TABLE_ALPHA as TABLE_MIXUP_ALPHA
 
 __all__ = ["GIVEN_STAGE1_ROWS", "METHOD_ROWS", "MIXING_ROWS", "POSTHOC_METHODS", "POSTHOC_ROWS", "PROCEDURE_ROWS",
@@ -223,7 +223,7 @@ def run_rows(
     paths = study_paths(args)
     setups = study_setups(args, preset)
     datasets = list(dict.fromkeys(dataset for dataset, _ in setups))
-    seeds = args.seeds or list(preset.seeds)
+    seeds = study_seeds(args, preset)
     require_datasets(datasets, paths.data_root, args.download)
     options = execution_options(args, preset)
     extra = {d: evaluation(d) if evaluation else {} for d in datasets}

@@ -22,7 +22,7 @@ from calib.study.paths import study_paths
 from calib.study.presets import PRESETS, Preset, base_config
 
 __all__ = ["DEFAULT_CALIBRATION_FRACTION", "DEFAULT_SPLITS", "FEATURES_ARCH", "PREDICTIONS_ARCH", "preset_of",
-           "require_datasets", "study_setups", "trial_config"]
+           "require_datasets", "study_seeds", "study_setups", "trial_config"]
 
 FEATURES_ARCH = "features"
 """The architecture name of a features Stage I in configs and tables (it has no model)."""
@@ -146,6 +146,12 @@ def _with_predictions(args: argparse.Namespace, preset: Preset) -> Preset:
     seeds = tuple(range(DEFAULT_SPLITS if splits is None else splits))
     return dataclasses.replace(preset, datasets=tuple(sources), archs=(PREDICTIONS_ARCH,), seeds=seeds,
                                dataset_archs={}, source={}, dataset_sources=sources)
+
+
+def study_seeds(args: argparse.Namespace, preset: Preset) -> list[int]:
+    """The run's seeds: ``--seeds``, or those ``preset`` gives the study its script declares
+    (:meth:`~calib.study.presets.Preset.seeds_of`)."""
+    return list(args.seeds or preset.seeds_of(getattr(args, "script_study", None)))
 
 
 def trial_config(args: argparse.Namespace, preset: Preset, *, dataset: str, arch: str, seed: int,
