@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-# Under pytest-xdist (the README's `-n 3`) each worker gets its share of the cores for torch's and BLAS's thread
+# Under pytest-xdist (the README's `-n 2`) each worker gets its share of the cores for torch's and BLAS's thread
 # pools, it and the processes it starts (a study's Ray and trials): two workers each spinning up as many threads
 # as the machine has cores oversubscribe it (the post-hoc tests took 1.3x as long). Set before torch loads.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -20,7 +20,7 @@ from trial_fixtures import tiny_config  # noqa: E402  (it loads torch: after the
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The files with a test that starts Ray (marker ``ray``: minutes each, the cluster ones first) run first, the
-    rest in collection order. Under the README's ``-n 3 --dist loadfile`` a worker takes whole files in this order
+    rest in collection order. Under the README's ``-n 2 --dist loadfile`` a worker takes whole files in this order
     (pyproject's ``--no-loadscope-reorder``: xdist would put the files with the most tests first, and so the cluster
     files, minutes for a few tests, last, which one worker then ran alone while the other had nothing left)."""
     starts_ray = {item.path for item in items if item.get_closest_marker("ray")}

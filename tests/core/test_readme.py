@@ -39,5 +39,5 @@ def test_the_readme_is_a_landing_page_of_at_most_250_lines():
 def test_test_command_is_the_one_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     command = ('python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && '
-               "python -m pytest -n 3 --dist loadfile")
+               "python -m pytest -n 2 --dist loadfile")
     assert command in README and command in ci
