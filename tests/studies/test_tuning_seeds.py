@@ -51,10 +51,10 @@ def test_a_run_on_a_tuning_seed_is_refused_naming_them(tmp_path, monkeypatch, ca
 
 
 def test_the_preset_seeds_count_too_and_other_seeds_pass(tmp_path, monkeypatch, capsys):
-    path, store = row_file(tmp_path, seeds=[5]), tmp_path / "results"
+    path, store = row_file(tmp_path, seeds=[3]), tmp_path / "results"
     code, stderr = run_refused("compare_methods.py", ["--row", str(path), "--methods", "MaC-Cal", "--store",
                                                       str(store)], monkeypatch, capsys)
-    assert code == 2 and "include 5:" in stderr  # the quick preset's seeds are 1-5
+    assert code == 2 and "include 3:" in stderr  # the quick preset's seeds of compare_methods are 1-3
     code, out = checked("compare_methods.py", ["--row", str(path), "--methods", "MaC-Cal", "--seeds", "1", "2",
                                                "--store", str(store), "--epochs", "2", "--stage2-epochs", "2"],
                         monkeypatch, capsys)
