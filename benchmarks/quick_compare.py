@@ -1,6 +1,6 @@
 """Where the quick preset's ``compare_methods`` spends its time, at its former 5 seeds and its 3 (issue 62).
 
-    python benchmarks/quick_compare.py          # the parts, in this process (about 2 minutes on 2 cores)
+    python benchmarks/quick_compare.py          # the parts, in this process (about a minute on 2 cores)
     python benchmarks/quick_compare.py --run    # and then the default γ study and compare_methods end to end
 
 The parts: the study's plan at both sizes (trials, Stage-I trainings, Tune trials: a Stage I's cached configs
