@@ -16,7 +16,7 @@ import scipy.optimize
 from threadpoolctl import threadpool_limits
 
 from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult
-from calib.posthoc.odir_cv import JACOBI_FLOOR, ODIR_STOP_MARGIN
+from calib.posthoc.odir_cv import JACOBI_FLOOR, ODIR_STOP_MARGIN, nll_curvature
 
 __all__ = ["FULL_HISTORY", "FULL_MAX_ITER", "FULL_ROUNDS", "NEWTON_MAX_ITER", "fit_full_affine",
            "fit_per_class_affine", "softmax_nll"]
@@ -198,11 +198,10 @@ class _FullProblem:
         penalty pins (the NLL is invariant to Δ + 1vᵀ and b + t·1) gets its rows' mean, so that the scaled steps keep
         the invariant sums of the start, as the gradient does."""
         self.evaluate(theta)
-        probs, k = self.buffer, self.num_classes
-        spread = probs * (1.0 - probs) / self.num_samples
-        squares = self.x * self.x
-        weight_curvature = np.maximum(spread.T @ squares, JACOBI_FLOOR * squares.mean(axis=0) / 4)
-        bias_curvature = np.maximum(spread.sum(axis=0), JACOBI_FLOOR / 4)
+        k, squares = self.num_classes, self.x * self.x
+        weight_curvature, bias_curvature = nll_curvature(squares, self.buffer)
+        weight_curvature = np.maximum(weight_curvature, JACOBI_FLOOR * squares.mean(axis=0) / 4)
+        bias_curvature = np.maximum(bias_curvature, JACOBI_FLOOR / 4)
         if not self.penalty[:k * k].any():
             weight_curvature = np.broadcast_to(weight_curvature.mean(axis=0), weight_curvature.shape)
         if not self.penalty[k * k:].any():

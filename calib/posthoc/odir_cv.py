@@ -43,7 +43,7 @@ from calib.posthoc._lbfgs import GRAD_TOLERANCE, LBFGSResult, penalty_scale
 
 __all__ = ["CV_FOLDS", "CV_GRAD_TOLERANCE", "CV_MAX_ITER", "CV_PATIENCE", "CV_SEED", "CV_TOLERANCE", "JACOBI_FLOOR",
            "ODIR_RESCALE_ITERATIONS", "ODIR_STOP_MARGIN", "ODIRFitResult", "ODIRPoint", "ODIRSelection",
-           "fit_odir", "odir_grid", "select_odir_weights"]
+           "fit_odir", "nll_curvature", "odir_grid", "select_odir_weights"]
 
 CV_FOLDS = 5
 """Folds of the cross-validation (fewer, one sample each, on a calibration set of fewer samples)."""
@@ -122,7 +122,7 @@ def _held_out_nll(x: np.ndarray, y: np.ndarray, weight: np.ndarray, bias: np.nda
 class ODIRPoint:
     """Where a :func:`fit_odir` fit ended on ``features`` x (its labels): θ = (W, b) and the terms of the objective
     there that do not depend on λ and μ: the mean NLL, its gradient ∂NLL/∂θ and the diagonal of its Hessian
-    (:func:`_nll_curvature`). A later fit on the same x that starts here, at another λ or μ, adds the penalty's
+    (:func:`nll_curvature`). A later fit on the same x that starts here, at another λ or μ, adds the penalty's
     terms instead of recomputing these (three or four (N, C) × (C, C) matrix products a start): the same numbers."""
 
     weight: np.ndarray
@@ -232,7 +232,7 @@ def fit_odir(
     def curvature_at(evaluation: tuple) -> tuple[np.ndarray, np.ndarray]:
         if evaluation is start:  # a round that did not move (its residual is not kept)
             return start_curvature
-        return _nll_curvature(squares, objective.probs(evaluation[2]))
+        return nll_curvature(squares, objective.probs(evaluation[2]))
 
     stop_at = ODIR_STOP_MARGIN * grad_tolerance
     evaluation, curvature, steps, rounds = start, start_curvature, 0, 0
@@ -276,7 +276,7 @@ def _best_start(objective: _ODIRObjective, init: Sequence[tuple[np.ndarray, np.n
     nll, buffer, total = known
     nll_grad, residual = objective.nll_grad_residual(buffer, total)
     evaluation = (*objective.penalised(theta, nll, nll_grad), residual, nll, nll_grad)
-    return theta, evaluation, _nll_curvature(squares, objective.probs(residual))
+    return theta, evaluation, nll_curvature(squares, objective.probs(residual))
 
 
 def _scaled_round(objective: _ODIRObjective, theta: np.ndarray, scale: np.ndarray, evaluation: tuple,
@@ -305,7 +305,7 @@ def _scaled_round(objective: _ODIRObjective, theta: np.ndarray, scale: np.ndarra
     return scale * result.x, evaluate(result.x), int(result.nit)
 
 
-def _nll_curvature(squares: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nll_curvature(squares: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The NLL's Hessian diagonal at p = ``probs`` (N, C) from the features' squares x² (N, C):
     (mean_i p_ik(1 − p_ik) x_ij² for W_kj, mean_i p_ik(1 − p_ik) for b_k)."""
     spread = probs * (1.0 - probs) / squares.shape[0]
@@ -315,7 +315,7 @@ def _nll_curvature(squares: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, 
 def _jacobi_scale(curvature: tuple[np.ndarray, np.ndarray], mean_squares: np.ndarray, off_mask: np.ndarray,
                   off_penalty: float, bias_penalty: float) -> np.ndarray:
     """s = 1/sqrt(h) for θ = (W, b) of :func:`fit_odir`, h the Hessian's diagonal: the NLL's (``curvature``,
-    :func:`_nll_curvature`) plus the penalty's,
+    :func:`nll_curvature`) plus the penalty's,
     h(W_kj) = mean_i p_ik(1 − p_ik) x_ij² + 2λ/(C(C−1))·[k ≠ j], h(b_k) = mean_i p_ik(1 − p_ik) + 2μ/C, the NLL
     terms at least :data:`JACOBI_FLOOR` times their bound mean_i x_ij²/4 (1/4): where p is near one-hot (a sharp
     model, a poor start) the curvature there says little about the curvature on the way.
