@@ -22,14 +22,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_slurm_script import GPU_COMMAND, GPU_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
+# The daemon's state changes before its call is logged, so a test that sees the line sees the state (a `quit`
+# logged before its control pipe is gone let the next start find "a daemon" and quit it a second time).
 FAKE_CONTROL = """#!/bin/sh
 if [ "$1" = "-d" ]; then
+  touch "$CUDA_MPS_PIPE_DIRECTORY/control"
   echo "start pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY visible=${CUDA_VISIBLE_DEVICES-unset}" \\
     >> "$FAKE_MPS_LOG"
-  touch "$CUDA_MPS_PIPE_DIRECTORY/control"
 else
-  read -r command; echo "$command pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$FAKE_MPS_LOG"
-  rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+  read -r command; rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+  echo "$command pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$FAKE_MPS_LOG"
 fi
 """
 
