@@ -28,6 +28,7 @@ from typing import Any
 from calib.artifacts.checks import ArtifactWarning
 from calib.artifacts.claim import release_if_held_by, watching_for_stop
 from calib.artifacts.waits import Stage1Event, listening
+from calib.run.mailbox import Mailbox
 
 __all__ = ["HANDOVER_WAIT_ENV", "EventFeed", "forwarding", "hand_over_stage1", "mailbox_name",
            "release_stopped_claims", "trials_label"]
@@ -43,38 +44,6 @@ POLL_SECONDS = 0.5
 def mailbox_name(job_id: str) -> str:
     """The mailbox of the driver whose Ray job is ``job_id``."""
     return f"calib-events-{job_id}"
-
-
-class _Mailbox:
-    """Events in the order they came, until the driver takes them."""
-
-    def __init__(self) -> None:
-        self._events: list[dict[str, Any]] = []
-        self._held: dict[str, str] = {}  # holder -> claim location, of the Stage Is this run's trials train
-        self._stopping = False
-
-    def put(self, event: dict[str, Any]) -> None:
-        self._events.append(event)
-
-    def take(self) -> list[dict[str, Any]]:
-        events, self._events = self._events, []
-        return events
-
-    def hold(self, holder: str, location: str) -> None:
-        self._held[holder] = location
-
-    def let_go(self, holder: str) -> None:
-        self._held.pop(holder, None)
-
-    def held(self) -> dict[str, str]:
-        return dict(self._held)
-
-    def stop(self) -> dict[str, str]:
-        self._stopping = True
-        return dict(self._held)
-
-    def stopping(self) -> bool:
-        return self._stopping
 
 
 class _MailboxStopWatch:
@@ -173,7 +142,7 @@ class EventFeed:
         import ray
 
         name = mailbox_name(ray.get_runtime_context().get_job_id())
-        self._actor = ray.remote(num_cpus=0)(_Mailbox).options(name=name, get_if_exists=True).remote()
+        self._actor = ray.remote(num_cpus=0)(Mailbox).options(name=name, get_if_exists=True).remote()
         self._pending: Any = None
         self._asked_at = -math.inf
 

@@ -39,3 +39,23 @@ def test_the_check_reads_a_reason_above_the_block_or_on_the_line():
               "def b():\n    import optuna  # optional\n\n"
               "def c():\n    value = 1\n    import numpy\n")
     assert unexplained_imports(source) == [12]
+
+
+def test_the_mailbox_actor_imports_no_torch():
+    """Ray imports an actor's module in the worker it starts for it: the driver's mailbox (one per study run)
+    costs that worker the standard library, not torch's, pandas' and scikit-learn's seconds of CPU; and
+    ``calib.run``'s public names still import on first use."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "pandas", "sklearn", "ray", "calib.run.execution")
+    code = ("import sys, calib.run.mailbox\n"
+            f"print(sorted(m for m in {heavy} if m in sys.modules))\n"
+            "from calib.run import run_grid, TuneRun\n"
+            "print(run_grid.__module__, TuneRun.__module__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[]", "calib.run.grid calib.run.skeleton"]
+    import calib.run
+
+    assert not hasattr(calib.run, "no_such_name")
