@@ -6,9 +6,10 @@ the time limit (``scancel --batch --signal=USR1``: the signal ``--signal=B:USR1@
 ``scontrol requeue`` (what a preemption does: the study's line, the script's last line and exit 3 within 5 s),
 and finishes on its third start with every row once and every Stage I trained once, its takeovers of the
 earlier starts' Stage-I claims in its own output and one Ray log per node and start. Meanwhile a second job runs
-and ends on its head node without touching its Ray (ports, temporary folder, stop), and a third is cancelled
-with ``scancel`` and says so. Bad input exits 2 before anything is submitted, a node-local Python or store
-among it; a job whose nodes' Python cannot import calib ends at once, naming the node and the Python.
+and ends on its head node without touching its Ray (ports, temporary folder, stop), a third is cancelled
+with ``scancel`` and says so, and a second Unix user of the nodes tries to take or touch the study's Ray folder.
+Bad input exits 2 before anything is submitted, a node-local Python or store among it; a job whose nodes' Python
+cannot import calib ends at once, naming the node and the Python.
 
 The nodes see the checkout and the Python's environment at their paths (:data:`SHARED`), as a cluster's shared
 file system would, wherever they are: under /tmp, which each node has to itself, the lab binds them into it.
@@ -156,20 +157,44 @@ def sigterm_ending(said: list[str], study: str, script_says: str, last_says: str
     return term, last
 
 
-def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_head_node(lab: SlurmLab):
+def test_a_two_node_study_survives_the_warning_a_requeue_other_jobs_and_another_user_on_its_nodes(lab: SlurmLab):
     """Job A: a two-node γ study, interrupted inside Stage I by the time-limit warning, then requeued by
     ``scontrol requeue``, finished on its third start. Job B: a short study on A's head node at the same
-    time, whose Ray start and stop leave A's alone. Job C: a study on a node of A's, cancelled."""
+    time, whose Ray start and stop leave A's alone. Job C: a study on a node of A's, cancelled. Another Unix
+    user of the nodes (:func:`another_user_is_refused`), before A starts and while it trains: one job, one
+    bring-up of Ray per start, for all of it."""
+    # Another Unix user: a uid of its own, without a line in /etc/passwd (useradd would rewrite that file, and
+    # replacing it detaches the bind mounts of /etc/passwd that the SSH hosts of the other cluster tests run on).
+    user = next(uid for uid in range(61000 + int(lab.tag, 16) % 2000, 65000) if uid not in _passwd_uids())
+    # root's: the other user links to it, and must not get it removed; its name makes this run's folders (the test
+    # can run again in the same lab)
+    decoy = Path(tempfile.mkdtemp(prefix="decoy-", dir=lab.root))
+    (decoy / "kept").write_text("root's\n")
+    try:
+        _two_node_study(lab, user, decoy)
+    finally:
+        for node in lab.nodes:
+            for path in node.tmp.glob("calib-*.zzzzzzzz"):
+                path.unlink()
+
+
+def _two_node_study(lab: SlurmLab, user: int, decoy: Path) -> None:
     from calib.store import read_trials
 
-    run_dir, store = lab.root / "run-a", lab.root / "shared" / "store-a"
+    run_dir, store = lab.root / f"run-a-{decoy.name}", lab.root / "shared" / f"store-a-{decoy.name}"
     study = ["--store", str(store), "--data-root", str(lab.root / "data"), "--seeds", "1", "2", "--gammas", "0.9",
              "--epochs", str(EPOCHS), "--stage2-epochs", "2", "--configs-per-trial", "1", "--cpus-per-trial", "1"]
     submitted = launch(lab, run_dir, "--nodes", "2", "--cpus-per-node", "1", "--time", "0:30:00", "--signal-seconds",
-                       "60", "--handover-seconds", "0", "--max-requeues", "2", "--submit", study=study)
+                       "60", "--handover-seconds", "0", "--max-requeues", "2", "--sbatch-option=--hold", "--submit",
+                       study=study)
     job = job_of(submitted)
     assert "[sensitivity_gamma] checked: 4 trials to run" in submitted.stdout
     log = run_dir / "slurm" / f"calib-sensitivity_gamma-{job}.out"
+    for node in lab.nodes:  # before the job starts (held): the other user takes the job's name and plants a link
+        taken = lab.on_node(node, f"mkdir -m 777 /tmp/calib-{job} && ln -s {decoy} /tmp/calib-{job}.zzzzzzzz",
+                            user=user)
+        assert taken.returncode == 0, taken.stderr
+    lab.run("scontrol", "release", job)
     head = lab.nodes[0]
     short = job_of(launch(lab, lab.root / "run-b", "--cpus-per-node", "1", f"--sbatch-option=--nodelist={head.name}",
                           "--submit", study=["--study", "gamma-short", "--store", str(lab.root / "shared" / "store-b"),
@@ -190,7 +215,8 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
     wait_for("both jobs running", lambda: lab.job_state(job) == lab.job_state(short) == "RUNNING", log)
     assert lab.wait_job(short, timeout=180) == "COMPLETED", short_log.read_text()[-3000:]
     assert lab.job_state(job) == "RUNNING", log.read_text()[-3000:]
-    assert len(list(head.tmp.glob(f"calib-{job}.*"))) == 1 and not list(head.tmp.glob(f"calib-{short}*"))
+    own = [p for p in head.tmp.glob(f"calib-{job}.*") if not p.name.endswith(".zzzzzzzz")]  # not the other user's
+    assert len(own) == 1 and not list(head.tmp.glob(f"calib-{short}*"))
     ports = [re.search(r"Ray head on \S+ \((\S+)\)", f.read_text()).group(1) for f in (log, short_log)]
     assert ports[0] != ports[1] and short_log.read_text().rstrip().endswith("the study finished")
     assert (read_trials(lab.root / "shared" / "store-b")["status"] == "ok").sum() == 2
@@ -221,6 +247,9 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
     # 2nd start: requeued by the administrator (what preemption does), again inside Stage I
     wait_for("Stage I to go on from its handover", lambda: max(handover_epochs(store / "artifacts") or [0])
              >= first + 5, log, timeout=180, lab=lab)
+    steps = ("squeue", "--steps", "--noheader", f"--jobs={cancelled}")  # C's Ray gone: only A's ports listen
+    wait_for("C's steps to end", lambda: not lab.run(*steps, check=False).stdout.strip(), cancelled_log, timeout=30)
+    another_user_is_refused(lab, job, user, log)
     lab.run("scontrol", "requeue", job)
     wait_for("the requeue", lambda: lab.job_state(job) == "PENDING", log, lab=lab)
     lab.start_now(job)
@@ -272,8 +301,41 @@ def test_a_two_node_study_survives_the_warning_a_requeue_and_other_jobs_on_its_h
     assert rows["stage1_resumed_from_epoch"].notna().sum() == 2  # both trainings continued a handover
     assert not left_running(lab), left_running(lab)
     assert not list((run_dir / "slurm").glob(".ray-token-*"))
-    left = [str(p) for node in lab.nodes for p in node.tmp.glob("calib-[0-9]*/*")]
-    assert not [p for node in lab.nodes for p in node.tmp.glob("calib-[0-9]*")], left  # every job's Ray folder removed
+    for node in lab.nodes:
+        for start in (1, 2, 3):
+            ray_log = (run_dir / "slurm" / f"{job}-start{start}-ray-{node.name}.log").read_text()
+            assert re.search(rf"the job's Ray folder on {node.name}: /tmp/calib-{job}\.\w{{8}} \(made by the job, "
+                             rf"mode 0700\)", ray_log), ray_log[:2000]
+    # Every job's Ray folder removed; the other user's folder and link left alone, and what the link points at.
+    left = sorted(str(p.relative_to(node.tmp)) for node in lab.nodes for p in node.tmp.glob("calib-[0-9]*"))
+    assert left == sorted([f"calib-{job}", f"calib-{job}.zzzzzzzz"] * len(lab.nodes)), left
+    assert (decoy / "kept").read_text() == "root's\n"
+
+
+def another_user_is_refused(lab: SlurmLab, job: str, user: int, log: Path) -> None:
+    """A second Unix user on the nodes, as the threat, while the job's study trains: it took the job's predictable
+    folder name (``/tmp/calib-<id>``) and linked one more to a folder of root's before the job started; now it
+    tries to list the job's folder, rename Ray's raylet socket, plant a module where Ray unpacks plugins
+    (``runtime_resources``), remove or rename the folder. Each is refused. Meanwhile every TCP port listening on
+    the nodes is one that docs/how-to/slurm.md lists (:func:`check_listed_ports`)."""
+    base = int(re.findall(r"Ray head on \S+ \(\S+:(\d+)\)", log.read_text())[-1])
+    for node in lab.nodes:
+        folders = lab.on_node(node, f"ls -d /tmp/calib-{job}.*", user=user).stdout.split()
+        own = [f for f in folders if not f.endswith(".zzzzzzzz")]
+        assert len(own) == 1 and re.fullmatch(rf"/tmp/calib-{job}\.[A-Za-z0-9]{{8}}", own[0]), folders
+        folder, sockets = own[0], f"{own[0]}/ray/session_latest/sockets"
+        assert lab.on_node(node, f"stat -c '%a %U' {folder}").stdout.split() == ["700", "root"]
+        for attempt in (f"ls {folder}", f"mv {sockets}/raylet {sockets}/raylet.gone",
+                        f"mkdir -p {folder}/ray/session_latest/runtime_resources/x",
+                        f"echo 'import os' > {folder}/ray/session_latest/runtime_resources/plugin.py",
+                        f"rm -rf {folder}", f"mv {folder} {folder}.gone"):
+            tried = lab.on_node(node, attempt, user=user)
+            assert tried.returncode != 0 and ("Permission denied" in tried.stderr
+                                              or "Operation not permitted" in tried.stderr), (attempt, tried)
+        assert lab.on_node(node, f"test -S {sockets}/raylet && test ! -e {folder}/ray/session_latest/"
+                                 f"runtime_resources/plugin.py").returncode == 0
+        assert lab.on_node(node, f"ls -A /tmp/calib-{job}").stdout == ""  # the other user's: not used
+        check_listed_ports(lab.listening(node), base, head=node is lab.nodes[0])
 
 
 @pytest.mark.parametrize(("flags", "study", "message"), [
@@ -378,75 +440,6 @@ def test_a_cancel_while_ray_starts_ends_with_the_cancelled_line_and_exit_3(lab: 
                              "run the same study command, to continue it"), "\n".join(said)
     assert "Ray did not start" not in text and not re.search(r"(Killed|Terminated)", text), text
     assert lab.batch_exit_codes(job) == ["exit 3"], text
-
-
-def test_another_user_of_the_nodes_cannot_take_or_touch_the_jobs_ray_folder(lab: SlurmLab):
-    """A second Unix user on the nodes, as the threat: before the job starts it takes the job's predictable folder
-    name (``/tmp/calib-<id>``) and links one more to a folder of root's; while the study trains it tries to list the
-    job's folder, rename Ray's raylet socket, plant a module where Ray unpacks plugins (``runtime_resources``),
-    remove or rename the folder. Each is refused, the study completes with every row, and the cleanup leaves that
-    user's folder and link (and what the link points at) alone. Meanwhile every TCP port listening on the nodes is
-    one that docs/how-to/slurm.md lists (:func:`check_listed_ports`)."""
-    from calib.store import read_trials
-
-    # Another Unix user: a uid of its own, without a line in /etc/passwd (useradd would rewrite that file, and
-    # replacing it detaches the bind mounts of /etc/passwd that the SSH hosts of the other cluster tests run on).
-    user = next(uid for uid in range(61000 + int(lab.tag, 16) % 2000, 65000) if uid not in _passwd_uids())
-    # root's: the other user links to it, and must not get it removed; its name makes this run's folders (the test
-    # can run again in the same lab)
-    decoy = Path(tempfile.mkdtemp(prefix="decoy-", dir=lab.root))
-    (decoy / "kept").write_text("root's\n")
-    try:
-        run_dir, store = lab.root / f"run-x-{decoy.name}", lab.root / "shared" / f"store-x-{decoy.name}"
-        # 40 epochs (60 before: 20 fewer on the test's critical path): the checks below need the job running,
-        # which it is through Stage I, Stage II and the evaluation; they take seconds
-        study = ["--store", str(store), "--data-root", str(lab.root / "data"), "--seeds", "1", "2", "--gammas", "0.9",
-                 "--epochs", "40", "--stage2-epochs", "2", "--configs-per-trial", "1", "--cpus-per-trial", "1"]
-        job = job_of(launch(lab, run_dir, "--nodes", "2", "--cpus-per-node", "1", "--handover-seconds", "0",
-                            "--sbatch-option=--hold", "--submit", study=study))
-        log = run_dir / "slurm" / f"calib-sensitivity_gamma-{job}.out"
-        for node in lab.nodes:  # before the job starts (held): the job's name taken, and a link planted
-            taken = lab.on_node(node, f"mkdir -m 777 /tmp/calib-{job} && ln -s {decoy} /tmp/calib-{job}.zzzzzzzz",
-                                user=user)
-            assert taken.returncode == 0, taken.stderr
-        lab.run("scontrol", "release", job)
-        wait_for("both Stage Is training", lambda: len(handover_epochs(store / "artifacts")) == 2, log, timeout=240,
-                 lab=lab)
-        base = int(re.search(r"Ray head on \S+ \(\S+:(\d+)\)", log.read_text()).group(1))
-        for node in lab.nodes:
-            folders = lab.on_node(node, f"ls -d /tmp/calib-{job}.*", user=user).stdout.split()
-            own = [f for f in folders if not f.endswith(".zzzzzzzz")]
-            assert len(own) == 1 and re.fullmatch(rf"/tmp/calib-{job}\.[A-Za-z0-9]{{8}}", own[0]), folders
-            folder, sockets = own[0], f"{own[0]}/ray/session_latest/sockets"
-            assert lab.on_node(node, f"stat -c '%a %U' {folder}").stdout.split() == ["700", "root"]
-            for attempt in (f"ls {folder}", f"mv {sockets}/raylet {sockets}/raylet.gone",
-                            f"mkdir -p {folder}/ray/session_latest/runtime_resources/x",
-                            f"echo 'import os' > {folder}/ray/session_latest/runtime_resources/plugin.py",
-                            f"rm -rf {folder}", f"mv {folder} {folder}.gone"):
-                tried = lab.on_node(node, attempt, user=user)
-                assert tried.returncode != 0 and ("Permission denied" in tried.stderr
-                                                  or "Operation not permitted" in tried.stderr), (attempt, tried)
-            assert lab.on_node(node, f"test -S {sockets}/raylet && test ! -e {folder}/ray/session_latest/"
-                                     f"runtime_resources/plugin.py").returncode == 0
-            assert lab.on_node(node, f"ls -A /tmp/calib-{job}").stdout == ""  # the other user's: not used
-            check_listed_ports(lab.listening(node), base, head=node is lab.nodes[0])
-        assert lab.wait_job(job, timeout=300) == "COMPLETED", log.read_text()[-3000:]
-        said = slurm_lines(log.read_text())
-        assert said[-1].endswith("the study finished"), "\n".join(said)
-        rows = read_trials(store)
-        assert len(rows) == 4 and rows["trial_id"].is_unique and (rows["status"] == "ok").all()
-        for node in lab.nodes:
-            ray_log = (run_dir / "slurm" / f"{job}-start1-ray-{node.name}.log").read_text()
-            assert re.search(rf"the job's Ray folder on {node.name}: /tmp/calib-{job}\.\w{{8}} \(made by the job, "
-                             rf"mode 0700\)", ray_log), ray_log[:2000]
-            left = sorted(lab.on_node(node, f"ls -d /tmp/calib-{job}*").stdout.split())
-            assert left == [f"/tmp/calib-{job}", f"/tmp/calib-{job}.zzzzzzzz"], left  # only the other user's
-        assert (decoy / "kept").read_text() == "root's\n"
-        assert not left_running(lab), left_running(lab)
-    finally:
-        for node in lab.nodes:
-            for path in node.tmp.glob("calib-*.zzzzzzzz"):
-                path.unlink()
 
 
 def _passwd_uids() -> set[int]:
