@@ -59,3 +59,41 @@ def test_the_mailbox_actor_imports_no_torch():
     import calib.run
 
     assert not hasattr(calib.run, "no_such_name")
+
+
+def test_the_callback_count_is_rays_without_importing_its_integrations():
+    """Tune counts a run's callbacks for Ray's usage statistics by importing its W&B and MLflow integrations (and
+    wandb and mlflow with them); calib's count gives Ray's numbers by the same names, and a driver that builds its
+    run config and counts its callbacks imports neither."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from ray.tune import Callback
+from ray.tune.logger import CSVLoggerCallback, LoggerCallback
+from calib.run.execution import ExecutionOptions
+from calib.run.tuner import count_callbacks_by_name, run_config
+
+class Progress(Callback): pass
+class Lines(LoggerCallback): pass
+class WandbLoggerCallback(Callback): pass  # counted by its name, as Ray does
+callbacks = [Progress(), Progress(), Lines(), CSVLoggerCallback(), WandbLoggerCallback(), object()]
+config = run_config("/tmp/store", "s", ExecutionOptions(), callbacks[:3])
+from ray.air._internal import usage
+assert usage._count_callbacks is count_callbacks_by_name
+print(count_callbacks_by_name(callbacks), count_callbacks_by_name(None))
+print(sorted(m for m in ("wandb", "mlflow", "ray.air.integrations.wandb") if m in sys.modules))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    counts, imported = proc.stdout.splitlines()
+    expected = {"CustomCallback": 2, "CustomLoggerCallback": 1, "CSVLoggerCallback": 1, "WandbLoggerCallback": 1}
+    assert counts == f"{expected} {{}}" and imported == "[]", proc.stdout
+    # Ray's own count, for the same callbacks (it imports the integrations to learn their names)
+    rays = "from ray.air._internal.usage import _count_callbacks as count_callbacks_by_name"
+    code = code.replace("from calib.run.tuner import count_callbacks_by_name, run_config", rays)
+    code = code.split("config = run_config")[0] + "print(dict(count_callbacks_by_name(callbacks)))\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(expected)
