@@ -1,16 +1,16 @@
 """`ray up` for real: the on-prem commands of docs/how-to/ray-cluster.md, run literally, on two SSH hosts made
 on this machine.
 
-The hosts (:mod:`lab_hosts`) are network namespaces with their own sshd, hostname, processes, home and
-TMPDIR; the store is a moto S3 server on the bridge address both reach. The test sets the variables the
-page tells users to set, then runs each command of the page's ``onprem-commands`` block from a copy
-of this checkout: render the on-prem file from cluster.yaml, create its token, validate it, ``ray up`` (file
-mounts, setup commands, Ray on head and worker), wait for both nodes, an intruder (:func:`intruder_is_refused`: a
-third host on the same bridge without the token, refused at each door, no code of its run anywhere), the γ study
-through ``ray exec`` (twice: the
-second run must skip every trial), ``stop-workers`` and ``ray down``, after which no Ray process may be
-left on either host. A failing step fails the test with what broke: the setup command that failed, a
-host without the checkout at ``~/calib``, a Ray pin the validator refused.
+The hosts (:mod:`lab_hosts`) are network namespaces with their own sshd, hostname, processes, home and TMPDIR; the
+store is a moto S3 server on the bridge address both reach. The test sets the variables the page tells users to set,
+then runs each command of the page's ``onprem-commands`` block from a copy of this checkout: render the on-prem file
+from cluster.yaml, create its token, validate it, ``ray up`` (file mounts, setup commands, Ray on head and worker),
+wait for both nodes, an intruder (:func:`intruder_is_refused`: a third host on the same bridge without the token,
+refused at each door, no code of its run anywhere), the γ study through ``ray exec`` (twice: the second run must
+skip every trial), two more γ studies at once on the same cluster, one driver per host, sharing their Stage Is while
+a claim holder is killed (:mod:`stage1_once`: each Stage I trained once), ``stop-workers`` and ``ray down``, after
+which no Ray process may be left on either host. A failing step fails the test with what broke: the setup command
+that failed, a host without the checkout at ``~/calib``, a Ray pin the validator refused.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from lab_hosts import Lab, missing_requirements
+from stage1_once import each_stage1_is_trained_once
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_PAGE = ROOT / "docs" / "how-to" / "ray-cluster.md"
@@ -165,6 +166,7 @@ def test_ray_up_runs_the_readme_on_two_hosts(capsys: pytest.CaptureFixture[str],
                 assert skipped and "4 already in the store, 0 to run" in skipped[0], second[-3000:]
                 assert len(read_trials(store, study="sensitivity_gamma")) == 4
                 assert not markers(lab), f"code of the intruder ran on the hosts: {markers(lab)}"
+                transcript += each_stage1_is_trained_once(lab, bucket)  # on this cluster: one bring-up for both
             if kind == "stop workers":
                 transcript += [line for line in outputs[kind].splitlines() if "Ray on" in line]
             if kind == "ray down":
